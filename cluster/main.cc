@@ -1,0 +1,89 @@
+// `tandem`: one binary, one subcommand per role or tool (DESIGN.md "Processes").
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common/config.h"
+#include "common/flags.h"
+#include "common/make_model.h"
+
+#ifndef TANDEM_VERSION
+#define TANDEM_VERSION "dev"
+#endif
+
+namespace tandem {
+namespace {
+
+int CheckConfigMain(const std::vector<std::string>& args) {
+  FlagParser flags("tandem check-config CONFIG [--SECTION.KEY=VALUE ...]",
+                   "Validates a cluster config file and prints the effective configuration.");
+  flags.AllowConfigOverrides();
+  if (Status s = flags.Parse(args); !s.ok()) {
+    std::fprintf(stderr, "tandem check-config: %s\n", s.message().c_str());
+    return kExitUsage;
+  }
+  if (flags.help_requested()) {
+    std::fputs(flags.Help().c_str(), stdout);
+    return kExitOk;
+  }
+  if (flags.positional().size() != 1) {
+    std::fprintf(stderr, "tandem check-config: expected one CONFIG file\n");
+    return kExitUsage;
+  }
+  StatusOr<ClusterConfig> config = LoadConfig(flags.positional()[0], flags.config_overrides());
+  if (!config.ok()) {
+    std::fprintf(stderr, "%s\n", config.status().message().c_str());
+    return kExitFailure;
+  }
+  std::fputs(ConfigToYaml(*config).c_str(), stdout);
+  return kExitOk;
+}
+
+struct Command {
+  const char* name;
+  const char* summary;
+  int (*run)(const std::vector<std::string>& args);
+};
+
+const Command kCommands[] = {
+    {"make-model", "write a small HF checkpoint with seeded random weights", MakeModelMain},
+    {"check-config", "validate a cluster config and print the effective values", CheckConfigMain},
+};
+
+void PrintHelp(FILE* out) {
+  std::fprintf(out,
+               "usage: tandem <command> [flags]\n\n"
+               "Tandem serves LLMs with disaggregated prefill and decode.\n\ncommands:\n");
+  for (const Command& command : kCommands)
+    std::fprintf(out, "  %-14s %s\n", command.name, command.summary);
+  std::fprintf(out,
+               "\nglobal flags:\n  --help         show this help (or `tandem <command> --help`)\n"
+               "  --version      print the version\n");
+}
+
+}  // namespace
+}  // namespace tandem
+
+int main(int argc, char** argv) {
+  using namespace tandem;
+  if (argc < 2) {
+    PrintHelp(stderr);
+    return kExitUsage;
+  }
+  std::string first = argv[1];
+  if (first == "--help" || first == "-h" || first == "help") {
+    PrintHelp(stdout);
+    return kExitOk;
+  }
+  if (first == "--version") {
+    std::printf("tandem %s\n", TANDEM_VERSION);
+    return kExitOk;
+  }
+  for (const Command& command : kCommands) {
+    if (first == command.name) return command.run(std::vector<std::string>(argv + 2, argv + argc));
+  }
+  std::fprintf(stderr, "tandem: unknown %s '%s' (see tandem --help)\n",
+               first.rfind("-", 0) == 0 ? "flag" : "command", first.c_str());
+  return kExitUsage;
+}
