@@ -83,7 +83,9 @@ int main(int argc, char** argv) {
   for (const Command& command : kCommands) {
     if (first == command.name) return command.run(std::vector<std::string>(argv + 2, argv + argc));
   }
-  std::fprintf(stderr, "tandem: unknown %s '%s' (see tandem --help)\n",
-               first.rfind("-", 0) == 0 ? "flag" : "command", first.c_str());
+  bool is_flag = first.rfind("-", 0) == 0;
+  std::fprintf(stderr, is_flag ? "tandem: unknown flag '%s' (see tandem --help)\n"
+                               : "tandem: unknown command '%s' (see tandem --help)\n",
+               first.c_str());
   return kExitUsage;
 }

@@ -107,8 +107,9 @@ std::string FlagParser::Help() const {
   if (!order_.empty()) out << "\nflags:\n";
   for (const std::string& name : order_) {
     const Flag& flag = flags_.at(name);
-    std::string left = "  --" + name;
-    if (flag.kind != Kind::kBool) left += "=" + std::string(flag.kind == Kind::kString ? "STR" : "N");
+    std::string left = "  --";
+    left += name;
+    if (flag.kind != Kind::kBool) left += flag.kind == Kind::kString ? "=STR" : "=N";
     out << left;
     out << std::string(left.size() < 30 ? 30 - left.size() : 1, ' ') << flag.help;
     if (flag.kind != Kind::kBool && !flag.value.empty()) out << " (default " << flag.value << ")";
