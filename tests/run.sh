@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The test command (README, .ci/run): installs dependencies, builds with CUDA off, runs every
+# test through CTest, then checks that the CUDA backend compiles where nvcc exists.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+started=$SECONDS
+bash deploy/install-deps.sh
+
+cmake -S . -B build -G Ninja -DTANDEM_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build build -j2
+echo "== build: $((SECONDS - started)) s"
+ctest --test-dir build --output-on-failure --timeout 900 -j2
+echo "== tests: $((SECONDS - started)) s"
+
+# CUDA-on build: every .cu file must compile for sm_90 and the binary must link against
+# cuBLAS and NCCL. Nothing runs here (no GPU); tests/gpu/ runs on a lent GPU machine.
+if [[ -x /usr/local/cuda/bin/nvcc ]] || command -v nvcc >/dev/null; then
+  cmake -S . -B build-cuda -G Ninja -DTANDEM_CUDA=ON -DTANDEM_BUILD_TESTS=OFF >/dev/null
+  cmake --build build-cuda -j2 --target tandem
+  echo "== CUDA build: $((SECONDS - started)) s"
+else
+  echo "== CUDA build skipped: no nvcc"
+fi
