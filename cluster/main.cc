@@ -6,6 +6,7 @@
 
 #include "common/config.h"
 #include "common/flags.h"
+#include "common/generate_cli.h"
 #include "common/make_model.h"
 
 #ifndef TANDEM_VERSION
@@ -48,6 +49,7 @@ struct Command {
 
 const Command kCommands[] = {
     {"make-model", "write a small HF checkpoint with seeded random weights", MakeModelMain},
+    {"generate", "run the engine alone, greedily, on one prompt", GenerateMain},
     {"check-config", "validate a cluster config and print the effective values", CheckConfigMain},
 };
 
