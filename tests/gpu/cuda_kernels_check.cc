@@ -1,0 +1,423 @@
+// cuda_kernels_check: compares every kernel of common/cuda/kernels.h (and the cuBLAS Gemm)
+// against a straightforward CPU reference on seeded random inputs, prints the max error of
+// each against its tolerance, and exits 0 only when all pass. Needs a CUDA device (run it on
+// the GPU machine: `build-cuda/tests/gpu/cuda_kernels_check`); exits 2 when none is visible.
+//
+// References are deliberately naive (double accumulation, one loop per formula). bf16 cases
+// round the inputs on the host first, so the tolerance only covers output rounding and
+// summation order.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/cuda/cuda_util.h"
+#include "common/cuda/kernels.h"
+
+namespace tandem::cuda {
+namespace {
+
+int g_failures = 0;
+
+void Report(const std::string& name, double max_err, double tol) {
+  const bool ok = max_err <= tol && !std::isnan(max_err);
+  if (!ok) ++g_failures;
+  std::printf("%-48s max_err %-12.3g tol %-10.3g %s\n", name.c_str(), max_err, tol,
+              ok ? "PASS" : "FAIL");
+}
+
+template <typename T>
+T Must(StatusOr<T> v, const char* what) {
+  if (!v.ok()) {
+    std::fprintf(stderr, "%s: %s\n", what, v.status().ToString().c_str());
+    std::exit(1);
+  }
+  return std::move(v).value();
+}
+
+void Must(const Status& s, const char* what) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "%s: %s\n", what, s.ToString().c_str());
+    std::exit(1);
+  }
+}
+
+// ---- host bf16 (round to nearest even, as __float2bfloat16_rn) ----------------------------
+
+uint16_t ToBf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  if (std::isnan(f)) return 0x7FC0;
+  bits += 0x7FFF + ((bits >> 16) & 1);
+  return static_cast<uint16_t>(bits >> 16);
+}
+float FromBf16(uint16_t h) {
+  uint32_t bits = uint32_t{h} << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+std::vector<uint16_t> ToBf16(const std::vector<float>& v) {
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = ToBf16(v[i]);
+  return out;
+}
+std::vector<float> FromBf16(const std::vector<uint16_t>& v) {
+  std::vector<float> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = FromBf16(v[i]);
+  return out;
+}
+std::vector<float> RoundBf16(const std::vector<float>& v) { return FromBf16(ToBf16(v)); }
+
+// ---- device helpers ------------------------------------------------------------------------
+
+std::mt19937 g_rng(20240601);
+
+std::vector<float> Random(size_t n, float scale = 1.0f) {
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(g_rng);
+  return v;
+}
+
+template <typename T>
+DeviceBuffer Upload(const std::vector<T>& host) {
+  DeviceBuffer buf = Must(DeviceBuffer::Allocate(host.size() * sizeof(T)), "cudaMalloc");
+  Must(buf.CopyFromHost(host.data(), host.size() * sizeof(T)), "copy to device");
+  return buf;
+}
+
+template <typename T>
+std::vector<T> Download(const DeviceBuffer& buf, size_t n) {
+  std::vector<T> host(n);
+  Must(buf.CopyToHost(host.data(), n * sizeof(T)), "copy to host");
+  return host;
+}
+
+// Uploads v as dtype (f32, or bf16 bits).
+DeviceBuffer UploadAs(DType dtype, const std::vector<float>& v) {
+  return dtype == DType::kF32 ? Upload(v) : Upload(ToBf16(v));
+}
+std::vector<float> DownloadAs(DType dtype, const DeviceBuffer& buf, size_t n) {
+  return dtype == DType::kF32 ? Download<float>(buf, n) : FromBf16(Download<uint16_t>(buf, n));
+}
+DeviceBuffer Scratch(size_t bytes) { return Must(DeviceBuffer::Allocate(bytes), "cudaMalloc"); }
+
+double MaxAbsDiff(const std::vector<float>& a, const std::vector<double>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
+  return m;
+}
+
+const char* Name(DType d) { return d == DType::kF32 ? "f32" : "bf16"; }
+
+// ---- checks --------------------------------------------------------------------------------
+
+void CheckConvert(cudaStream_t s) {
+  std::vector<float> x = Random(10007, 3.0f);
+  DeviceBuffer in = Upload(x), mid = Scratch(x.size() * 2), out = Scratch(x.size() * 4);
+  Must(Convert(DType::kF32, in.data(), DType::kBF16, mid.data(), x.size(), s), "Convert");
+  Must(Convert(DType::kBF16, mid.data(), DType::kF32, out.data(), x.size(), s), "Convert");
+  std::vector<float> got = Download<float>(out, x.size());
+  std::vector<float> want = RoundBf16(x);
+  std::vector<double> w(want.begin(), want.end());
+  Report("Convert f32->bf16->f32 (vs host RNE)", MaxAbsDiff(got, w), 0.0);
+}
+
+void CheckRmsNorm(DType dt, cudaStream_t s) {
+  const int tokens = 7, hidden = 1000;
+  const float eps = 1e-5f;
+  std::vector<float> x = Random(tokens * hidden, 2.0f), w = Random(hidden);
+  if (dt == DType::kBF16) x = RoundBf16(x), w = RoundBf16(w);
+  DeviceBuffer dx = UploadAs(dt, x), dw = UploadAs(dt, w), dout = Scratch(x.size() * 4);
+  Must(RmsNorm(dt, dx.data(), dw.data(), dout.data(), tokens, hidden, eps, s), "RmsNorm");
+  std::vector<float> got = DownloadAs(dt, dout, x.size());
+  std::vector<double> want(x.size());
+  double max_abs = 0;
+  for (int t = 0; t < tokens; ++t) {
+    double ss = 0;
+    for (int i = 0; i < hidden; ++i) ss += double{x[t * hidden + i]} * x[t * hidden + i];
+    double inv = 1.0 / std::sqrt(ss / hidden + eps);
+    for (int i = 0; i < hidden; ++i) {
+      want[t * hidden + i] = x[t * hidden + i] * inv * w[i];
+      max_abs = std::max(max_abs, std::abs(want[t * hidden + i]));
+    }
+  }
+  Report(std::string("RmsNorm ") + Name(dt), MaxAbsDiff(got, want),
+         dt == DType::kF32 ? 1e-5 * max_abs : 8e-3 * max_abs);
+}
+
+void CheckAdd(DType dt, cudaStream_t s) {
+  std::vector<float> a = Random(5000), b = Random(5000);
+  if (dt == DType::kBF16) a = RoundBf16(a), b = RoundBf16(b);
+  DeviceBuffer da = UploadAs(dt, a), db = UploadAs(dt, b);
+  Must(Add(dt, da.data(), db.data(), da.data(), a.size(), s), "Add");  // in place
+  std::vector<float> got = DownloadAs(dt, da, a.size());
+  std::vector<double> want(a.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    want[i] = dt == DType::kF32 ? double{a[i] + b[i]} : double{FromBf16(ToBf16(a[i] + b[i]))};
+  }
+  Report(std::string("Add (in place) ") + Name(dt), MaxAbsDiff(got, want), 0.0);
+}
+
+void CheckSiluAndMul(DType dt, cudaStream_t s) {
+  const int tokens = 5, inter = 700;
+  std::vector<float> gu = Random(tokens * 2 * inter, 2.0f);  // fused [gate | up] rows
+  if (dt == DType::kBF16) gu = RoundBf16(gu);
+  DeviceBuffer dgu = UploadAs(dt, gu), dout = Scratch(tokens * inter * 4);
+  const char* base = static_cast<const char*>(dgu.data());
+  Must(SiluAndMul(dt, base, base + inter * DTypeSize(dt), dout.data(), tokens, inter, 2 * inter,
+                  s),
+       "SiluAndMul");
+  std::vector<float> got = DownloadAs(dt, dout, tokens * inter);
+  std::vector<double> want(tokens * inter);
+  double max_abs = 0;
+  for (int t = 0; t < tokens; ++t) {
+    for (int i = 0; i < inter; ++i) {
+      double g = gu[t * 2 * inter + i], u = gu[t * 2 * inter + inter + i];
+      want[t * inter + i] = g / (1 + std::exp(-g)) * u;
+      max_abs = std::max(max_abs, std::abs(want[t * inter + i]));
+    }
+  }
+  Report(std::string("SiluAndMul (fused gate|up) ") + Name(dt), MaxAbsDiff(got, want),
+         dt == DType::kF32 ? 1e-6 * max_abs : 8e-3 * max_abs);
+}
+
+void CheckEmbedding(DType dt, cudaStream_t s) {
+  const int vocab = 300, hidden = 96;
+  std::vector<float> table = Random(vocab * hidden);
+  if (dt == DType::kBF16) table = RoundBf16(table);
+  std::vector<int32_t> ids = {0, 299, 17, 17, 5, -1, 300};  // the last two are out of range
+  DeviceBuffer dt_table = UploadAs(dt, table), dids = Upload(ids);
+  DeviceBuffer dout = Scratch(ids.size() * hidden * 4);
+  Must(EmbeddingGather(dt, dt_table.data(), dids.as<int32_t>(), dout.data(), ids.size(), hidden,
+                       vocab, s),
+       "EmbeddingGather");
+  std::vector<float> got = DownloadAs(dt, dout, ids.size() * hidden);
+  std::vector<double> want(got.size(), 0.0);
+  for (size_t t = 0; t < ids.size(); ++t) {
+    if (ids[t] < 0 || ids[t] >= vocab) continue;
+    for (int i = 0; i < hidden; ++i) want[t * hidden + i] = table[ids[t] * hidden + i];
+  }
+  Report(std::string("EmbeddingGather (+ out-of-range ids) ") + Name(dt), MaxAbsDiff(got, want),
+         0.0);
+}
+
+// llama3 rope scaling of HF's _compute_llama3_parameters, in fp32 like the CPU backend.
+std::vector<float> Llama3InvFreq(int head_dim, double theta) {
+  const int half = head_dim / 2;
+  const float factor = 8, low = 1, high = 4, old_ctx = 8192;
+  std::vector<float> inv(half);
+  for (int i = 0; i < half; ++i) {
+    float f = 1.0f / static_cast<float>(std::pow(theta, double(2 * i) / head_dim));
+    const float wavelen = 2 * static_cast<float>(M_PI) / f;
+    if (wavelen > old_ctx / low) {
+      f /= factor;
+    } else if (wavelen >= old_ctx / high) {
+      float smooth = (old_ctx / wavelen - low) / (high - low);
+      f = (1 - smooth) * f / factor + smooth * f;
+    }
+    inv[i] = f;
+  }
+  return inv;
+}
+
+void CheckRope(DType dt, cudaStream_t s) {
+  const int tokens = 6, heads = 8, kv_heads = 2, head_dim = 128, half = head_dim / 2;
+  const int row = (heads + 2 * kv_heads) * head_dim;  // fused qkv rows: q, k, v
+  std::vector<float> qkv = Random(tokens * row);
+  if (dt == DType::kBF16) qkv = RoundBf16(qkv);
+  std::vector<int32_t> pos = {0, 1, 7, 4095, 8191, 131071};
+  std::vector<float> inv = Llama3InvFreq(head_dim, 500000.0);
+  DeviceBuffer dqkv = UploadAs(dt, qkv), dpos = Upload(pos), dinv = Upload(inv);
+  char* base = static_cast<char*>(dqkv.data());
+  Must(Rope(dt, base, base + heads * head_dim * DTypeSize(dt), dpos.as<int32_t>(),
+            dinv.as<float>(), tokens, heads, kv_heads, head_dim, row, row, s),
+       "Rope");
+  std::vector<float> got = DownloadAs(dt, dqkv, qkv.size());
+  std::vector<double> want(qkv.begin(), qkv.end());  // V must be untouched
+  for (int t = 0; t < tokens; ++t) {
+    for (int h = 0; h < heads + kv_heads; ++h) {
+      float* x = &qkv[t * row + h * head_dim];
+      for (int i = 0; i < half; ++i) {
+        const float angle = static_cast<float>(pos[t]) * inv[i];
+        const float c = static_cast<float>(std::cos(double{angle}));
+        const float sn = static_cast<float>(std::sin(double{angle}));
+        const float a = x[i], b = x[i + half];
+        float r0 = a * c - b * sn, r1 = b * c + a * sn;
+        if (dt == DType::kBF16) r0 = FromBf16(ToBf16(r0)), r1 = FromBf16(ToBf16(r1));
+        want[t * row + h * head_dim + i] = r0;
+        want[t * row + h * head_dim + i + half] = r1;
+      }
+    }
+  }
+  Report(std::string("Rope llama3, fused qkv, pos up to 131071 ") + Name(dt),
+         MaxAbsDiff(got, want), dt == DType::kF32 ? 1e-6 : 1e-2);
+}
+
+void CheckAttention(DType kv_dt, int head_dim, cudaStream_t s) {
+  const int heads = 8, kv_heads = 2, block_size = 16;
+  const std::vector<int32_t> lens = {1, 17, 100, 513, 0, 16};
+  const int num_seqs = lens.size();
+  const int max_blocks = (513 + block_size - 1) / block_size;
+  const PagedKvShape shape{kv_heads, head_dim, block_size};
+  int total_blocks = 0;
+  for (int len : lens) total_blocks += (len + block_size - 1) / block_size;
+  total_blocks += 3;  // spare blocks, never referenced
+  // Block tables: a shuffled assignment, so that sequences are not contiguous.
+  std::vector<int32_t> free_blocks(total_blocks);
+  std::iota(free_blocks.begin(), free_blocks.end(), 0);
+  std::shuffle(free_blocks.begin(), free_blocks.end(), g_rng);
+  std::vector<int32_t> tables(num_seqs * max_blocks, 0);
+  size_t next = 0;
+  for (int sq = 0; sq < num_seqs; ++sq) {
+    for (int b = 0; b < (lens[sq] + block_size - 1) / block_size; ++b) {
+      tables[sq * max_blocks + b] = free_blocks[next++];
+    }
+  }
+  // K/V of every token of every sequence, written through WriteKvCache (fp32 source).
+  const int kv_row = kv_heads * head_dim;
+  int total_tokens = std::accumulate(lens.begin(), lens.end(), 0);
+  std::vector<float> k = Random(size_t(total_tokens) * kv_row), v = Random(size_t(total_tokens) * kv_row);
+  std::vector<int64_t> slots;
+  for (int sq = 0; sq < num_seqs; ++sq) {
+    for (int t = 0; t < lens[sq]; ++t) {
+      slots.push_back(int64_t{tables[sq * max_blocks + t / block_size]} * block_size + t % block_size);
+    }
+  }
+  DeviceBuffer dk = Upload(k), dv = Upload(v), dslots = Upload(slots);
+  DeviceBuffer cache = Scratch(size_t(total_blocks) * shape.BlockElements() * DTypeSize(kv_dt));
+  Must(cache.Zero(), "memset");
+  Must(WriteKvCache(DType::kF32, dk.data(), dv.data(), kv_row, kv_dt, cache.data(), shape,
+                    dslots.as<int64_t>(), total_tokens, s),
+       "WriteKvCache");
+  if (kv_dt == DType::kBF16) k = RoundBf16(k), v = RoundBf16(v);
+
+  std::vector<float> q = Random(size_t(num_seqs) * heads * head_dim);
+  DeviceBuffer dq = Upload(q), dtables = Upload(tables), dlens = Upload(lens);
+  DeviceBuffer dout = Scratch(q.size() * 4);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  Must(PagedAttentionDecode(dq.as<float>(), kv_dt, cache.data(), shape, dtables.as<int32_t>(),
+                            max_blocks, dlens.as<int32_t>(), num_seqs, heads, scale,
+                            dout.as<float>(), s),
+       "PagedAttentionDecode");
+  std::vector<float> got = Download<float>(dout, q.size());
+
+  std::vector<double> want(q.size(), 0.0);
+  int first = 0;
+  for (int sq = 0; sq < num_seqs; ++sq) {
+    for (int h = 0; h < heads; ++h) {
+      const int kvh = h / (heads / kv_heads);
+      const float* qh = &q[(sq * heads + h) * head_dim];
+      std::vector<double> score(lens[sq]);
+      double mx = -1e300;
+      for (int t = 0; t < lens[sq]; ++t) {
+        const float* kr = &k[size_t(first + t) * kv_row + kvh * head_dim];
+        double dot = 0;
+        for (int d = 0; d < head_dim; ++d) dot += double{qh[d]} * kr[d];
+        score[t] = dot * scale;
+        mx = std::max(mx, score[t]);
+      }
+      double z = 0;
+      for (double& sc : score) z += (sc = std::exp(sc - mx));
+      for (int t = 0; t < lens[sq]; ++t) {
+        const float* vr = &v[size_t(first + t) * kv_row + kvh * head_dim];
+        for (int d = 0; d < head_dim; ++d) want[(sq * heads + h) * head_dim + d] += score[t] / z * vr[d];
+      }
+    }
+    first += lens[sq];
+  }
+  Report("PagedAttentionDecode GQA 8/2 head_dim " + std::to_string(head_dim) + " kv " +
+             Name(kv_dt),
+         MaxAbsDiff(got, want), 2e-5);
+}
+
+void CheckArgmax(cudaStream_t s) {
+  const int vocab = 5000;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> logits;
+  std::vector<int32_t> want;
+  for (int r = 0; r < 4; ++r) {
+    std::vector<float> row = Random(vocab);
+    logits.insert(logits.end(), row.begin(), row.end());
+    want.push_back(std::max_element(row.begin(), row.end()) - row.begin());
+  }
+  std::vector<float> tie(vocab, -1.0f);  // ties: the lowest id wins
+  tie[4000] = tie[123] = tie[2500] = 3.0f;
+  tie[7] = nan;
+  logits.insert(logits.end(), tie.begin(), tie.end());
+  want.push_back(123);
+  std::vector<float> masked(vocab, -inf);  // nothing finite: 0
+  logits.insert(logits.end(), masked.begin(), masked.end());
+  want.push_back(0);
+  DeviceBuffer dl = Upload(logits), dids = Scratch(want.size() * 4);
+  Must(ArgmaxRows(dl.as<float>(), want.size(), vocab, dids.as<int32_t>(), s), "ArgmaxRows");
+  std::vector<int32_t> got = Download<int32_t>(dids, want.size());
+  int wrong = 0;
+  for (size_t r = 0; r < want.size(); ++r) wrong += got[r] != want[r];
+  Report("ArgmaxRows (ties, NaN, all -inf): wrong rows", wrong, 0);
+}
+
+void CheckGemm(const CublasHandle& handle, DType in_dt, DType out_dt) {
+  const int m = 5, n = 300, k = 256;
+  std::vector<float> x = Random(m * k), w = Random(n * k, 0.05f);
+  if (in_dt == DType::kBF16) x = RoundBf16(x), w = RoundBf16(w);
+  DeviceBuffer dx = UploadAs(in_dt, x), dw = UploadAs(in_dt, w), dy = Scratch(m * n * 4);
+  Must(Gemm(handle, in_dt, dx.data(), dw.data(), out_dt, dy.data(), m, n, k), "Gemm");
+  std::vector<float> got = DownloadAs(out_dt, dy, m * n);
+  std::vector<double> want(m * n);
+  double max_abs = 0;
+  for (int i = 0; i < m; ++i) {
+    for (int j = 0; j < n; ++j) {
+      double acc = 0;
+      for (int p = 0; p < k; ++p) acc += double{x[i * k + p]} * w[j * k + p];
+      want[i * n + j] = acc;
+      max_abs = std::max(max_abs, std::abs(acc));
+    }
+  }
+  Report(std::string("Gemm x[5x256] w[300x256]^T in ") + Name(in_dt) + " out " + Name(out_dt),
+         MaxAbsDiff(got, want), out_dt == DType::kF32 ? 1e-5 * max_abs * 10 : 8e-3 * max_abs);
+}
+
+int Main() {
+  StatusOr<int> devices = DeviceCount();
+  if (!devices.ok()) {
+    std::fprintf(stderr, "cuda_kernels_check: no CUDA device: %s\n",
+                 devices.status().ToString().c_str());
+    return 2;
+  }
+  CudaStream stream = Must(CudaStream::Create(), "stream");
+  CublasHandle cublas = Must(CublasHandle::Create(), "cublas");
+  Must(cublas.SetStream(stream.get()), "cublasSetStream");
+  cudaStream_t s = stream.get();
+
+  CheckConvert(s);
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    CheckRmsNorm(dt, s);
+    CheckAdd(dt, s);
+    CheckSiluAndMul(dt, s);
+    CheckEmbedding(dt, s);
+    CheckRope(dt, s);
+  }
+  for (int head_dim : {128, 64, 80, 256}) CheckAttention(DType::kF32, head_dim, s);
+  CheckAttention(DType::kBF16, 128, s);
+  CheckArgmax(s);
+  CheckGemm(cublas, DType::kF32, DType::kF32);
+  CheckGemm(cublas, DType::kBF16, DType::kF32);
+  CheckGemm(cublas, DType::kBF16, DType::kBF16);
+  Must(stream.Synchronize(), "synchronize");
+  std::printf("%s: %d failure(s)\n", g_failures ? "FAIL" : "PASS", g_failures);
+  return g_failures ? 1 : 0;
+}
+
+}  // namespace
+}  // namespace tandem::cuda
+
+int main() { return tandem::cuda::Main(); }
