@@ -70,9 +70,9 @@ std::string MakeWord(Rng& rng) {
 
 // Text that exercises every pre-tokenizer branch: words with a Zipf-like frequency, numbers,
 // contractions, punctuation runs, code, whitespace runs and multi-byte characters.
-std::string GenerateCorpus(Rng& rng, size_t target_bytes) {
+std::string GenerateCorpus(Rng& rng, size_t target_bytes, size_t lexicon_size) {
   std::vector<std::string> lexicon;
-  for (int i = 0; i < 6000; ++i) lexicon.push_back(MakeWord(rng));
+  for (size_t i = 0; i < lexicon_size; ++i) lexicon.push_back(MakeWord(rng));
   std::string text;
   text.reserve(target_bytes + 256);
   while (text.size() < target_bytes) {
@@ -153,7 +153,9 @@ StatusOr<TokenizerFiles> TrainTokenizer(TokenizerFamily family, int vocab_size, 
 
   // Count pre-tokenized words of the corpus.
   Rng rng(seed ^ (llama3 ? 0x11A3A3ull : 0x0E2ull));
-  const std::string corpus = GenerateCorpus(rng, std::max<size_t>(400000, static_cast<size_t>(vocab_size) * 80));
+  // Large vocabularies need more distinct words, or the corpus runs out of pairs to merge.
+  const std::string corpus = GenerateCorpus(rng, std::max<size_t>(400000, static_cast<size_t>(vocab_size) * 80),
+                                            6000 + static_cast<size_t>(vocab_size));
   const SplitPattern pattern = llama3 ? SplitPattern::kLlama3 : SplitPattern::kQwen2;
   std::unordered_map<std::string, int64_t> counts;
   for (const auto& [begin, end] : SplitText(corpus, pattern)) ++counts[corpus.substr(begin, end - begin)];
