@@ -9,6 +9,7 @@ debian_packages=(
   build-essential cmake ninja-build pkg-config git curl ca-certificates
   libboost-dev libboost-system-dev       # Asio + Beast (header-only) and Boost.System
   libyaml-cpp-dev                         # config
+  libicu-dev                              # tokenizer: Unicode categories, NFC
   nlohmann-json3-dev                      # JSON for HTTP bodies and HF files
   libucx-dev ucx-utils                    # kvtransfer (ucp), ucx_perftest for benchmarks
   catch2                                  # tests
