@@ -717,18 +717,13 @@ class UcxPuller final : public KvPuller {
         std::lock_guard<std::mutex> lock(mutex_);
         peer_regions_.erase(peer->info.instance_id);
       }
-      // Closing purges the gets still in flight (their callbacks run in here); the key is
-      // dropped after the endpoint so that no get can still use it.
+      // Closing purges the gets still in flight; their callbacks may run in a later progress
+      // round, so the peer (and its rkey) is retired until no pull is left.
       peer->ep.reset();
-      peer->rkey.reset();
+      retired_peers_.push_back(std::move(it->second));
       it = peers_.erase(it);
     }
-    for (auto& [p, owned] : pulls_) {
-      if (p->outstanding > 0 && !peers_.count(p->instance_id)) {
-        TANDEM_LOG_REQ(kError, p->request_id)
-            << "kvtransfer: " << p->outstanding << " gets outlived their endpoint";
-      }
-    }
+    if (pulls_.empty()) retired_peers_.clear();
   }
 
   void CheckTimeouts() {
@@ -784,6 +779,7 @@ class UcxPuller final : public KvPuller {
       }
       p->callbacks.on_done(p->request_id, status);
     }
+    if (pulls_.empty()) retired_peers_.clear();
   }
 
   // Tells the publisher the outcome so that it frees its blocks (best effort: if the message is
@@ -830,7 +826,12 @@ class UcxPuller final : public KvPuller {
       MaybeFinish(p);
     }
     for (auto& [id, peer] : peers_) {
-      if (!peer->failed) peer->ep.reset();  // before failed: no result messages to send
+      // A live peer gets a flushing close: force-closing an endpoint whose wireup is still
+      // running trips an assertion in UCX 1.13 (ucp_request.c: "got REP message").
+      if (!peer->failed) {
+        peer->ep.get_deleter().force = false;
+        peer->ep.reset();
+      }
     }
     for (auto& [id, peer] : peers_) {
       peer->failed = true;
@@ -838,6 +839,13 @@ class UcxPuller final : public KvPuller {
     }
     HandleFailedPeers();
     ReapFinished();
+    // Purged gets may complete in later progress rounds: give them a bounded while.
+    auto give_up = Clock::now() + std::chrono::seconds(2);
+    while (!pulls_.empty() && Clock::now() < give_up) {
+      ucp_worker_progress(worker());
+      ReapFinished();
+    }
+    if (pulls_.empty()) retired_peers_.clear();
     if (!pulls_.empty()) {
       TANDEM_LOG(kError) << "kvtransfer: " << pulls_.size() << " pulls still had gets in flight";
       for (auto& [p, owned] : pulls_) owned.release();  // their ops may still be referenced
@@ -858,6 +866,7 @@ class UcxPuller final : public KvPuller {
 
   // Progress thread only.
   std::map<uint64_t, std::unique_ptr<Peer>> peers_;
+  std::vector<std::unique_ptr<Peer>> retired_peers_;  // closed, rkey kept until pulls drain
   std::map<PullState*, std::unique_ptr<PullState>> pulls_;
   std::deque<PullState*> ready_;
   std::deque<PullState*> finished_;
