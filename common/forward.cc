@@ -16,14 +16,100 @@ constexpr int kMaxHeadDim = 256;
 constexpr int kTileRows = 8;        // query rows (token, head) processed together
 constexpr int kKeyChunk = 64;       // keys scored at once (a block is split into such chunks)
 constexpr int kTokensPerTask = 32;  // query tokens of one sequence per attention task
+// Up to this many rows, GEMMs use the streaming kernel below instead of OpenBLAS sgemm.
+constexpr int kSmallBatchRows = 16;
 
-// y[m, n] = x[m, k] W[n, k]^T + beta y. A single row goes through sgemv: OpenBLAS' sgemm packs
-// its operands, which costs more than it saves when the activations are one row.
-void Linear(const float* x, int m, int k, const float* w, int n, float* y, float beta) {
+// y[m, n] = x[m, k] W[n, k]^T + beta y through OpenBLAS (large m: prefill, big batches; any m
+// on CPUs without AVX2).
+void BlasLinear(const float* x, int m, int k, const float* w, int n, float* y, float beta) {
   if (m == 1) {
     cblas_sgemv(CblasRowMajor, CblasNoTrans, n, k, 1.0f, w, k, x, 1, beta, y, 1);
-  } else {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, x, k, w, k, beta, y, n);
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, x, k, w, k, beta, y, n);
+}
+
+// The same for a few rows (decode batches): weight rows [n0, n1) are streamed from memory ONCE
+// and each is dotted with every activation row, which stays in cache. OpenBLAS' sgemm would
+// first copy (pack) the whole weight matrix, tripling the memory traffic of a memory-bound step.
+// Four weight rows and two activation rows per pass: 8 accumulators, 6 loads per 8 FMAs.
+[[gnu::target("avx2,fma")]] inline float HorizontalSum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_hadd_ps(s, s);
+  s = _mm_hadd_ps(s, s);
+  return _mm_cvtss_f32(s);
+}
+
+[[gnu::target("avx2,fma")]] void SmallGemmAvx2(const float* x, int m, int k, const float* w,
+                                               int n0, int n1, int ldy, float* y, float beta) {
+  const int k8 = k / 8 * 8;
+  auto store = [&](int row, int col, float v) {
+    float* out = y + static_cast<size_t>(row) * ldy + col;
+    *out = beta == 0.0f ? v : v + beta * *out;
+  };
+  int n = n0;
+  for (; n + 4 <= n1; n += 4) {
+    const float* w0 = w + static_cast<size_t>(n) * k;
+    const float* w1 = w0 + k;
+    const float* w2 = w1 + k;
+    const float* w3 = w2 + k;
+    int r = 0;
+    for (; r + 2 <= m; r += 2) {
+      const float* xa = x + static_cast<size_t>(r) * k;
+      const float* xb = xa + k;
+      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0,
+             b3 = a0;
+      for (int i = 0; i < k8; i += 8) {
+        const __m256 va = _mm256_loadu_ps(xa + i), vb = _mm256_loadu_ps(xb + i);
+        const __m256 v0 = _mm256_loadu_ps(w0 + i), v1 = _mm256_loadu_ps(w1 + i);
+        const __m256 v2 = _mm256_loadu_ps(w2 + i), v3 = _mm256_loadu_ps(w3 + i);
+        a0 = _mm256_fmadd_ps(v0, va, a0);
+        a1 = _mm256_fmadd_ps(v1, va, a1);
+        a2 = _mm256_fmadd_ps(v2, va, a2);
+        a3 = _mm256_fmadd_ps(v3, va, a3);
+        b0 = _mm256_fmadd_ps(v0, vb, b0);
+        b1 = _mm256_fmadd_ps(v1, vb, b1);
+        b2 = _mm256_fmadd_ps(v2, vb, b2);
+        b3 = _mm256_fmadd_ps(v3, vb, b3);
+      }
+      float sa[4] = {HorizontalSum(a0), HorizontalSum(a1), HorizontalSum(a2), HorizontalSum(a3)};
+      float sb[4] = {HorizontalSum(b0), HorizontalSum(b1), HorizontalSum(b2), HorizontalSum(b3)};
+      for (int i = k8; i < k; ++i) {
+        sa[0] += w0[i] * xa[i], sa[1] += w1[i] * xa[i], sa[2] += w2[i] * xa[i], sa[3] += w3[i] * xa[i];
+        sb[0] += w0[i] * xb[i], sb[1] += w1[i] * xb[i], sb[2] += w2[i] * xb[i], sb[3] += w3[i] * xb[i];
+      }
+      for (int j = 0; j < 4; ++j) {
+        store(r, n + j, sa[j]);
+        store(r + 1, n + j, sb[j]);
+      }
+    }
+    for (; r < m; ++r) {
+      const float* xa = x + static_cast<size_t>(r) * k;
+      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+      for (int i = 0; i < k8; i += 8) {
+        const __m256 va = _mm256_loadu_ps(xa + i);
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w0 + i), va, a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w1 + i), va, a1);
+        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w2 + i), va, a2);
+        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w3 + i), va, a3);
+      }
+      float sa[4] = {HorizontalSum(a0), HorizontalSum(a1), HorizontalSum(a2), HorizontalSum(a3)};
+      for (int i = k8; i < k; ++i)
+        sa[0] += w0[i] * xa[i], sa[1] += w1[i] * xa[i], sa[2] += w2[i] * xa[i], sa[3] += w3[i] * xa[i];
+      for (int j = 0; j < 4; ++j) store(r, n + j, sa[j]);
+    }
+  }
+  for (; n < n1; ++n) {  // leftover weight rows
+    const float* wr = w + static_cast<size_t>(n) * k;
+    for (int r = 0; r < m; ++r) {
+      const float* xa = x + static_cast<size_t>(r) * k;
+      __m256 a = _mm256_setzero_ps();
+      for (int i = 0; i < k8; i += 8)
+        a = _mm256_fmadd_ps(_mm256_loadu_ps(wr + i), _mm256_loadu_ps(xa + i), a);
+      float s = HorizontalSum(a);
+      for (int i = k8; i < k; ++i) s += wr[i] * xa[i];
+      store(r, n, s);
+    }
   }
 }
 
@@ -321,6 +407,21 @@ Status CpuForward::Validate(std::span<const SequenceInput> batch, const KvCache&
     return TooLarge("forward: " + std::to_string(total) + " tokens exceed max_batch_tokens " +
                     std::to_string(options_.max_batch_tokens));
   return Status::Ok();
+}
+
+void CpuForward::Linear(const float* x, int m, int k, const float* w, int n, float* y,
+                        float beta) {
+  if (!use_avx2_ || m > kSmallBatchRows) {
+    BlasLinear(x, m, k, w, n, y, beta);
+    return;
+  }
+  // Weight rows split into chunks (multiples of 4) over the pool.
+  const int chunk = std::max(64, (n / (4 * pool_.num_threads()) + 3) / 4 * 4);
+  const int num_chunks = (n + chunk - 1) / chunk;
+  auto task = [&](int i) {
+    SmallGemmAvx2(x, m, k, w, i * chunk, std::min(n, (i + 1) * chunk), n, y, beta);
+  };
+  pool_.ParallelFor(num_chunks, task);
 }
 
 void CpuForward::Attention(int layer, std::span<const SequenceInput> batch, KvCache& cache) {

@@ -90,6 +90,8 @@ class CpuForward {
 
   CpuForward(const Model& model, const ForwardOptions& options);
   Status Validate(std::span<const SequenceInput> batch, const KvCache& cache) const;
+  // y[m, n] = x[m, k] w[n, k]^T + beta y, on the pool (small m) or OpenBLAS (large m).
+  void Linear(const float* x, int m, int k, const float* w, int n, float* y, float beta);
   void Attention(int layer, std::span<const SequenceInput> batch, KvCache& cache);
 
   const Model& model_;
