@@ -1,0 +1,67 @@
+// The router's view of whatever generates tokens: the cluster control plane in production, a
+// test double in unit tests. The router validates, tokenizes and renders; a Backend only turns
+// prompt token ids into output token ids.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/sampling.h"
+#include "common/status.h"
+
+namespace tandem {
+
+// One request as the router hands it to a backend. Plain data; copyable.
+struct GenerateRequest {
+  std::string request_id;  // "cmpl-..." or "chatcmpl-...", unique per router process
+  std::string model;       // the served model name
+  std::vector<int32_t> prompt_token_ids;
+  // Validated. The backend applies eos (unless ignore_eos), stop_token_ids and max_tokens.
+  // Stop *strings* are applied by the router (it owns the detokenizer); a backend may ignore
+  // `sampling.stop` and will be cancelled when one matches.
+  SamplingParams sampling;
+  std::string slo_class;  // the "x-tandem-slo-class" header; "" = the model's default SLO
+  std::chrono::steady_clock::time_point arrival_time;  // when the router received it
+};
+
+struct TokenEvent {
+  int32_t token_id = -1;
+  float logprob = 0.0f;  // meaningful when sampling.logprobs
+  std::vector<std::pair<int32_t, float>> top_logprobs;  // sampling.top_logprobs entries, best first
+};
+
+// One of: tokens (finish_reason unset, error OK), finished (finish_reason set; may carry the
+// last tokens), failed (error non-OK; no tokens).
+struct BackendEvent {
+  std::vector<TokenEvent> tokens;            // new tokens, in order
+  std::optional<std::string> finish_reason;  // "stop" | "length" when the backend finished
+  Status error;                              // non-OK: the request failed (the client sees it)
+};
+
+// Thread-safe. Callbacks may come from any thread, in order per request (never two at once for
+// one request), and stop after the finish or error event. Submit must not block on generation.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // Accepts the request, or rejects it now with a non-OK status (ResourceExhausted -> 429,
+  // Unavailable -> 503, ...); a rejected request gets no callback. on_event may be called
+  // before Submit returns (from this or another thread).
+  virtual Status Submit(const GenerateRequest& request,
+                        std::function<void(BackendEvent)> on_event) = 0;
+
+  // Stops a request (client gone, stop string matched, server stopping). Idempotent; unknown
+  // or finished ids are ignored. Callbacks may still arrive for it (at most until its
+  // finish/error event), and may run inside this call.
+  virtual void Cancel(const std::string& request_id) = 0;
+
+  // True when the backend can take requests (instances registered).
+  virtual bool Ready() const = 0;
+};
+
+}  // namespace tandem

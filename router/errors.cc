@@ -1,0 +1,82 @@
+#include "router/errors.h"
+
+#include <nlohmann/json.hpp>
+
+namespace tandem {
+namespace {
+
+// Seconds a client should wait before retrying an overloaded or unready router.
+constexpr int kRetryAfterSeconds = 1;
+
+std::string_view ErrorType(StatusCode code) {
+  switch (code) {
+    case StatusCode::kInvalidArgument:
+    case StatusCode::kNotFound:
+    case StatusCode::kTooLarge:
+      return "invalid_request_error";
+    case StatusCode::kResourceExhausted:
+      return "rate_limit_error";
+    case StatusCode::kUnavailable:
+      return "service_unavailable";
+    case StatusCode::kDeadlineExceeded:
+      return "timeout_error";
+    case StatusCode::kCancelled:
+      return "cancelled_error";
+    default:
+      return "server_error";
+  }
+}
+
+}  // namespace
+
+int HttpStatusFor(StatusCode code) {
+  switch (code) {
+    case StatusCode::kInvalidArgument: return 400;
+    case StatusCode::kNotFound: return 404;
+    case StatusCode::kTooLarge: return 413;
+    case StatusCode::kResourceExhausted: return 429;
+    case StatusCode::kCancelled: return 499;
+    case StatusCode::kUnavailable: return 503;
+    case StatusCode::kDeadlineExceeded: return 504;
+    default: return 500;
+  }
+}
+
+bool IsRetryable(StatusCode code) {
+  switch (code) {
+    case StatusCode::kResourceExhausted:
+    case StatusCode::kUnavailable:
+    case StatusCode::kDeadlineExceeded:
+    case StatusCode::kInternal:
+    case StatusCode::kDataLoss:
+      return true;
+    default:
+      return false;
+  }
+}
+
+HttpError ErrorResponse(const Status& status, std::string_view param) {
+  StatusCode code = status.ok() ? StatusCode::kInternal : status.code();
+  std::string message = status.ok() ? "internal error: an OK status reached the error path"
+                                    : status.message();
+  HttpError error;
+  error.http_status = HttpStatusFor(code);
+  error.retryable = IsRetryable(code);
+  if (code == StatusCode::kResourceExhausted || code == StatusCode::kUnavailable) {
+    error.retry_after_s = kRetryAfterSeconds;
+  }
+  nlohmann::json inner;
+  inner["message"] = message;
+  inner["type"] = std::string(ErrorType(code));
+  inner["param"] = param.empty() ? nlohmann::json(nullptr) : nlohmann::json(std::string(param));
+  inner["code"] = (code == StatusCode::kNotFound && param == "model")
+                      ? nlohmann::json("model_not_found")
+                      : nlohmann::json(nullptr);
+  nlohmann::json body;
+  body["error"] = std::move(inner);
+  // Messages may quote client bytes that are not valid UTF-8: replace rather than throw.
+  error.body = body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return error;
+}
+
+}  // namespace tandem

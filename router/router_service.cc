@@ -1,0 +1,368 @@
+#include "router/router_service.h"
+
+#include <algorithm>
+#include <chrono>
+#include <mutex>
+#include <optional>
+#include <utility>
+
+#include "common/log.h"
+#include "router/errors.h"
+
+namespace tandem {
+
+using Clock = std::chrono::steady_clock;
+
+struct RouterShared {
+  RouterShared(ServedModel m, Backend* b, RouterServiceOptions o)
+      : model(std::move(m)), backend(b), options(o) {
+    if (!options.metrics) {
+      owned_metrics =
+          std::make_unique<MetricsRegistry>(Labels{{"role", "router"}, {"model", model.name}});
+      options.metrics = owned_metrics.get();
+    }
+    MetricsRegistry& r = *options.metrics;
+    ttft = &r.AddHistogram("tandem_time_to_first_token_seconds",
+                           "Time from request arrival to the first output token.", {},
+                           LatencyBuckets())
+                .Get();
+    tpot = &r.AddHistogram("tandem_time_per_output_token_seconds",
+                           "Mean time between output tokens of a request, after the first.", {},
+                           LatencyBuckets())
+                .Get();
+    e2e = &r.AddHistogram("tandem_e2e_request_latency_seconds",
+                          "Time from request arrival to its last token.", {}, LatencyBuckets())
+               .Get();
+    success = &r.AddCounter("tandem_request_success_total", "Requests that completed.",
+                            {"finish_reason"});
+    failure = &r.AddCounter("tandem_request_failure_total",
+                            "Requests that ended in an error, by HTTP status.", {"code"});
+    running_gauge = &r.AddGauge("tandem_num_requests_running",
+                                "Requests admitted by the router and not finished.")
+                         .Get();
+    prompt_tokens = &r.AddCounter("tandem_prompt_tokens_total", "Prompt tokens admitted.").Get();
+    generation_tokens =
+        &r.AddCounter("tandem_generation_tokens_total", "Output tokens received.").Get();
+  }
+
+  void RecordFailure(int http_status) {
+    failure->WithLabels({std::to_string(http_status)}).Inc();
+  }
+
+  ServedModel model;
+  Backend* backend;
+  RouterServiceOptions options;
+  std::unique_ptr<MetricsRegistry> owned_metrics;
+  std::atomic<int> running{0};
+
+  Histogram* ttft;
+  Histogram* tpot;
+  Histogram* e2e;
+  Family<Counter>* success;
+  Family<Counter>* failure;
+  Gauge* running_gauge;
+  Counter* prompt_tokens;
+  Counter* generation_tokens;
+};
+
+namespace {
+
+void RespondError(HttpExchange& exchange, const Status& status, const std::string& param) {
+  HttpError error = ErrorResponse(status, param);
+  HttpResponse response{error.http_status, "application/json", error.body, {}};
+  if (error.retry_after_s) {
+    response.headers.emplace_back("Retry-After", std::to_string(*error.retry_after_s));
+  }
+  exchange.Respond(std::move(response));
+}
+
+// One admitted request, from Submit to its end. Shared by the backend callback (strong) and
+// the HTTP abort callback (weak).
+class RequestContext : public std::enable_shared_from_this<RequestContext> {
+ public:
+  RequestContext(std::shared_ptr<RouterShared> shared, std::shared_ptr<HttpExchange> exchange,
+                 ApiRequest request)
+      : shared_(std::move(shared)), exchange_(std::move(exchange)), request_(std::move(request)),
+        decoder_(shared_->model.tokenizer, /*skip_special_tokens=*/true),
+        stop_(request_.generate.sampling, shared_->model.eos_token_ids) {}
+
+  const ApiRequest& request() const { return request_; }
+  const std::string& id() const { return request_.generate.request_id; }
+
+  // Called once Submit accepted the request: sends the stream headers promptly.
+  void OnSubmitted() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!done_) EnsureStreamStartedLocked();
+  }
+
+  // Submit rejected it: no callback will come.
+  void OnRejected(const Status& status) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (done_) return;
+      MarkDoneLocked();
+    }
+    shared_->RecordFailure(HttpStatusFor(status.code()));
+    TANDEM_LOG_REQ(kInfo, id()) << "rejected: " << status.ToString();
+    RespondError(*exchange_, status, "");
+  }
+
+  // The client went away, the request timed out, or the server is stopping.
+  void OnAbort() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (done_) return;
+      MarkDoneLocked();
+    }
+    shared_->RecordFailure(499);
+    TANDEM_LOG_REQ(kInfo, id()) << "client gone; cancelling";
+    shared_->backend->Cancel(id());  // never under mutex_: it may call OnEvent inline
+  }
+
+  // True once the request ended (answered, failed or aborted).
+  bool done() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return done_;
+  }
+
+  void OnEvent(BackendEvent event) {
+    bool cancel_backend = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (done_) return;
+      if (!event.error.ok()) {
+        FailLocked(event.error);
+        return;
+      }
+      cancel_backend = HandleTokensLocked(event);
+    }
+    if (cancel_backend) shared_->backend->Cancel(id());
+  }
+
+ private:
+  void MarkDoneLocked() {
+    done_ = true;
+    shared_->running.fetch_sub(1);
+    shared_->running_gauge->Dec();
+  }
+
+  void EnsureStreamStartedLocked() {
+    if (!request_.stream || stream_started_) return;
+    stream_started_ = true;
+    exchange_->StartStream();
+    if (request_.kind == ApiKind::kChatCompletion) {
+      StreamDelta role;
+      role.role_chunk = true;
+      exchange_->Write(SseEvent(RenderChunk(request_, role)));
+    }
+  }
+
+  void FailLocked(const Status& status) {
+    MarkDoneLocked();
+    HttpError error = ErrorResponse(status);
+    shared_->RecordFailure(error.http_status);
+    TANDEM_LOG_REQ(kWarn, id()) << "backend failed: " << status.ToString();
+    if (request_.stream && stream_started_) {
+      // Headers are out: the error travels as an event, as OpenAI does mid-stream.
+      exchange_->Write(SseEvent(error.body));
+      exchange_->Write(SseDone());
+      exchange_->End();
+    } else {
+      RespondError(*exchange_, status, "");
+    }
+  }
+
+  // Returns true when the backend must be cancelled (the router finished the request first).
+  bool HandleTokensLocked(const BackendEvent& event) {
+    Clock::time_point now = Clock::now();
+    std::string text;
+    std::optional<std::string> finish;
+    bool matched_stop = false;
+    size_t used = 0;
+    for (const TokenEvent& token : event.tokens) {
+      if (num_tokens_ == 0) first_token_time_ = now;
+      last_token_time_ = now;
+      ++num_tokens_;
+      ++used;
+      std::string piece = decoder_.Add(token.token_id);
+      all_text_ += piece;
+      StopUpdate update = stop_.Append(token.token_id, piece);
+      text += update.text;
+      if (update.finished()) {
+        finish = std::string(FinishReasonName(update.finish_reason));
+        matched_stop = stop_.matched_stop().has_value();
+        break;
+      }
+    }
+    shared_->generation_tokens->Inc(static_cast<double>(used));
+    const bool finished_by_router = finish.has_value() && !event.finish_reason.has_value();
+    const bool checker_finished = finish.has_value();
+    if (!finish && event.finish_reason) finish = *event.finish_reason;
+    if (finish && !matched_stop) {
+      if (!checker_finished) {
+        // The backend finished first (its own eos/length): text the checker held back as a
+        // possible stop string was not one.
+        text += all_text_.substr(std::min(stop_.text().size(), all_text_.size()));
+      }
+      text += decoder_.Finish();  // bytes of an incomplete character, as U+FFFD
+    }
+
+    std::vector<LogprobToken> logprobs;
+    if (request_.generate.sampling.logprobs && used > 0) {
+      logprobs = MakeLogprobTokens(shared_->model.tokenizer,
+                                   std::span<const TokenEvent>(event.tokens.data(), used),
+                                   text_offset_);
+      if (!logprobs.empty()) text_offset_ = logprobs.back().text_offset + logprobs.back().token.size();
+    }
+
+    if (request_.stream) {
+      EnsureStreamStartedLocked();
+      if (!text.empty() || !logprobs.empty()) {
+        StreamDelta delta;
+        delta.text = std::move(text);
+        delta.logprobs = std::move(logprobs);
+        exchange_->Write(SseEvent(RenderChunk(request_, delta)));
+      }
+      if (finish) {
+        StreamDelta last;
+        last.finish_reason = finish;
+        exchange_->Write(SseEvent(RenderChunk(request_, last)));
+        if (request_.include_usage) {
+          exchange_->Write(SseEvent(RenderUsageChunk(request_, usage())));
+        }
+        exchange_->Write(SseDone());
+        exchange_->End();
+      }
+    } else {
+      output_ += text;
+      for (auto& entry : logprobs) output_logprobs_.push_back(std::move(entry));
+      if (finish) {
+        exchange_->Respond(HttpResponse{
+            200, "application/json",
+            RenderResponse(request_, output_, *finish, output_logprobs_, usage()), {}});
+      }
+    }
+    if (finish) FinishLocked(*finish);
+    return finished_by_router;
+  }
+
+  Usage usage() const {
+    return Usage{static_cast<int>(request_.generate.prompt_token_ids.size()), num_tokens_};
+  }
+
+  void FinishLocked(const std::string& finish_reason) {
+    MarkDoneLocked();
+    Clock::time_point now = Clock::now();
+    auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
+    const Clock::time_point arrival = request_.generate.arrival_time;
+    shared_->e2e->Observe(seconds(now - arrival));
+    if (num_tokens_ > 0) shared_->ttft->Observe(seconds(first_token_time_ - arrival));
+    if (num_tokens_ > 1) {
+      shared_->tpot->Observe(seconds(last_token_time_ - first_token_time_) / (num_tokens_ - 1));
+    }
+    shared_->success->WithLabels({finish_reason}).Inc();
+    TANDEM_LOG_REQ(kDebug, id()) << "finished (" << finish_reason << ") after " << num_tokens_
+                                 << " tokens";
+  }
+
+ private:
+  std::shared_ptr<RouterShared> shared_;
+  std::shared_ptr<HttpExchange> exchange_;
+  ApiRequest request_;
+
+  std::mutex mutex_;  // guards everything below
+  IncrementalDecoder decoder_;
+  StopChecker stop_;
+  bool done_ = false;
+  bool stream_started_ = false;
+  std::string all_text_;             // every decoded delta
+  std::string output_;               // non-streaming: the answer so far
+  std::vector<LogprobToken> output_logprobs_;
+  size_t text_offset_ = 0;
+  int num_tokens_ = 0;
+  Clock::time_point first_token_time_;
+  Clock::time_point last_token_time_;
+};
+
+}  // namespace
+
+RouterService::RouterService(ServedModel model, Backend* backend, RouterServiceOptions options)
+    : shared_(std::make_shared<RouterShared>(std::move(model), backend, options)) {
+  TANDEM_CHECK(backend != nullptr, "RouterService needs a backend");
+}
+
+RouterService::~RouterService() = default;
+
+int RouterService::running() const { return shared_->running.load(); }
+MetricsRegistry& RouterService::metrics() { return *shared_->options.metrics; }
+const ServedModel& RouterService::model() const { return shared_->model; }
+
+void RouterService::RegisterRoutes(HttpServer* server) {
+  std::shared_ptr<RouterShared> shared = shared_;
+  server->AddRoute("POST", "/v1/completions", [this](std::shared_ptr<HttpExchange> exchange) {
+    HandleGenerate(ApiKind::kCompletion, exchange);
+  });
+  server->AddRoute("POST", "/v1/chat/completions",
+                   [this](std::shared_ptr<HttpExchange> exchange) {
+                     HandleGenerate(ApiKind::kChatCompletion, exchange);
+                   });
+  server->AddRoute("GET", "/v1/models", [shared](std::shared_ptr<HttpExchange> exchange) {
+    exchange->Respond(HttpResponse{200, "application/json", RenderModels(shared->model), {}});
+  });
+  server->AddRoute("GET", "/health", [](std::shared_ptr<HttpExchange> exchange) {
+    exchange->Respond(HttpResponse{200, "application/json", "{\"status\":\"ok\"}", {}});
+  });
+  server->AddRoute("GET", "/ready", [shared](std::shared_ptr<HttpExchange> exchange) {
+    if (shared->backend->Ready()) {
+      exchange->Respond(HttpResponse{200, "application/json", "{\"status\":\"ready\"}", {}});
+    } else {
+      RespondError(*exchange, Unavailable("no backend instance is ready"), "");
+    }
+  });
+  server->AddRoute("GET", "/metrics", [shared](std::shared_ptr<HttpExchange> exchange) {
+    exchange->Respond(HttpResponse{200, "text/plain; version=0.0.4; charset=utf-8",
+                                   shared->options.metrics->Render(), {}});
+  });
+}
+
+void RouterService::HandleGenerate(ApiKind kind, const std::shared_ptr<HttpExchange>& exchange) {
+  std::string param;
+  StatusOr<ApiRequest> parsed =
+      ParseApiRequest(kind, exchange->request().body, shared_->model, &param);
+  if (!parsed.ok()) {
+    HttpError error = ErrorResponse(parsed.status(), param);
+    shared_->RecordFailure(error.http_status);
+    RespondError(*exchange, parsed.status(), param);
+    return;
+  }
+  parsed->generate.slo_class = exchange->request().Header("x-tandem-slo-class");
+
+  // Admission: a bound on what the router holds, whatever the backend can take.
+  if (shared_->running.fetch_add(1) >= shared_->options.max_concurrent_requests) {
+    shared_->running.fetch_sub(1);
+    Status status = ResourceExhausted("the server is overloaded; retry later");
+    shared_->RecordFailure(HttpStatusFor(status.code()));
+    RespondError(*exchange, status, "");
+    return;
+  }
+  shared_->running_gauge->Inc();
+  shared_->prompt_tokens->Inc(static_cast<double>(parsed->generate.prompt_token_ids.size()));
+
+  auto context = std::make_shared<RequestContext>(shared_, exchange, std::move(parsed).value());
+  std::weak_ptr<RequestContext> weak = context;
+  exchange->SetOnAbort([weak] {
+    if (auto c = weak.lock()) c->OnAbort();
+  });
+  if (context->done()) return;  // the client left already
+
+  const GenerateRequest& request = context->request().generate;
+  Status submitted = shared_->backend->Submit(
+      request, [context](BackendEvent event) { context->OnEvent(std::move(event)); });
+  if (!submitted.ok()) {
+    context->OnRejected(submitted);
+    return;
+  }
+  context->OnSubmitted();
+}
+
+}  // namespace tandem

@@ -1,0 +1,64 @@
+// The router's request flow behind the HTTP server: validate, template, tokenize, admit,
+// submit to a Backend, detokenize incrementally, apply stop strings, stream or collect the
+// answer, count usage, and record metrics (role="router", model=<served name>).
+//
+// Routes (RegisterRoutes):
+//   POST /v1/completions, POST /v1/chat/completions   OpenAI API (stream or not)
+//   GET  /v1/models                                    the served model
+//   GET  /health   200 while the process is up
+//   GET  /ready    200 when Backend::Ready(), else 503
+//   GET  /metrics  Prometheus text format 0.0.4
+//
+// Every accepted request ends in exactly one of: a complete answer, or an error the client
+// sees (HTTP error, or an error event in the stream). A client that disconnects, a request
+// timeout, or a stop-string match cancels the backend request (Backend::Cancel).
+//
+// Threads: handlers run on HTTP io threads, backend callbacks on the backend's threads; per
+// request state is guarded by its own mutex, and the backend is never called under it.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "common/metrics.h"
+#include "router/backend.h"
+#include "router/http_server.h"
+#include "router/openai_api.h"
+
+namespace tandem {
+
+struct RouterServiceOptions {
+  int max_concurrent_requests = 1024;  // requests beyond this get 429 + Retry-After
+  // Where metrics go; not owned. Null: the service owns a registry whose constant labels are
+  // role="router" and model=<served name>. A registry given here should carry those labels.
+  MetricsRegistry* metrics = nullptr;
+};
+
+struct RouterShared;  // state shared with in-flight requests; defined in router_service.cc
+
+class RouterService {
+ public:
+  // `backend` is not owned and must outlive every request submitted to it (stop the HTTP
+  // server, then the backend, then destroy the service). Requests in flight keep the model and
+  // metrics alive on their own, so a late backend callback is harmless.
+  RouterService(ServedModel model, Backend* backend, RouterServiceOptions options = {});
+  ~RouterService();
+  RouterService(const RouterService&) = delete;
+  RouterService& operator=(const RouterService&) = delete;
+
+  // Adds the routes above to `server`; call before server->Start().
+  void RegisterRoutes(HttpServer* server);
+
+  // Requests admitted and not yet finished.
+  int running() const;
+  MetricsRegistry& metrics();
+  const ServedModel& model() const;
+
+ private:
+  void HandleGenerate(ApiKind kind, const std::shared_ptr<HttpExchange>& exchange);
+
+  std::shared_ptr<RouterShared> shared_;
+};
+
+}  // namespace tandem
