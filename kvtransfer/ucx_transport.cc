@@ -259,30 +259,46 @@ class UcxWorker {
   std::thread thread_;
 };
 
-StatusOr<MemhPtr> MapRegion(ucp_context_h context, MemoryRegion region) {
-  if (region.base == nullptr || region.bytes == 0) {
+// Registers `*region`; when `allocate`, UCX allocates region->bytes itself (shared memory
+// first, per UCX_ALLOC_PRIO) and *region gets the address.
+StatusOr<MemhPtr> MapRegion(ucp_context_h context, MemoryRegion* region, bool allocate = false) {
+  if ((!allocate && region->base == nullptr) || region->bytes == 0) {
     return InvalidArgument("kvtransfer: the memory region is empty");
   }
   ucp_mem_map_params_t params{};
   params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
-  params.address = region.base;
-  params.length = region.bytes;
+  params.address = allocate ? nullptr : region->base;
+  params.length = region->bytes;
+  if (allocate) {
+    params.field_mask |= UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+    params.flags = UCP_MEM_MAP_ALLOCATE;
+  }
   ucp_mem_h memh = nullptr;
   ucs_status_t st = ucp_mem_map(context, &params, &memh);
-  if (st != UCS_OK) return UcxError("mem_map of " + std::to_string(region.bytes) + " bytes", st);
-  return MemhPtr(memh, MemhDeleter{context});
+  if (st != UCS_OK) return UcxError("mem_map of " + std::to_string(region->bytes) + " bytes", st);
+  MemhPtr owned(memh, MemhDeleter{context});
+  if (allocate) {
+    ucp_mem_attr_t attr{};
+    attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS;
+    st = ucp_mem_query(memh, &attr);
+    if (st != UCS_OK) return UcxError("mem_query", st);
+    region->base = attr.address;
+  }
+  return owned;
 }
 
 // ---- publisher -----------------------------------------------------------------------------
 
 class UcxPublisher final : public KvPublisher {
  public:
-  static StatusOr<std::unique_ptr<KvPublisher>> Create(MemoryRegion region,
-                                                       const UcxOptions& options) {
+  static StatusOr<std::unique_ptr<KvPublisher>> Create(MemoryRegion* region_inout,
+                                                       const UcxOptions& options, bool allocate) {
     TANDEM_ASSIGN_OR_RETURN(auto worker, UcxWorker::Create(options.tls));
     auto pub = std::unique_ptr<UcxPublisher>(new UcxPublisher(options));
     pub->worker_ = std::move(worker);
-    TANDEM_ASSIGN_OR_RETURN(pub->memh_, MapRegion(pub->worker_->context(), region));
+    TANDEM_ASSIGN_OR_RETURN(pub->memh_,
+                            MapRegion(pub->worker_->context(), region_inout, allocate));
+    MemoryRegion region = *region_inout;
 
     void* rkey_buffer = nullptr;
     size_t rkey_size = 0;
@@ -436,7 +452,7 @@ class UcxPuller final : public KvPuller {
     TANDEM_ASSIGN_OR_RETURN(auto worker, UcxWorker::Create(options.tls));
     auto puller = std::unique_ptr<UcxPuller>(new UcxPuller(region, options));
     puller->worker_ = std::move(worker);
-    TANDEM_ASSIGN_OR_RETURN(puller->memh_, MapRegion(puller->worker_->context(), region));
+    TANDEM_ASSIGN_OR_RETURN(puller->memh_, MapRegion(puller->worker_->context(), &region));
     UcxPuller* raw = puller.get();
     puller->worker_->Start([raw] { raw->AfterProgress(); });
     return std::unique_ptr<KvPuller>(std::move(puller));
@@ -879,7 +895,17 @@ class UcxPuller final : public KvPuller {
 
 StatusOr<std::unique_ptr<KvPublisher>> CreateUcxPublisher(MemoryRegion region,
                                                           const UcxOptions& options) {
-  return UcxPublisher::Create(region, options);
+  return UcxPublisher::Create(&region, options, /*allocate=*/false);
+}
+
+StatusOr<std::unique_ptr<KvPublisher>> CreateUcxPublisherWithPool(size_t bytes,
+                                                                  const UcxOptions& options,
+                                                                  MemoryRegion* region) {
+  MemoryRegion allocated{nullptr, bytes};
+  TANDEM_ASSIGN_OR_RETURN(auto publisher,
+                          UcxPublisher::Create(&allocated, options, /*allocate=*/true));
+  *region = allocated;
+  return publisher;
 }
 
 StatusOr<std::unique_ptr<KvPuller>> CreateUcxPuller(MemoryRegion region,

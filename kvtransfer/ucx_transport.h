@@ -46,7 +46,16 @@ struct UcxOptions {
 StatusOr<std::unique_ptr<KvPublisher>> CreateUcxPublisher(MemoryRegion region,
                                                           const UcxOptions& options);
 
-// As above for the decode side. Destroying the puller fails every pull in flight with
+// Like CreateUcxPublisher, but UCX allocates the `bytes`-long region itself (shared memory
+// first, per UCX_ALLOC_PRIO), and stores it in *region (owned by the publisher, unmapped when it
+// is destroyed). Over sm this is what makes a get one copy through a mapped segment: UCX 1.13's
+// shared-memory RMA (sysv/posix) only reaches memory it allocated; for memory allocated
+// elsewhere it falls back to emulating gets with active messages (see the bench numbers).
+StatusOr<std::unique_ptr<KvPublisher>> CreateUcxPublisherWithPool(size_t bytes,
+                                                                  const UcxOptions& options,
+                                                                  MemoryRegion* region);
+
+// As CreateUcxPublisher for the decode side. Destroying the puller fails every pull in flight with
 // Cancelled (on_done runs before the destructor returns) and closes all endpoints.
 StatusOr<std::unique_ptr<KvPuller>> CreateUcxPuller(MemoryRegion region,
                                                     const UcxOptions& options);
