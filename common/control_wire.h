@@ -1,0 +1,137 @@
+// The control plane's messages between the router and the instances, and between a prefill
+// and a decode instance (DESIGN.md "One request, end to end"). Framed with common/wire_codec.h:
+//   u32 magic "TCTL" | u16 version | u16 type | u32 body_bytes | body
+//
+// Who sends what:
+//   instance -> router   Hello (on connect), LoadReport (heartbeat), Tokens, Finish
+//   router -> instance   Submit, Cancel
+//   prefill -> decode    Hello, KvReady (the request, its first token and where its KV is)
+//   decode -> prefill    KvReleased (pulled or abandoned: the prefill side frees its blocks)
+//   router -> decode     Cancel (stop string hit, client gone)
+//
+// KV transfer details (kvtransfer's PeerInfo, KvDescriptor) ride as opaque, separately
+// versioned blobs, so that common/ does not depend on kvtransfer/.
+//
+// Decode() never trusts an unchecked length; malformed bytes are DataLoss or InvalidArgument.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "common/sampling.h"
+#include "common/status.h"
+
+namespace tandem {
+
+inline constexpr uint32_t kControlMagic = 0x4C544354;  // "TCTL" as little-endian bytes
+inline constexpr uint16_t kControlVersion = 1;
+inline constexpr size_t kMaxControlBodyBytes = 32u << 20;
+inline constexpr size_t kMaxPromptTokens = 1u << 20;
+inline constexpr size_t kMaxIdBytes = 256;
+inline constexpr size_t kMaxBlobBytes = 16u << 20;
+
+enum class ControlType : uint16_t {
+  kHello = 1,
+  kLoadReport = 2,
+  kSubmit = 3,
+  kCancel = 4,
+  kTokens = 5,
+  kFinish = 6,
+  kKvReady = 7,
+  kKvReleased = 8,
+};
+
+enum class InstanceRole : uint8_t { kRouter = 0, kPrefill = 1, kDecode = 2, kColocated = 3 };
+const char* InstanceRoleName(InstanceRole role);
+
+struct Hello {
+  InstanceRole role = InstanceRole::kPrefill;
+  uint64_t instance_id = 0;     // random per process incarnation
+  std::string name;             // "prefill-0"
+  std::string model;            // served model name
+  std::string control_address;  // "host:port" where this instance accepts control connections
+  std::string kv_peer_info;     // kvtransfer PeerInfo blob (prefill) or empty
+  int32_t kv_block_size = 0;
+  int64_t kv_total_blocks = 0;
+};
+
+// Heartbeat with the numbers the router's placement needs.
+struct LoadReport {
+  uint64_t instance_id = 0;
+  int64_t queued_prefill_tokens = 0;  // prompt tokens waiting for prefill
+  int32_t waiting_requests = 0;       // queued (prefill) or waiting for KV/blocks (decode)
+  int32_t running_requests = 0;       // in the decode batch
+  int64_t free_kv_blocks = 0;
+  int64_t total_kv_blocks = 0;
+  double prefill_seconds_per_token = 0;  // recent average over prefill batches
+  double decode_step_seconds = 0;        // recent average decode step time
+  int64_t context_tokens = 0;            // sum of context lengths in the decode batch
+};
+
+struct Submit {
+  std::string request_id;
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;     // stop strings are the router's business and are not sent
+  std::string decode_address;  // "host:port" of the chosen decode instance; empty = colocated
+};
+
+struct Cancel {
+  std::string request_id;
+};
+
+struct TokenRecord {
+  int32_t token_id = 0;
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top_logprobs;
+};
+
+struct Tokens {
+  std::string request_id;
+  std::vector<TokenRecord> tokens;
+};
+
+// The end of a request on an instance: finish_reason "stop"|"length", or a non-OK code.
+struct Finish {
+  std::string request_id;
+  std::string finish_reason;
+  StatusCode code = StatusCode::kOk;
+  std::string message;
+  int32_t completion_tokens = 0;
+
+  Status ToStatus() const { return code == StatusCode::kOk ? Status() : Status(code, message); }
+};
+
+// Prefill -> decode: continue this request. The first token was sampled (and streamed) by
+// prefill; decode continues the same sampler stream (same seed, next position).
+struct KvReady {
+  std::string request_id;
+  std::vector<int32_t> prompt;
+  TokenRecord first_token;
+  SamplingParams sampling;
+  std::string kv_descriptor;  // kvtransfer KvDescriptor blob
+  std::string kv_peer_info;   // kvtransfer PeerInfo blob of the prefill instance
+};
+
+struct KvReleased {
+  std::string request_id;
+  StatusCode code = StatusCode::kOk;  // non-OK: the pull failed; prefill frees all the same
+  std::string message;
+};
+
+using ControlMessage =
+    std::variant<Hello, LoadReport, Submit, Cancel, Tokens, Finish, KvReady, KvReleased>;
+
+// Encodes one frame. Aborts (TANDEM_CHECK) on values over the limits.
+std::string EncodeControl(const ControlMessage& message);
+
+// Decodes exactly one frame (header included).
+StatusOr<ControlMessage> DecodeControl(std::span<const uint8_t> frame);
+
+// The frame size from its first kFrameHeaderBytes bytes (for stream readers).
+StatusOr<size_t> ControlFrameBytes(std::span<const uint8_t> header);
+
+}  // namespace tandem
