@@ -158,6 +158,7 @@ void ReadInstance(Validator* v, YAML::Node node, const std::string& name, Instan
   sec.String("preemption", &s->preemption, {"recompute", "swap"});
   sec.Double("kv_hold_timeout_s", &s->kv_hold_timeout_s, 0.001, 86400);
   sec.Int("port", &s->port, 0, 65535);
+  sec.Int("metrics_port", &s->metrics_port, 0, 65535);
 }
 
 void ReadConfig(Validator* v, const YAML::Node& root, ClusterConfig* c) {
@@ -320,6 +321,7 @@ std::string ConfigToYaml(const ClusterConfig& c) {
     out << YAML::Key << "preemption" << YAML::Value << s.preemption;
     out << YAML::Key << "kv_hold_timeout_s" << YAML::Value << s.kv_hold_timeout_s;
     out << YAML::Key << "port" << YAML::Value << s.port;
+    out << YAML::Key << "metrics_port" << YAML::Value << s.metrics_port;
     out << YAML::EndMap;
   };
   out << YAML::BeginMap;

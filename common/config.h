@@ -46,6 +46,7 @@ struct InstanceSection {
   std::string preemption = "recompute";  // decode: recompute|swap
   double kv_hold_timeout_s = 30;  // prefill: free unpulled KV after this
   int port = 0;               // control-plane port of the first instance; 0 = pick
+  int metrics_port = 0;       // HTTP /metrics and /health port of the first instance; 0 = none
 };
 
 struct SloClass {
