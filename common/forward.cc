@@ -150,22 +150,94 @@ struct AvxOps {
     for (; i < n; ++i) out += a[i] * b[i];
     return out;
   }
-  // y = y * scale + p * x
-  [[gnu::target("avx2,fma")]] static inline void ScaleAxpy(float* y, float scale, float p,
-                                                          const float* x, int n) {
-    __m256 vs = _mm256_set1_ps(scale), vp = _mm256_set1_ps(p);
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-      _mm256_storeu_ps(y + i, _mm256_fmadd_ps(vp, _mm256_loadu_ps(x + i),
-                                              _mm256_mul_ps(vs, _mm256_loadu_ps(y + i))));
-    for (; i < n; ++i) y[i] = y[i] * scale + p * x[i];
-  }
   [[gnu::target("avx2,fma")]] static inline void Axpy(float* y, float p, const float* x, int n) {
     __m256 vp = _mm256_set1_ps(p);
     int i = 0;
     for (; i + 8 <= n; i += 8)
       _mm256_storeu_ps(y + i, _mm256_fmadd_ps(vp, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
     for (; i < n; ++i) y[i] += p * x[i];
+  }
+
+  // exp(x) for x <= 0 (Cephes polynomial, ~2 ulp), 8 lanes.
+  [[gnu::target("avx2,fma")]] static inline __m256 Exp(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f),
+                                                _mm256_set1_ps(0.5f)));
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+  }
+  // s[j] = q . k[j] * scale for j in [j0, j1); four keys share one horizontal reduction.
+  [[gnu::target("avx2,fma")]] static inline void Scores(const float* q, const float* k, int j0,
+                                                       int j1, int d, float scale, float* s) {
+    int j = j0;
+    if (d % 8 == 0) {
+      for (; j + 4 <= j1; j += 4) {
+        const float* k0 = k + static_cast<size_t>(j) * d;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int i = 0; i < d; i += 8) {
+          const __m256 vq = _mm256_loadu_ps(q + i);
+          a0 = _mm256_fmadd_ps(vq, _mm256_loadu_ps(k0 + i), a0);
+          a1 = _mm256_fmadd_ps(vq, _mm256_loadu_ps(k0 + d + i), a1);
+          a2 = _mm256_fmadd_ps(vq, _mm256_loadu_ps(k0 + 2 * d + i), a2);
+          a3 = _mm256_fmadd_ps(vq, _mm256_loadu_ps(k0 + 3 * d + i), a3);
+        }
+        // [a0 a1 a2 a3] -> four sums in one register.
+        __m256 h01 = _mm256_hadd_ps(a0, a1), h23 = _mm256_hadd_ps(a2, a3);
+        __m256 h = _mm256_hadd_ps(h01, h23);
+        __m128 sum = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+        _mm_storeu_ps(s + j, _mm_mul_ps(sum, _mm_set1_ps(scale)));
+      }
+    }
+    for (; j < j1; ++j) s[j] = Dot(q, k + static_cast<size_t>(j) * d, d) * scale;
+  }
+  // s[j] = exp(s[j] - m); returns the sum.
+  [[gnu::target("avx2,fma")]] static inline float ExpSum(float* s, int j0, int j1, float m) {
+    __m256 vm = _mm256_set1_ps(m), total = _mm256_setzero_ps();
+    int j = j0;
+    for (; j + 8 <= j1; j += 8) {
+      __m256 e = Exp(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
+      _mm256_storeu_ps(s + j, e);
+      total = _mm256_add_ps(total, e);
+    }
+    float out = HorizontalSum8(total);
+    for (; j < j1; ++j) {
+      s[j] = std::exp(s[j] - m);
+      out += s[j];
+    }
+    return out;
+  }
+  // acc = acc * factor + sum_j p[j] v[j]; acc stays in a register per 8 lanes across keys.
+  [[gnu::target("avx2,fma")]] static inline void AccumulateV(float* acc, float factor,
+                                                            const float* p, const float* v, int j0,
+                                                            int j1, int d) {
+    int i = 0;
+    const __m256 vf = _mm256_set1_ps(factor);
+    for (; i + 8 <= d; i += 8) {
+      __m256 a = _mm256_mul_ps(_mm256_loadu_ps(acc + i), vf);
+      for (int j = j0; j < j1; ++j)
+        a = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(v + static_cast<size_t>(j) * d + i), a);
+      _mm256_storeu_ps(acc + i, a);
+    }
+    for (; i < d; ++i) {
+      float a = acc[i] * factor;
+      for (int j = j0; j < j1; ++j) a += p[j] * v[static_cast<size_t>(j) * d + i];
+      acc[i] = a;
+    }
+  }
+  [[gnu::target("avx2,fma")]] static inline float HorizontalSum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_hadd_ps(s, s);
+    s = _mm_hadd_ps(s, s);
+    return _mm_cvtss_f32(s);
   }
 };
 
@@ -179,11 +251,25 @@ struct ScalarOps {
     for (; i < n; ++i) out += a[i] * b[i];
     return out;
   }
-  static inline void ScaleAxpy(float* y, float scale, float p, const float* x, int n) {
-    for (int i = 0; i < n; ++i) y[i] = y[i] * scale + p * x[i];
-  }
   static inline void Axpy(float* y, float p, const float* x, int n) {
     for (int i = 0; i < n; ++i) y[i] += p * x[i];
+  }
+  static inline void Scores(const float* q, const float* k, int j0, int j1, int d, float scale,
+                            float* s) {
+    for (int j = j0; j < j1; ++j) s[j] = Dot(q, k + static_cast<size_t>(j) * d, d) * scale;
+  }
+  static inline float ExpSum(float* s, int j0, int j1, float m) {
+    float sum = 0.0f;
+    for (int j = j0; j < j1; ++j) {
+      s[j] = std::exp(s[j] - m);
+      sum += s[j];
+    }
+    return sum;
+  }
+  static inline void AccumulateV(float* acc, float factor, const float* p, const float* v, int j0,
+                                 int j1, int d) {
+    for (int i = 0; i < d; ++i) acc[i] *= factor;
+    for (int j = j0; j < j1; ++j) Axpy(acc, p[j], v + static_cast<size_t>(j) * d, d);
   }
 };
 
@@ -244,32 +330,19 @@ template <typename Ops>
           const int j0 = std::max(0, lo[r] - base);
           const int j1 = std::min(chunk, hi[r] - base + 1);
           if (j0 >= j1) continue;
-          float chunk_max = -std::numeric_limits<float>::infinity();
-          for (int j = j0; j < j1; ++j) {
-            scores[j] = Ops::Dot(q[r], k_block + static_cast<size_t>(c0 + j) * d, d) * a.scale;
-            chunk_max = std::max(chunk_max, scores[j]);
-          }
+          const float* k_chunk = k_block + static_cast<size_t>(c0) * d;
+          const float* v_chunk = v_block + static_cast<size_t>(c0) * d;
+          Ops::Scores(q[r], k_chunk, j0, j1, d, a.scale, scores);
+          float chunk_max = scores[j0];
+          for (int j = j0 + 1; j < j1; ++j) chunk_max = std::max(chunk_max, scores[j]);
+          // Rescale what was accumulated under the old maximum (exp(-inf) = 0 at the start).
+          float factor = 1.0f;
           if (chunk_max > m[r]) {
-            // Rescale what was accumulated under the old maximum (exp(-inf) = 0 at the start).
-            const float factor = std::exp(m[r] - chunk_max);
-            l[r] *= factor;
+            factor = std::exp(m[r] - chunk_max);
             m[r] = chunk_max;
-            int j = j0;
-            const float p = std::exp(scores[j] - m[r]);
-            l[r] += p;
-            Ops::ScaleAxpy(acc[r], factor, p, v_block + static_cast<size_t>(c0 + j) * d, d);
-            for (++j; j < j1; ++j) {
-              const float pj = std::exp(scores[j] - m[r]);
-              l[r] += pj;
-              Ops::Axpy(acc[r], pj, v_block + static_cast<size_t>(c0 + j) * d, d);
-            }
-          } else {
-            for (int j = j0; j < j1; ++j) {
-              const float pj = std::exp(scores[j] - m[r]);
-              l[r] += pj;
-              Ops::Axpy(acc[r], pj, v_block + static_cast<size_t>(c0 + j) * d, d);
-            }
           }
+          l[r] = l[r] * factor + Ops::ExpSum(scores, j0, j1, m[r]);
+          Ops::AccumulateV(acc[r], factor, scores, v_chunk, j0, j1, d);
         }
       }
     }
@@ -382,24 +455,25 @@ Status CpuForward::Validate(std::span<const SequenceInput> batch, const KvCache&
   size_t total = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     const SequenceInput& seq = batch[i];
-    const std::string where = "forward: sequence " + std::to_string(i);
-    if (seq.tokens.empty()) return InvalidArgument(where + " has no tokens");
-    if (seq.start_position < 0) return InvalidArgument(where + " has a negative position");
+    // Built only on error: the steady-state step allocates nothing.
+    auto where = [i] { return "forward: sequence " + std::to_string(i); };
+    if (seq.tokens.empty()) return InvalidArgument(where() + " has no tokens");
+    if (seq.start_position < 0) return InvalidArgument(where() + " has a negative position");
     total += seq.tokens.size();
     for (int32_t token : seq.tokens) {
       if (token < 0 || token >= c.vocab_size)
-        return InvalidArgument(where + ": token id " + std::to_string(token) +
+        return InvalidArgument(where() + ": token id " + std::to_string(token) +
                                " outside the vocabulary of " + std::to_string(c.vocab_size));
     }
     const int64_t end = int64_t{seq.start_position} + static_cast<int64_t>(seq.tokens.size());
     const int64_t blocks_needed = (end + layout.block_size - 1) / layout.block_size;
     if (static_cast<int64_t>(seq.block_table.size()) < blocks_needed)
-      return InvalidArgument(where + ": block table has " + std::to_string(seq.block_table.size()) +
+      return InvalidArgument(where() + ": block table has " + std::to_string(seq.block_table.size()) +
                              " blocks, positions up to " + std::to_string(end) + " need " +
                              std::to_string(blocks_needed));
     for (int64_t b = 0; b < blocks_needed; ++b) {
       if (seq.block_table[b] < 0 || seq.block_table[b] >= cache.num_blocks())
-        return InvalidArgument(where + ": block id " + std::to_string(seq.block_table[b]) +
+        return InvalidArgument(where() + ": block id " + std::to_string(seq.block_table[b]) +
                                " outside the pool of " + std::to_string(cache.num_blocks()));
     }
   }

@@ -3,12 +3,32 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
+#include <new>
 #include <memory>
 #include <vector>
 
 #include "common/make_model.h"
 #include "tests/unit/test_util.h"
+
+// Counts operator new calls so a test can show the decode step allocates nothing once warm.
+namespace {
+std::atomic<long> g_allocations{0};
+}  // namespace
+
+// GCC cannot see that these new and delete are a matched pair (both malloc-based).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+void* operator new(std::size_t n) {
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+#pragma GCC diagnostic pop
 
 namespace tandem {
 namespace {
@@ -206,6 +226,33 @@ TEST_CASE("KV exported to another pool continues the same decode", "[forward]") 
     b = Argmax(*lb);
     CHECK(a == b);
   }
+}
+
+TEST_CASE("a warm forward pass allocates nothing", "[forward]") {
+  test::TempDir dir;
+  auto model = TinyModel(dir, ModelFamily::kQwen2);
+  ForwardOptions options;
+  options.num_threads = 2;
+  auto engine = CpuForward::Create(*model, options);
+  REQUIRE(engine.ok());
+  auto cache = KvCache::Create((*engine)->MakeKvLayout(), 16);
+  REQUIRE(cache.ok());
+  std::vector<int32_t> a, b;
+  REQUIRE((*cache)->blocks().Allocate(4, &a).ok());
+  REQUIRE((*cache)->blocks().Allocate(4, &b).ok());
+  auto pa = Prompt(30, 1), pb = Prompt(20, 2);
+  std::vector<SequenceInput> batch = {{pa, 0, a}, {pb, 0, b}};
+  REQUIRE((*engine)->Forward(batch, **cache).ok());
+  int32_t ta = 1, tb = 2;
+  long before = g_allocations.load();
+  for (int step = 0; step < 10; ++step) {
+    batch[0] = SequenceInput{{&ta, 1}, 30 + step, a};
+    batch[1] = SequenceInput{{&tb, 1}, 20 + step, b};
+    auto out = (*engine)->Forward(batch, **cache);
+    REQUIRE(out.ok());
+    ta = Argmax(out->first(model->config().vocab_size));
+  }
+  CHECK(g_allocations.load() == before);
 }
 
 TEST_CASE("bad batches are errors and leave the cache alone", "[forward]") {
