@@ -9,12 +9,15 @@ embeddings) written by `tandem make-model`:
   - greedy tokens are identical to HF generate.
 Relative error of a logits vector: max|ours - hf| / max|hf| (infinity norms), required < 1e-4.
 Variants: chunked prefill and another KV block size must give the same tokens and logits. A
-small model stored in bf16 is a smoke test (upcast to fp32 on both sides); medium runs when
+Mistral config (sliding window shorter than the prompt) over the tiny Llama's weights checks the
+window mask. A small model stored in bf16 is a smoke test (upcast to fp32 on both sides); medium runs when
 TANDEM_TEST_MEDIUM=1.
 
 Run: TANDEM_BINARY=build/tandem .venv/bin/python tests/python/test_engine_hf.py
 """
+import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -121,6 +124,22 @@ def main():
         del m
         prompt = rng.integers(0, 2000, size=33).tolist()
         compare("tiny qwen2", qwen, prompt, DECODE_STEPS, variants=[("--prefill-chunk", "16")])
+
+        # Mistral: the tiny Llama's weights under a MistralForCausalLM config with a sliding
+        # window shorter than the prompt, so the window mask is exercised.
+        mistral = os.path.join(tmp, "tiny-mistral")
+        os.makedirs(mistral)
+        shutil.copy(os.path.join(llama, "model.safetensors"), mistral)
+        with open(os.path.join(llama, "config.json")) as f:
+            cfg = json.load(f)
+        for key in ("rope_scaling", "attention_bias", "mlp_bias", "pretraining_tp"):
+            cfg.pop(key, None)
+        cfg.update(architectures=["MistralForCausalLM"], model_type="mistral", sliding_window=12,
+                   rope_theta=10000.0)
+        with open(os.path.join(mistral, "config.json"), "w") as f:
+            json.dump(cfg, f, indent=2)
+        compare("tiny mistral (sliding window 12)", mistral,
+                rng.integers(0, 2000, size=30).tolist(), 8)
 
         small = os.path.join(tmp, "small-qwen2-bf16")
         make_model(small, "small", "qwen2", 3, dtype="bf16")
