@@ -589,7 +589,8 @@ void DoAccept(const std::shared_ptr<HttpServerState>& state) {
           session = std::make_shared<HttpSession>(state, std::move(socket), id);
           state->sessions[id] = session;
         }
-        HttpSession::PostTo(session, [](HttpSession& s) { s.Start(); });
+        // A strong reference: until its first read is pending nothing else holds the session.
+        net::post(session->executor(), [session] { session->Start(); });
         DoAccept(state);
       });
 }
