@@ -47,8 +47,9 @@ struct KvLayout {
 };
 
 // Hands out block ids of a pool of `num_blocks`. Reference counts let requests share prefix
-// blocks: a block returns to the free list when its count falls to zero. Allocation never
-// allocates memory (the free list is preallocated).
+// blocks: a block returns to the free list when its count falls to zero. The free list is
+// preallocated: Allocate/Free allocate no memory (Allocate appends to the caller's table, which
+// allocates only when that vector lacks capacity: reserve it).
 class BlockManager {
  public:
   explicit BlockManager(int num_blocks);
