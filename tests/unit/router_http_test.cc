@@ -153,14 +153,14 @@ struct Reply {
 
 class RouterFixture {
  public:
-  RouterFixture() : backend_(Model()) {
+  explicit RouterFixture(std::chrono::milliseconds request_timeout = 8s) : backend_(Model()) {
     HttpServerOptions options;
     options.host = "127.0.0.1";
     options.port = 0;
     options.io_threads = 2;
     options.max_body_bytes = 64 << 10;
     options.read_timeout = 5s;
-    options.request_timeout = 8s;
+    options.request_timeout = request_timeout;
     RouterServiceOptions service_options;
     service_options.max_concurrent_requests = 64;
     service_ = std::make_unique<RouterService>(Model(), &backend_, service_options);
@@ -452,6 +452,27 @@ TEST_CASE("HTTP: client disconnect mid-stream cancels the backend request", "[ro
   CHECK(WaitFor([&] { return f.service().running() == 0 && f.server().in_flight() == 0; }, 2s));
   std::string metrics = f.service().metrics().Render();
   CHECK(metrics.find("code=\"499\"") != std::string::npos);
+}
+
+TEST_CASE("HTTP: a request past its timeout gets 504 and is cancelled", "[router]") {
+  RouterFixture f(600ms);
+  f.backend().set_delay(100ms);
+  json body = {{"model", "tiny"}, {"prompt", "x"}, {"max_tokens", 40}, {"ignore_eos", true}};
+  Reply plain = f.Curl("POST", "/v1/completions", body.dump());
+  CHECK(plain.status == 504);
+  CHECK(json::parse(plain.body)["error"]["type"] == "timeout_error");
+  CHECK_FALSE(f.backend().WaitForCancel(2s).empty());
+
+  body["stream"] = true;
+  Reply streamed = f.Curl("POST", "/v1/completions", body.dump());
+  CHECK(streamed.status == 200);
+  bool done = false;
+  std::vector<json> events = SseEvents(streamed.body, &done);
+  CHECK(done);
+  REQUIRE_FALSE(events.empty());
+  CHECK(events.back()["error"]["type"] == "timeout_error");
+  CHECK(WaitFor([&] { return f.backend().cancelled().size() == 2; }, 2s));
+  CHECK(WaitFor([&] { return f.service().running() == 0 && f.server().in_flight() == 0; }, 2s));
 }
 
 TEST_CASE("HTTP: keep-alive reuses a connection; stop drains a stream", "[router]") {
