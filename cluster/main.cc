@@ -8,6 +8,9 @@
 #include "common/flags.h"
 #include "common/generate_cli.h"
 #include "common/make_model.h"
+#include "decode/colocated_server.h"
+#include "decode/decode_server.h"
+#include "prefill/prefill_server.h"
 
 #ifndef TANDEM_VERSION
 #define TANDEM_VERSION "dev"
@@ -51,6 +54,9 @@ const Command kCommands[] = {
     {"make-model", "write a small HF checkpoint with seeded random weights", MakeModelMain},
     {"generate", "run the engine alone, greedily, on one prompt", GenerateMain},
     {"check-config", "validate a cluster config and print the effective values", CheckConfigMain},
+    {"prefill", "run a prefill instance (batches prompts, hands KV to decode)", PrefillMain},
+    {"decode", "run a decode instance (pulls KV, continuous batching of decode)", DecodeMain},
+    {"colocated", "run a colocated instance (prefill + decode in one engine)", ColocatedMain},
 };
 
 void PrintHelp(FILE* out) {

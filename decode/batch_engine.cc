@@ -1,0 +1,260 @@
+#include "decode/batch_engine.h"
+
+#include <algorithm>
+
+#include "common/log.h"
+
+namespace tandem {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr double kAverageWeight = 0.2;  // moving averages reported in LoadReport
+
+void Average(double* avg, double sample) {
+  *avg = *avg == 0 ? sample : (1 - kAverageWeight) * *avg + kAverageWeight * sample;
+}
+
+int32_t BlocksFor(int64_t tokens, int32_t block_size) {
+  return static_cast<int32_t>((tokens + block_size - 1) / block_size);
+}
+
+}  // namespace
+
+BatchEngine::BatchEngine(const Model& model, const BatchEngineOptions& options)
+    : model_(model), options_(options), workspace_(model.config().vocab_size) {
+  for (int id : model.config().eos_token_ids) eos_ids_.push_back(id);
+  if (options.metrics != nullptr) {
+    step_seconds_ = &options.metrics
+                         ->AddHistogram("tandem_decode_step_seconds",
+                                        "Wall time of one engine step (forward + sampling).", {},
+                                        LatencyBuckets())
+                         .Get();
+    preemptions_ = &options.metrics
+                        ->AddCounter("tandem_preemptions_total",
+                                     "Requests preempted (recompute) because the KV pool ran out.")
+                        .Get();
+  }
+}
+
+StatusOr<std::unique_ptr<BatchEngine>> BatchEngine::Create(const Model& model,
+                                                           const BatchEngineOptions& options) {
+  if (options.kv_blocks <= 0 || options.block_size <= 0 || options.max_batch_size <= 0 ||
+      options.token_budget <= 0)
+    return InvalidArgument("engine options must be positive");
+  std::unique_ptr<BatchEngine> engine(new BatchEngine(model, options));
+  ForwardOptions fo;
+  fo.num_threads = options.threads;
+  fo.max_batch_tokens = options.token_budget;
+  fo.max_batch_sequences = options.max_batch_size;
+  TANDEM_ASSIGN_OR_RETURN(engine->forward_, CpuForward::Create(model, fo));
+  TANDEM_ASSIGN_OR_RETURN(engine->cache_,
+                          KvCache::Create(engine->forward_->MakeKvLayout(options.block_size),
+                                          options.kv_blocks));
+  engine->running_state_.reserve(options.max_batch_size * 2);
+  engine->inputs_.reserve(options.max_batch_size);
+  engine->batch_.reserve(options.max_batch_size);
+  return engine;
+}
+
+Status BatchEngine::Validate(const std::vector<int32_t>& prompt,
+                             const SamplingParams& sampling) const {
+  if (prompt.empty()) return InvalidArgument("prompt is empty");
+  const int32_t vocab = model_.config().vocab_size;
+  for (int32_t t : prompt)
+    if (t < 0 || t >= vocab)
+      return InvalidArgument("prompt token " + std::to_string(t) + " is outside the vocabulary");
+  TANDEM_RETURN_IF_ERROR(sampling.ValidateForVocab(vocab));
+  const int64_t total = static_cast<int64_t>(prompt.size()) + sampling.max_tokens;
+  if (total > options_.max_model_len)
+    return TooLarge("prompt (" + std::to_string(prompt.size()) + ") + max_tokens (" +
+                    std::to_string(sampling.max_tokens) + ") exceeds max_model_len " +
+                    std::to_string(options_.max_model_len));
+  if (BlocksFor(total, options_.block_size) > options_.kv_blocks)
+    return TooLarge("request needs more KV blocks than the instance has (" +
+                    std::to_string(options_.kv_blocks) + ")");
+  return Status();
+}
+
+void BatchEngine::AddNew(const std::string& id, std::vector<int32_t> prompt,
+                         const SamplingParams& sampling) {
+  auto r = std::make_unique<Request>();
+  r->id = id;
+  r->prompt_len = static_cast<int32_t>(prompt.size());
+  r->tokens = std::move(prompt);
+  r->tokens.reserve(r->tokens.size() + sampling.max_tokens);
+  r->sampler = std::make_unique<Sampler>(sampling, &workspace_, r->prompt_len);
+  r->stop = std::make_unique<StopChecker>(sampling, eos_ids_);
+  waiting_.push_back(std::move(r));
+}
+
+void BatchEngine::AddPulled(const std::string& id, std::vector<int32_t> prompt,
+                            int32_t first_token, const SamplingParams& sampling,
+                            std::vector<int32_t> blocks) {
+  TANDEM_CHECK(sampling.seed.has_value(), "a pulled request continues a seeded stream");
+  auto r = std::make_unique<Request>();
+  r->id = id;
+  r->prompt_len = static_cast<int32_t>(prompt.size());
+  r->num_computed = r->prompt_len;
+  r->tokens = std::move(prompt);
+  r->tokens.reserve(r->tokens.size() + sampling.max_tokens);
+  r->tokens.push_back(first_token);
+  r->blocks = std::move(blocks);
+  r->sampler = std::make_unique<Sampler>(sampling, &workspace_, r->prompt_len);
+  r->stop = std::make_unique<StopChecker>(sampling, eos_ids_);
+  StopUpdate first = r->stop->Append(first_token, "");
+  TANDEM_CHECK(!first.finished(), "prefill hands off only requests that continue");
+  running_.push_back(std::move(r));
+}
+
+bool BatchEngine::Cancel(const std::string& id) {
+  for (auto* queue : {&running_, &waiting_}) {
+    for (auto it = queue->begin(); it != queue->end(); ++it) {
+      if ((*it)->id != id) continue;
+      cache_->blocks().Free((*it)->blocks);
+      queue->erase(it);
+      return true;
+    }
+  }
+  return false;
+}
+
+void BatchEngine::FailAll(const Status& status, EngineSink& sink) {
+  for (auto* queue : {&running_, &waiting_}) {
+    for (auto& r : *queue) {
+      cache_->blocks().Free(r->blocks);
+      r->blocks.clear();
+      Finish f;
+      f.request_id = r->id;
+      f.code = status.code();
+      f.message = status.message();
+      f.completion_tokens = r->stop->num_tokens();
+      sink.OnFinish(std::move(f));
+    }
+    queue->clear();
+  }
+}
+
+void BatchEngine::FinishRequest(Request& r, Finish finish, EngineSink& sink) {
+  cache_->blocks().Free(r.blocks);
+  r.blocks.clear();
+  sink.OnFinish(std::move(finish));
+}
+
+bool BatchEngine::Step(EngineSink& sink) {
+  if (idle()) return false;
+  const auto t0 = Clock::now();
+  running_state_.clear();
+  waiting_state_.clear();
+  for (auto& r : running_)
+    running_state_.push_back({static_cast<int32_t>(r->tokens.size()), r->num_computed,
+                              static_cast<int32_t>(r->blocks.size())});
+  for (auto& r : waiting_)
+    waiting_state_.push_back({static_cast<int32_t>(r->tokens.size()), r->num_computed,
+                              static_cast<int32_t>(r->blocks.size())});
+  StepLimits limits{options_.token_budget, options_.max_batch_size, options_.block_size};
+  StepPlan plan = ScheduleStep(running_state_, waiting_state_, limits,
+                               cache_->blocks().num_free());
+
+  // Preempt (recompute): free the victims' blocks and put them back at the front of the
+  // waiting queue, oldest first, so that they are the next to be admitted.
+  if (!plan.preempted.empty()) {
+    std::vector<size_t> victims = plan.preempted;
+    std::sort(victims.begin(), victims.end());
+    for (auto it = victims.rbegin(); it != victims.rend(); ++it) {
+      auto& r = running_[*it];
+      TANDEM_LOG_REQ(kInfo, r->id) << "preempted (recompute " << r->tokens.size() << " tokens)";
+      cache_->blocks().Free(r->blocks);
+      r->blocks.clear();
+      r->num_computed = 0;
+      waiting_.push_front(std::move(r));
+      running_.erase(running_.begin() + static_cast<long>(*it));
+      if (preemptions_ != nullptr) preemptions_->Inc();
+    }
+  }
+  if (plan.scheduled.empty()) return !plan.preempted.empty();
+
+  // Admitted waiting requests join the running set (in order) after the running ones; the plan
+  // lists running first, so indices of admitted ones refer to the waiting queue before removal.
+  batch_.clear();
+  inputs_.clear();
+  size_t admitted = 0;
+  for (const ScheduledSeq& s : plan.scheduled) {
+    if (s.from_waiting) {
+      TANDEM_CHECK(s.index == admitted, "waiting requests are admitted FCFS");
+      ++admitted;
+    }
+  }
+  for (size_t k = 0; k < admitted; ++k) {
+    running_.push_back(std::move(waiting_.front()));
+    waiting_.pop_front();
+  }
+  const size_t first_admitted = running_.size() - admitted;
+  int64_t prefill_tokens = 0;
+  for (const ScheduledSeq& s : plan.scheduled) {
+    Request* r = s.from_waiting ? running_[first_admitted + s.index].get() : running_[s.index].get();
+    Status alloc = cache_->blocks().Allocate(s.new_blocks, &r->blocks);
+    TANDEM_CHECK(alloc.ok(), "the scheduler only plans blocks that are free: " + alloc.message());
+    const int32_t remaining = static_cast<int32_t>(r->tokens.size()) - r->num_computed;
+    if (remaining > 1 || s.from_waiting) prefill_tokens += s.num_tokens;
+    inputs_.push_back({std::span<const int32_t>(r->tokens).subspan(r->num_computed, s.num_tokens),
+                       r->num_computed, r->blocks});
+    batch_.push_back(r);
+  }
+  StatusOr<std::span<const float>> logits = forward_->Forward(inputs_, *cache_);
+  TANDEM_CHECK(logits.ok(), "forward of a scheduled batch failed: " + logits.status().ToString());
+  const size_t vocab = static_cast<size_t>(model_.config().vocab_size);
+
+  std::vector<std::string> finished;
+  for (size_t i = 0; i < batch_.size(); ++i) {
+    Request& r = *batch_[i];
+    r.num_computed += static_cast<int32_t>(inputs_[i].tokens.size());
+    if (r.num_computed < static_cast<int32_t>(r.tokens.size())) continue;  // mid-prompt chunk
+    SampleResult sample = r.sampler->Sample(logits->subspan(i * vocab, vocab), r.tokens);
+    r.tokens.push_back(sample.token_id);
+    StopUpdate update = r.stop->Append(sample.token_id, "");
+    Tokens out;
+    out.request_id = r.id;
+    TokenRecord record;
+    record.token_id = sample.token_id;
+    record.logprob = sample.logprob;
+    for (const TokenLogprob& t : sample.top()) record.top_logprobs.push_back({t.token_id, t.logprob});
+    out.tokens.push_back(std::move(record));
+    sink.OnTokens(std::move(out));
+    if (update.finished()) {
+      Finish f;
+      f.request_id = r.id;
+      f.finish_reason = std::string(FinishReasonName(update.finish_reason));
+      f.completion_tokens = r.stop->num_tokens();
+      FinishRequest(r, std::move(f), sink);
+      finished.push_back(r.id);
+    }
+  }
+  for (const std::string& id : finished) {
+    auto it = std::find_if(running_.begin(), running_.end(),
+                           [&](const auto& r) { return r->id == id; });
+    running_.erase(it);
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (step_seconds_ != nullptr) step_seconds_->Observe(seconds);
+  if (prefill_tokens > 0) {
+    Average(&avg_prefill_s_per_token_, seconds / static_cast<double>(prefill_tokens));
+  } else {
+    Average(&avg_decode_step_s_, seconds);
+  }
+  return true;
+}
+
+EngineStats BatchEngine::Stats() const {
+  EngineStats s;
+  s.running = static_cast<int32_t>(running_.size());
+  s.waiting = static_cast<int32_t>(waiting_.size());
+  for (const auto& r : waiting_) s.waiting_prompt_tokens += r->tokens.size() - r->num_computed;
+  for (const auto& r : running_) s.context_tokens += r->tokens.size();
+  s.free_blocks = cache_->blocks().num_free();
+  s.total_blocks = cache_->num_blocks();
+  s.decode_step_seconds = avg_decode_step_s_;
+  s.prefill_seconds_per_token = avg_prefill_s_per_token_;
+  return s;
+}
+
+}  // namespace tandem

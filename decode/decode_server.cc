@@ -1,0 +1,597 @@
+#include "decode/decode_server.h"
+
+#include <pthread.h>
+#include <signal.h>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <variant>
+
+#include "common/control_channel.h"
+#include "common/flags.h"
+#include "common/log.h"
+#include "common/metrics.h"
+#include "common/metrics_http.h"
+#include "common/model.h"
+#include "common/model_store.h"
+#include "decode/batch_engine.h"
+#include "decode/decode_scheduler.h"
+#include "decode/kv_pull_link.h"
+
+namespace tandem {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using ConnPtr = std::shared_ptr<ControlConnection>;
+
+struct MessageEvent {
+  uint64_t conn_id;
+  std::weak_ptr<ControlConnection> conn;
+  ControlMessage message;
+};
+struct ClosedEvent {
+  uint64_t conn_id;
+};
+struct PullDoneEvent {
+  std::string request_id;
+  Status status;
+};
+using Event = std::variant<MessageEvent, ClosedEvent, PullDoneEvent>;
+
+uint64_t RandomId() {
+  std::random_device rd;
+  return (uint64_t{rd()} << 32) ^ rd() ^ static_cast<uint64_t>(Clock::now().time_since_epoch().count());
+}
+
+}  // namespace
+
+struct DecodeServer::Impl : public EngineSink {
+  InstanceOptions options;
+  std::string name;
+  std::string model_name;
+  uint64_t instance_id = RandomId();
+  const InstanceSection* section = nullptr;
+
+  std::unique_ptr<Model> model;
+  std::unique_ptr<BatchEngine> engine;
+  std::unique_ptr<KvPullLink> puller;
+  std::unique_ptr<MetricsRegistry> metrics;
+
+  boost::asio::io_context io;
+  std::unique_ptr<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> work;
+  std::vector<std::thread> io_threads;
+  std::unique_ptr<ControlListener> listener;
+  std::unique_ptr<boost::asio::steady_timer> report_timer;
+  std::unique_ptr<MetricsHttpServer> http;
+  std::thread engine_thread;
+
+  // Connections (io threads and engine thread).
+  std::mutex conn_mutex;
+  std::map<uint64_t, ConnPtr> conns;
+  std::vector<uint64_t> router_ids;  // connections that said Hello as router; last = current
+  std::atomic<uint64_t> next_conn_id{1};
+
+  // Inbox: io/progress threads -> engine thread.
+  std::mutex inbox_mutex;
+  std::condition_variable inbox_cv;
+  std::deque<Event> inbox;
+
+  // Latest load, for the report timer.
+  std::mutex load_mutex;
+  LoadReport load;
+
+  std::atomic<bool> draining{false};
+  std::atomic<bool> stop_engine{false};
+  Clock::time_point drain_deadline;
+  bool stopped = false;
+
+  // Engine-thread state.
+  struct PendingPull {
+    KvReady ready;
+    uint64_t prefill_conn = 0;
+    std::weak_ptr<ControlConnection> prefill;
+    int32_t blocks_needed = 0;
+    std::vector<int32_t> blocks;  // while pulling
+    bool cancelled = false;
+  };
+  std::deque<PendingPull> pull_queue;
+  std::map<std::string, PendingPull> pulling;
+
+  Gauge* running_gauge = nullptr;
+  Gauge* waiting_gauge = nullptr;
+  Gauge* usage_gauge = nullptr;
+
+  bool colocated() const { return options.role == InstanceRole::kColocated; }
+
+  // ---- io side ----
+  void Post(Event event) {
+    {
+      std::lock_guard<std::mutex> lock(inbox_mutex);
+      inbox.push_back(std::move(event));
+    }
+    inbox_cv.notify_one();
+  }
+
+  Hello MakeHello() const {
+    Hello h;
+    h.role = options.role;
+    h.instance_id = instance_id;
+    h.name = name;
+    h.model = model_name;
+    h.control_address = "127.0.0.1:" + std::to_string(listener ? listener->port() : 0);
+    h.kv_block_size = options.config.kv_cache.block_size;
+    h.kv_total_blocks = engine->cache().num_blocks();
+    return h;
+  }
+
+  void OnAccept(ConnPtr conn) {
+    const uint64_t id = next_conn_id++;
+    {
+      std::lock_guard<std::mutex> lock(conn_mutex);
+      conns[id] = conn;
+    }
+    std::weak_ptr<ControlConnection> weak = conn;
+    conn->Start(
+        [this, id, weak](ControlMessage message) {
+          if (auto* hello = std::get_if<Hello>(&message)) {
+            if (ConnPtr c = weak.lock()) c->Send(MakeHello());
+            if (hello->role == InstanceRole::kRouter) {
+              std::lock_guard<std::mutex> lock(conn_mutex);
+              router_ids.push_back(id);
+            }
+            TANDEM_LOG(kInfo) << "hello from " << InstanceRoleName(hello->role) << " '"
+                              << hello->name << "'";
+            return;
+          }
+          Post(MessageEvent{id, weak, std::move(message)});
+        },
+        [this, id](const Status& reason) {
+          {
+            std::lock_guard<std::mutex> lock(conn_mutex);
+            conns.erase(id);
+            std::erase(router_ids, id);
+          }
+          TANDEM_LOG(kDebug) << "connection " << id << " closed: " << reason.ToString();
+          Post(ClosedEvent{id});
+        });
+  }
+
+  ConnPtr Router() {
+    std::lock_guard<std::mutex> lock(conn_mutex);
+    if (router_ids.empty()) return nullptr;
+    auto it = conns.find(router_ids.back());
+    return it == conns.end() ? nullptr : it->second;
+  }
+
+  void ScheduleReport() {
+    report_timer->expires_after(std::chrono::milliseconds(100));
+    report_timer->async_wait([this](const boost::system::error_code& ec) {
+      if (ec) return;
+      LoadReport report;
+      {
+        std::lock_guard<std::mutex> lock(load_mutex);
+        report = load;
+      }
+      std::vector<ConnPtr> routers;
+      {
+        std::lock_guard<std::mutex> lock(conn_mutex);
+        for (uint64_t id : router_ids)
+          if (auto it = conns.find(id); it != conns.end()) routers.push_back(it->second);
+      }
+      for (auto& r : routers) r->Send(report);
+      ScheduleReport();
+    });
+  }
+
+  // ---- EngineSink (engine thread) ----
+  void OnTokens(Tokens tokens) override {
+    if (ConnPtr r = Router()) r->Send(tokens);
+  }
+  void OnFinish(Finish finish) override {
+    if (finish.code != StatusCode::kOk) {
+      TANDEM_LOG_REQ(kInfo, finish.request_id) << "finished with " << finish.ToStatus().ToString();
+    }
+    if (ConnPtr r = Router()) r->Send(finish);
+  }
+
+  void FinishError(const std::string& id, const Status& status, int32_t completion_tokens) {
+    Finish f;
+    f.request_id = id;
+    f.code = status.code();
+    f.message = status.message();
+    f.completion_tokens = completion_tokens;
+    OnFinish(std::move(f));
+  }
+
+  void SendReleased(const std::weak_ptr<ControlConnection>& prefill, const std::string& id,
+                    const Status& status) {
+    KvReleased released;
+    released.request_id = id;
+    released.code = status.code();
+    released.message = status.message();
+    if (ConnPtr p = prefill.lock()) p->Send(released);
+  }
+
+  // ---- engine thread ----
+  bool Known(const std::string& id) {
+    if (pulling.count(id)) return true;
+    for (auto& p : pull_queue)
+      if (p.ready.request_id == id) return true;
+    return false;
+  }
+
+  void HandleSubmit(const Submit& submit) {
+    if (draining) {
+      FinishError(submit.request_id, Unavailable(name + " is shutting down"), 0);
+      return;
+    }
+    if (!colocated()) {
+      FinishError(submit.request_id,
+                  FailedPrecondition(name + " is a decode instance: send Submit to prefill"), 0);
+      return;
+    }
+    if (Status s = engine->Validate(submit.prompt, submit.sampling); !s.ok()) {
+      FinishError(submit.request_id, s, 0);
+      return;
+    }
+    engine->AddNew(submit.request_id, submit.prompt, submit.sampling);
+  }
+
+  void HandleKvReady(MessageEvent& event, KvReady& ready) {
+    PendingPull p;
+    p.prefill_conn = event.conn_id;
+    p.prefill = event.conn;
+    auto reject = [&](const Status& s) {
+      FinishError(ready.request_id, s, 1);
+      SendReleased(event.conn, ready.request_id, s);
+    };
+    if (colocated()) return reject(FailedPrecondition(name + " is colocated: no KV handoff"));
+    if (draining) return reject(Unavailable(name + " is shutting down"));
+    if (Known(ready.request_id))
+      return reject(InvalidArgument("request id already on this instance"));
+    if (Status s = engine->Validate(ready.prompt, ready.sampling); !s.ok()) return reject(s);
+    if (!ready.sampling.seed) return reject(InvalidArgument("KvReady without a sampling seed"));
+    if (Status s = puller->Prepare(ready.kv_peer_info, ready.kv_descriptor,
+                                   engine->layout().num_layers);
+        !s.ok())
+      return reject(s);
+    const int32_t bs = options.config.kv_cache.block_size;
+    p.blocks_needed = BlocksForPull(static_cast<int32_t>(ready.prompt.size()), bs);
+    p.ready = std::move(ready);
+    pull_queue.push_back(std::move(p));
+  }
+
+  static int32_t BlocksForTokens(size_t tokens, int32_t bs) {
+    return static_cast<int32_t>((tokens + bs - 1) / bs);
+  }
+
+  void StartPull(PendingPull p) {
+    const std::string id = p.ready.request_id;
+    Status alloc = engine->cache().blocks().Allocate(p.blocks_needed, &p.blocks);
+    TANDEM_CHECK(alloc.ok(), "AdmitPulls checked the free blocks");
+    const KvLayout& layout = engine->layout();
+    const int32_t prompt_blocks =
+        BlocksForTokens(p.ready.prompt.size(), layout.block_size);
+    const std::byte* base = engine->cache().data();
+    PullRanges local(layout.num_layers);
+    for (int l = 0; l < layout.num_layers; ++l) {
+      for (int32_t k = 0; k < prompt_blocks; ++k) {
+        const auto* at = reinterpret_cast<const std::byte*>(engine->cache().BlockData(l, p.blocks[k]));
+        local[l].push_back({static_cast<uint64_t>(at - base), layout.block_bytes()});
+      }
+    }
+    const std::string descriptor = p.ready.kv_descriptor;
+    pulling.emplace(id, std::move(p));
+    Status started = puller->Pull(descriptor, local, [this](const std::string& request_id,
+                                                            const Status& status) {
+      Post(PullDoneEvent{request_id, status});
+    });
+    if (!started.ok()) Post(PullDoneEvent{id, started});
+  }
+
+  void HandlePullDone(const PullDoneEvent& done) {
+    auto it = pulling.find(done.request_id);
+    if (it == pulling.end()) return;
+    PendingPull p = std::move(it->second);
+    pulling.erase(it);
+    if (p.cancelled) {
+      engine->cache().blocks().Free(p.blocks);
+      return;
+    }
+    if (!done.status.ok()) {
+      TANDEM_LOG_REQ(kWarn, done.request_id) << "KV pull failed: " << done.status.ToString();
+      engine->cache().blocks().Free(p.blocks);
+      FinishError(done.request_id, done.status.WithContext("KV pull"), 1);
+      SendReleased(p.prefill, done.request_id, done.status);
+      return;
+    }
+    SendReleased(p.prefill, done.request_id, Status());
+    engine->AddPulled(p.ready.request_id, std::move(p.ready.prompt), p.ready.first_token.token_id,
+                      p.ready.sampling, std::move(p.blocks));
+  }
+
+  void HandleCancel(const std::string& id) {
+    const Status cancelled = Cancelled("cancelled");
+    if (engine->Cancel(id)) {
+      FinishError(id, cancelled, 0);
+      return;
+    }
+    for (auto it = pull_queue.begin(); it != pull_queue.end(); ++it) {
+      if (it->ready.request_id != id) continue;
+      SendReleased(it->prefill, id, cancelled);
+      FinishError(id, cancelled, 1);
+      pull_queue.erase(it);
+      return;
+    }
+    if (auto it = pulling.find(id); it != pulling.end() && !it->second.cancelled) {
+      // The pull is in flight: its blocks are freed when it is done.
+      it->second.cancelled = true;
+      FinishError(id, cancelled, 1);
+    }
+  }
+
+  void HandleClosed(uint64_t conn_id) {
+    // KV still queued behind a prefill instance that went away cannot be pulled any more.
+    for (auto it = pull_queue.begin(); it != pull_queue.end();) {
+      if (it->prefill_conn == conn_id) {
+        FinishError(it->ready.request_id, Unavailable("prefill instance disconnected"), 1);
+        it = pull_queue.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  void Handle(Event& event) {
+    if (auto* m = std::get_if<MessageEvent>(&event)) {
+      if (auto* s = std::get_if<Submit>(&m->message)) return HandleSubmit(*s);
+      if (auto* r = std::get_if<KvReady>(&m->message)) return HandleKvReady(*m, *r);
+      if (auto* c = std::get_if<Cancel>(&m->message)) return HandleCancel(c->request_id);
+      TANDEM_LOG(kDebug) << "ignoring unexpected control message";
+      return;
+    }
+    if (auto* c = std::get_if<ClosedEvent>(&event)) return HandleClosed(c->conn_id);
+    if (auto* d = std::get_if<PullDoneEvent>(&event)) return HandlePullDone(*d);
+  }
+
+  void AdmitFromPullQueue() {
+    if (pull_queue.empty()) return;
+    EngineStats stats = engine->Stats();
+    if (stats.waiting > 0) return;  // preempted requests recompute before new ones come in
+    std::vector<int32_t> needs;
+    for (auto& p : pull_queue) needs.push_back(p.blocks_needed);
+    PullLimits limits{stats.total_blocks, section->kv_usage_watermark, section->max_batch_size};
+    size_t n = AdmitPulls(needs, limits, stats.free_blocks,
+                          stats.running + static_cast<int32_t>(pulling.size()));
+    for (size_t i = 0; i < n; ++i) {
+      PendingPull p = std::move(pull_queue.front());
+      pull_queue.pop_front();
+      StartPull(std::move(p));
+    }
+  }
+
+  void PublishLoad() {
+    EngineStats s = engine->Stats();
+    LoadReport r;
+    r.instance_id = instance_id;
+    r.queued_prefill_tokens = s.waiting_prompt_tokens;
+    r.waiting_requests = s.waiting + static_cast<int32_t>(pull_queue.size() + pulling.size());
+    r.running_requests = s.running;
+    r.free_kv_blocks = s.free_blocks;
+    r.total_kv_blocks = s.total_blocks;
+    r.prefill_seconds_per_token = s.prefill_seconds_per_token;
+    r.decode_step_seconds = s.decode_step_seconds;
+    r.context_tokens = s.context_tokens;
+    running_gauge->Set(r.running_requests);
+    waiting_gauge->Set(r.waiting_requests);
+    usage_gauge->Set(s.total_blocks == 0 ? 0.0
+                                         : 1.0 - static_cast<double>(s.free_blocks) / s.total_blocks);
+    std::lock_guard<std::mutex> lock(load_mutex);
+    load = r;
+  }
+
+  bool Idle() const { return engine->idle() && pull_queue.empty() && pulling.empty(); }
+
+  void EngineLoop() {
+    std::deque<Event> events;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(inbox_mutex);
+        if (inbox.empty() && Idle() && !stop_engine)
+          inbox_cv.wait_for(lock, std::chrono::milliseconds(50));
+        events.swap(inbox);
+      }
+      for (Event& e : events) Handle(e);
+      events.clear();
+      if (stop_engine && (Idle() || Clock::now() >= drain_deadline)) break;
+      AdmitFromPullQueue();
+      engine->Step(*this);
+      PublishLoad();
+    }
+    // Whatever the drain did not finish ends now, with an error the router can report.
+    const Status gone = Unavailable(name + " shut down before the request finished");
+    engine->FailAll(gone, *this);
+    for (auto& p : pull_queue) {
+      FinishError(p.ready.request_id, gone, 1);
+      SendReleased(p.prefill, p.ready.request_id, gone);
+    }
+    pull_queue.clear();
+    for (auto& [id, p] : pulling)
+      if (!p.cancelled) FinishError(id, gone, 1);
+    PublishLoad();
+  }
+};
+
+StatusOr<std::unique_ptr<DecodeServer>> DecodeServer::Start(const InstanceOptions& options) {
+  const bool colocated = options.role == InstanceRole::kColocated;
+  const InstanceSection& section = colocated ? options.config.colocated : options.config.decode;
+  const char* role_name = colocated ? "colocated" : "decode";
+  if (section.port == 0)
+    return InvalidArgument(std::string(role_name) + ".port must be set (nonzero)");
+  std::unique_ptr<DecodeServer> server(new DecodeServer());
+  server->impl_ = std::make_unique<Impl>();
+  Impl& impl = *server->impl_;
+  impl.options = options;
+  impl.section = colocated ? &impl.options.config.colocated : &impl.options.config.decode;
+  impl.name = std::string(role_name) + "-" + std::to_string(options.index);
+  impl.model_name = ServedModelName(options.config.model);
+  impl.metrics = std::make_unique<MetricsRegistry>(
+      Labels{{"role", role_name}, {"model", impl.model_name}});
+
+  TANDEM_ASSIGN_OR_RETURN(std::string dir, ResolveModelDir(options.config.model));
+  TANDEM_ASSIGN_OR_RETURN(impl.model, Model::Load(dir));
+  BatchEngineOptions eo;
+  eo.threads = section.threads;
+  eo.block_size = options.config.kv_cache.block_size;
+  eo.max_batch_size = section.max_batch_size;
+  eo.token_budget = section.token_budget;
+  eo.max_model_len = options.config.model.max_model_len;
+  eo.kv_blocks = section.kv_blocks > 0
+                     ? section.kv_blocks
+                     : ((options.config.model.max_model_len + eo.block_size - 1) / eo.block_size) *
+                           section.max_batch_size;
+  eo.metrics = impl.metrics.get();
+  TANDEM_ASSIGN_OR_RETURN(impl.engine, BatchEngine::Create(*impl.model, eo));
+  impl.running_gauge = &impl.metrics->AddGauge("tandem_num_requests_running",
+                                              "Requests in the running batch.").Get();
+  impl.waiting_gauge = &impl.metrics->AddGauge("tandem_num_requests_waiting",
+                                              "Requests waiting (queued, preempted or pulling).").Get();
+  impl.usage_gauge = &impl.metrics->AddGauge("tandem_kv_cache_usage_ratio",
+                                            "Fraction of KV blocks in use.").Get();
+  if (!colocated) {
+    const TransferSection& t = options.config.transfer;
+    KvPullOptions po;
+    po.backend = t.backend;
+    po.ucx_tls = t.ucx_tls;
+    po.timeout_s = t.timeout_s;
+    po.max_inflight = static_cast<size_t>(t.max_inflight);
+    po.metrics = impl.metrics.get();
+    TANDEM_ASSIGN_OR_RETURN(impl.puller, KvPullLink::Create(impl.engine->cache().data(),
+                                                            impl.engine->cache().total_bytes(), po));
+  }
+
+  impl.work = std::make_unique<
+      boost::asio::executor_work_guard<boost::asio::io_context::executor_type>>(
+      impl.io.get_executor());
+  TANDEM_ASSIGN_OR_RETURN(impl.listener,
+                          ControlListener::Listen(impl.io, "127.0.0.1", section.port + options.index,
+                                                  [&impl](ConnPtr c) { impl.OnAccept(std::move(c)); }));
+  if (section.metrics_port != 0) {
+    TANDEM_ASSIGN_OR_RETURN(
+        impl.http, MetricsHttpServer::Start(
+                       "127.0.0.1", section.metrics_port + options.index,
+                       [&impl] { return impl.metrics->Render(); },
+                       [&impl] {
+                         return impl.draining ? Unavailable(impl.name + " is draining") : Status();
+                       }));
+  }
+  impl.PublishLoad();
+  impl.report_timer = std::make_unique<boost::asio::steady_timer>(impl.io);
+  impl.ScheduleReport();
+  for (int i = 0; i < 2; ++i) impl.io_threads.emplace_back([&impl] { impl.io.run(); });
+  impl.engine_thread = std::thread([&impl] { impl.EngineLoop(); });
+  TANDEM_LOG(kInfo) << impl.name << " serving '" << impl.model_name << "' on 127.0.0.1:"
+                    << impl.listener->port() << " (" << impl.engine->cache().num_blocks()
+                    << " KV blocks of " << eo.block_size << " tokens)";
+  return server;
+}
+
+int DecodeServer::control_port() const { return impl_->listener->port(); }
+
+DecodeServer::~DecodeServer() { Stop(); }
+
+void DecodeServer::Stop() {
+  if (!impl_ || impl_->stopped) return;
+  Impl& impl = *impl_;
+  impl.stopped = true;
+  impl.draining = true;
+  impl.drain_deadline =
+      Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(impl.options.drain_timeout_s * 1000));
+  impl.stop_engine = true;
+  impl.inbox_cv.notify_one();
+  if (impl.engine_thread.joinable()) impl.engine_thread.join();
+  // Let the last Finish/Tokens frames leave before the sockets close.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  impl.puller.reset();
+  if (impl.http) impl.http->Stop();
+  boost::asio::post(impl.io, [&impl] {
+    impl.report_timer->cancel();
+    impl.listener->Stop();
+    std::lock_guard<std::mutex> lock(impl.conn_mutex);
+    for (auto& [id, c] : impl.conns) c->Close();
+  });
+  impl.work.reset();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  impl.io.stop();
+  for (auto& t : impl.io_threads) t.join();
+  impl.io_threads.clear();
+}
+
+int RunBatchInstanceMain(InstanceRole role, const std::vector<std::string>& args) {
+  const bool colocated = role == InstanceRole::kColocated;
+  const std::string command = colocated ? "colocated" : "decode";
+  FlagParser flags("tandem " + command + " [--config FILE] [--index I] [--SECTION.KEY=VALUE ...]",
+                   colocated ? "Runs a colocated instance (prefill and decode in one engine)."
+                             : "Runs a decode instance (pulls KV from prefill, batches decode steps).");
+  flags.AddString("config", "", "cluster YAML (absent: defaults)");
+  flags.AddInt("index", 0, "instance index: ports are SECTION.port + index");
+  flags.AddDouble("drain-timeout-s", 30, "on SIGTERM, wait at most this long for in-flight requests");
+  flags.AllowConfigOverrides();
+  if (Status s = flags.Parse(args); !s.ok()) {
+    std::fprintf(stderr, "tandem %s: %s\n", command.c_str(), s.message().c_str());
+    return kExitUsage;
+  }
+  if (flags.help_requested()) {
+    std::fputs(flags.Help().c_str(), stdout);
+    return kExitOk;
+  }
+  StatusOr<ClusterConfig> config =
+      flags.IsSet("config") ? LoadConfig(flags.GetString("config"), flags.config_overrides())
+                            : ParseConfig("", "<defaults>", flags.config_overrides());
+  if (!config.ok()) {
+    std::fprintf(stderr, "tandem %s: %s\n", command.c_str(), config.status().message().c_str());
+    return kExitFailure;
+  }
+  if (auto level = ParseLogLevel(config->logging.level); level.ok()) SetLogLevel(*level);
+  if (auto format = ParseLogFormat(config->logging.format); format.ok()) SetLogFormat(*format);
+  InstanceOptions options;
+  options.config = std::move(*config);
+  options.role = role;
+  options.index = static_cast<int>(flags.GetInt("index"));
+  options.drain_timeout_s = flags.GetDouble("drain-timeout-s");
+  SetLogRole(command + "-" + std::to_string(options.index));
+
+  // Block the stop signals in every thread (they inherit the mask); this one waits for them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  StatusOr<std::unique_ptr<DecodeServer>> server = DecodeServer::Start(options);
+  if (!server.ok()) {
+    TANDEM_LOG(kError) << "cannot start: " << server.status().ToString();
+    return kExitFailure;
+  }
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  TANDEM_LOG(kInfo) << "signal " << signal_number << ": draining";
+  (*server)->Stop();
+  TANDEM_LOG(kInfo) << "stopped";
+  return kExitOk;
+}
+
+int DecodeMain(const std::vector<std::string>& args) {
+  return RunBatchInstanceMain(InstanceRole::kDecode, args);
+}
+
+}  // namespace tandem

@@ -1,0 +1,61 @@
+// The decode instance (and, with role kColocated, the colocated instance): a control-plane
+// server around a BatchEngine.
+//
+// Decode: prefill instances connect and send Hello, then KvReady per request. A request waits
+// in the pull queue until AdmitPulls lets it in (blocks for prompt + 1, KV usage under the
+// watermark, a batch slot); then its blocks are allocated and its KV pulled with the KvPuller.
+// On success KvReleased OK goes to the prefill instance and the request joins the running batch;
+// on failure its blocks are freed, the router gets Finish with the error and prefill gets
+// KvReleased with it. Colocated: Submit (empty decode_address) is prefilled and decoded here.
+// Tokens and Finish go to the router connection (the latest that said Hello as router);
+// LoadReport goes to every router connection every 100 ms.
+//
+// Threads: Asio threads run the connections and the LoadReport timer; one engine thread owns
+// the BatchEngine, the pull queue and every request; they meet in an inbox keyed by request id.
+// Start/Stop from one controlling thread. Stop drains (bounded), then ends what is left with
+// Unavailable; after Stop every request has had its Finish and every block is free.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/config.h"
+#include "common/control_wire.h"
+#include "common/status.h"
+
+namespace tandem {
+
+struct InstanceOptions {
+  ClusterConfig config;
+  InstanceRole role = InstanceRole::kDecode;  // kDecode or kColocated
+  int index = 0;
+  double drain_timeout_s = 30;
+};
+
+class DecodeServer {
+ public:
+  // Loads the model, allocates the pool, binds the ports and starts every thread.
+  // Errors: InvalidArgument (port 0, bad config), Unavailable (port taken), model errors.
+  static StatusOr<std::unique_ptr<DecodeServer>> Start(const InstanceOptions& options);
+  ~DecodeServer();  // Stop()
+
+  // Refuses new work, drains in-flight requests for at most drain_timeout_s, then stops.
+  void Stop();
+  int control_port() const;
+
+  struct Impl;
+
+ private:
+  DecodeServer() = default;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Shared by `tandem decode` and `tandem colocated`: flags, config, logging, signals.
+int RunBatchInstanceMain(InstanceRole role, const std::vector<std::string>& args);
+
+// `tandem decode --config FILE --index I [--SECTION.KEY=VALUE ...]`
+int DecodeMain(const std::vector<std::string>& args);
+
+}  // namespace tandem

@@ -1,0 +1,65 @@
+#include "decode/kv_pull_link.h"
+
+#include <chrono>
+
+#include "kvtransfer/inprocess_transport.h"
+#include "kvtransfer/transfer.h"
+#include "kvtransfer/ucx_transport.h"
+#include "kvtransfer/wire.h"
+
+namespace tandem {
+namespace {
+
+class Link : public KvPullLink {
+ public:
+  explicit Link(std::unique_ptr<KvPuller> puller) : puller_(std::move(puller)) {}
+
+  Status Prepare(const std::string& peer_info_blob, const std::string& descriptor_blob,
+                 int num_layers) override {
+    TANDEM_ASSIGN_OR_RETURN(PeerInfo peer, DecodePeerInfo(AsBytes(peer_info_blob)));
+    TANDEM_ASSIGN_OR_RETURN(KvDescriptor desc, DecodeKvDescriptor(AsBytes(descriptor_blob)));
+    if (desc.layers.size() != static_cast<size_t>(num_layers))
+      return InvalidArgument("KV descriptor has " + std::to_string(desc.layers.size()) +
+                             " layers, the model " + std::to_string(num_layers));
+    if (desc.instance_id != peer.instance_id)
+      return InvalidArgument("KV descriptor and peer info name different publishers");
+    return puller_->Connect(peer);
+  }
+
+  Status Pull(const std::string& descriptor_blob, const PullRanges& local,
+              std::function<void(const std::string&, const Status&)> on_done) override {
+    TANDEM_ASSIGN_OR_RETURN(KvDescriptor desc, DecodeKvDescriptor(AsBytes(descriptor_blob)));
+    LayerRanges layers(local.size());
+    for (size_t l = 0; l < local.size(); ++l)
+      for (auto [offset, length] : local[l]) layers[l].push_back({offset, length});
+    PullCallbacks callbacks;
+    callbacks.on_done = std::move(on_done);
+    return puller_->Pull(desc, std::move(layers), std::move(callbacks));
+  }
+
+ private:
+  std::unique_ptr<KvPuller> puller_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<KvPullLink>> KvPullLink::Create(void* base, size_t bytes,
+                                                         const KvPullOptions& options) {
+  MemoryRegion region{base, bytes};
+  std::unique_ptr<KvPuller> puller;
+  if (options.backend == "ucx") {
+    UcxOptions uo;
+    uo.tls = options.ucx_tls;
+    uo.timeout = std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1000));
+    uo.max_inflight_gets = options.max_inflight;
+    uo.metrics = options.metrics;
+    TANDEM_ASSIGN_OR_RETURN(puller, CreateUcxPuller(region, uo));
+  } else if (options.backend == "inproc") {
+    TANDEM_ASSIGN_OR_RETURN(puller, CreateInProcessPuller(region, options.metrics));
+  } else {
+    return InvalidArgument("transfer.backend '" + options.backend + "' is not supported on CPU");
+  }
+  return std::unique_ptr<KvPullLink>(new Link(std::move(puller)));
+}
+
+}  // namespace tandem

@@ -1,0 +1,52 @@
+// Adapter over kvtransfer's KvPuller for the decode server.
+//
+// Why it exists: common/control_wire.h and kvtransfer/wire.h both define tandem::kMaxBlobBytes
+// (with different values), so no translation unit can include both. This adapter is the only
+// decode file that includes kvtransfer headers; its interface takes the encoded PeerInfo and
+// KvDescriptor blobs exactly as they arrive in KvReady.
+//
+// Threads: as KvPuller (any thread); on_done runs on the transport's thread (or, for the
+// in-process backend, inside Pull).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/metrics.h"
+#include "common/status.h"
+
+namespace tandem {
+
+// Per layer, (offset, length) byte ranges in the registered region.
+using PullRanges = std::vector<std::vector<std::pair<uint64_t, uint64_t>>>;
+
+struct KvPullOptions {
+  std::string backend = "ucx";  // ucx|inproc
+  std::string ucx_tls = "tcp";
+  double timeout_s = 5;
+  size_t max_inflight = 64;
+  MetricsRegistry* metrics = nullptr;  // not owned
+};
+
+class KvPullLink {
+ public:
+  // Registers [base, base + bytes) (not owned; must outlive the link).
+  static StatusOr<std::unique_ptr<KvPullLink>> Create(void* base, size_t bytes,
+                                                      const KvPullOptions& options);
+  virtual ~KvPullLink() = default;  // fails pulls in flight with Cancelled
+
+  // Decodes both blobs, connects to the publisher (once per instance id) and checks that the
+  // descriptor has `num_layers` layers. InvalidArgument/DataLoss on bad blobs.
+  virtual Status Prepare(const std::string& peer_info_blob, const std::string& descriptor_blob,
+                         int num_layers) = 0;
+  // Starts the pull; on_done runs exactly once unless an error is returned.
+  virtual Status Pull(const std::string& descriptor_blob, const PullRanges& local,
+                      std::function<void(const std::string&, const Status&)> on_done) = 0;
+};
+
+}  // namespace tandem

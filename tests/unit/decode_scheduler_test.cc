@@ -1,0 +1,98 @@
+// Decode admission (blocks, watermark, batch slots) and step scheduling with preemption, as plain
+// functions of state.
+#include "decode/decode_scheduler.h"
+
+#include <catch2/catch.hpp>
+#include <vector>
+
+#include "decode/colocated_scheduler.h"
+
+namespace tandem {
+namespace {
+
+TEST_CASE("decode: BlocksForPull covers prompt + first token", "[decode_scheduler]") {
+  CHECK(BlocksForPull(15, 16) == 1);
+  CHECK(BlocksForPull(16, 16) == 2);
+  CHECK(BlocksForPull(1, 16) == 1);
+}
+
+TEST_CASE("decode: admits pulls while blocks last, FCFS", "[decode_scheduler]") {
+  std::vector<int32_t> needs = {4, 4, 2};
+  PullLimits limits{/*total_blocks=*/100, /*watermark=*/1.0, /*max_batch_size=*/64};
+  CHECK(AdmitPulls(needs, limits, 100, 0) == 3);
+  CHECK(AdmitPulls(needs, limits, 8, 0) == 2);
+  CHECK(AdmitPulls(needs, limits, 7, 0) == 1);
+  CHECK(AdmitPulls(needs, limits, 3, 0) == 0);  // the 2-block one does not overtake
+}
+
+TEST_CASE("decode: the KV usage watermark holds pulls back", "[decode_scheduler]") {
+  std::vector<int32_t> needs = {1, 1, 1};
+  PullLimits limits{100, 0.9, 64};
+  CHECK(AdmitPulls(needs, limits, 50, 0) == 3);
+  CHECK(AdmitPulls(needs, limits, 10, 0) == 0);  // 90% used: not under the watermark
+  CHECK(AdmitPulls(needs, limits, 11, 0) == 1);  // 89% used, then 90%
+  // The check is on usage before admission: an empty pool admits unless the watermark is 0.
+  CHECK(AdmitPulls(needs, PullLimits{100, 0.0, 64}, 100, 0) == 0);
+  CHECK(AdmitPulls(needs, PullLimits{100, 0.01, 64}, 100, 0) == 1);
+}
+
+TEST_CASE("decode: max_batch_size counts running and pulling requests", "[decode_scheduler]") {
+  std::vector<int32_t> needs = {1, 1, 1};
+  CHECK(AdmitPulls(needs, PullLimits{100, 1.0, 4}, 100, 2) == 2);
+  CHECK(AdmitPulls(needs, PullLimits{100, 1.0, 4}, 100, 4) == 0);
+}
+
+TEST_CASE("step: decodes every running sequence, then prefills waiting ones",
+          "[decode_scheduler]") {
+  std::vector<SeqState> running = {{33, 32, 3}, {10, 9, 1}};  // decoding
+  std::vector<SeqState> waiting = {{40, 0, 0}, {40, 0, 0}};
+  StepPlan plan = ScheduleStep(running, waiting, StepLimits{50, 8, 16}, 100);
+  REQUIRE(plan.preempted.empty());
+  REQUIRE(plan.scheduled.size() == 4);
+  CHECK(plan.scheduled[0].num_tokens == 1);
+  CHECK(plan.scheduled[0].new_blocks == 0);  // token 33 fits block 3
+  CHECK(plan.scheduled[1].num_tokens == 1);
+  CHECK(plan.scheduled[2].from_waiting);
+  CHECK(plan.scheduled[2].num_tokens == 40);
+  CHECK(plan.scheduled[2].new_blocks == 3);
+  CHECK(plan.scheduled[3].num_tokens == 8);  // chunk: what is left of the budget
+  CHECK(plan.scheduled[3].new_blocks == 1);
+}
+
+TEST_CASE("step: a sequence crossing a block boundary gets a new block", "[decode_scheduler]") {
+  std::vector<SeqState> running = {{33, 32, 2}};
+  StepPlan plan = ScheduleStep(running, {}, StepLimits{50, 8, 16}, 1);
+  REQUIRE(plan.scheduled.size() == 1);
+  CHECK(plan.scheduled[0].new_blocks == 1);
+}
+
+TEST_CASE("step: the pool running out preempts the youngest", "[decode_scheduler]") {
+  // Three decoding sequences at a block boundary, one free block.
+  std::vector<SeqState> running = {{33, 32, 2}, {33, 32, 2}, {33, 32, 2}};
+  std::vector<SeqState> waiting = {{5, 0, 0}};
+  StepPlan plan = ScheduleStep(running, waiting, StepLimits{50, 8, 16}, 1);
+  // Oldest takes the free block; the second needs one: the youngest (2) gives its 2 blocks.
+  REQUIRE(plan.preempted.size() == 1);
+  CHECK(plan.preempted[0] == 2);
+  REQUIRE(plan.scheduled.size() == 2);
+  CHECK(plan.scheduled[0].index == 0);
+  CHECK(plan.scheduled[1].index == 1);
+  for (const auto& s : plan.scheduled) CHECK_FALSE(s.from_waiting);  // no admission this step
+}
+
+TEST_CASE("step: the only sequence that cannot grow gives way itself", "[decode_scheduler]") {
+  std::vector<SeqState> running = {{33, 32, 2}};
+  StepPlan plan = ScheduleStep(running, {}, StepLimits{50, 8, 16}, 0);
+  CHECK(plan.scheduled.empty());
+  REQUIRE(plan.preempted.size() == 1);
+  CHECK(plan.preempted[0] == 0);
+}
+
+TEST_CASE("step: max_batch_size and budget cap the batch", "[decode_scheduler]") {
+  std::vector<SeqState> running(5, SeqState{10, 9, 1});
+  CHECK(ScheduleStep(running, {}, StepLimits{50, 3, 16}, 10).scheduled.size() == 3);
+  CHECK(ScheduleStep(running, {}, StepLimits{2, 8, 16}, 10).scheduled.size() == 2);
+}
+
+}  // namespace
+}  // namespace tandem
