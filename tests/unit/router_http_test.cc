@@ -122,9 +122,18 @@ class FakeBackend : public Backend {
     return last_request_;
   }
 
-  void set_delay(std::chrono::milliseconds d) { delay_ = d; }
-  void set_reject(Status s) { reject_with_ = std::move(s); }
-  void set_fail_after(int n) { fail_after_ = n; }
+  void set_delay(std::chrono::milliseconds d) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    delay_ = d;
+  }
+  void set_reject(Status s) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    reject_with_ = std::move(s);
+  }
+  void set_fail_after(int n) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    fail_after_ = n;
+  }
   void set_ready(bool r) { ready_ = r; }
   const std::vector<int32_t>& tokens() const { return tokens_; }
 
