@@ -1,0 +1,230 @@
+#include "router/placement.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+
+namespace tandem {
+
+StatusOr<PlacementPolicy> ParsePlacementPolicy(std::string_view name) {
+  if (name == "goodput") return PlacementPolicy::kGoodput;
+  if (name == "least_loaded") return PlacementPolicy::kLeastLoaded;
+  if (name == "round_robin") return PlacementPolicy::kRoundRobin;
+  return InvalidArgument("router.policy must be goodput|least_loaded|round_robin, got '" +
+                         std::string(name) + "'");
+}
+
+const char* PlacementPolicyName(PlacementPolicy policy) {
+  switch (policy) {
+    case PlacementPolicy::kGoodput: return "goodput";
+    case PlacementPolicy::kLeastLoaded: return "least_loaded";
+    case PlacementPolicy::kRoundRobin: return "round_robin";
+  }
+  return "?";
+}
+
+SloTarget SloForClass(const SloSection& slo, std::string_view slo_class) {
+  if (!slo_class.empty()) {
+    for (const SloClass& c : slo.classes) {
+      if (c.name == slo_class) return SloTarget{c.ttft_s, c.tpot_s};
+    }
+  }
+  return SloTarget{slo.ttft_s, slo.tpot_s};
+}
+
+double PredictTtftSeconds(const LoadReport& load, int64_t prompt_tokens) {
+  double per_token = load.prefill_seconds_per_token > 0 ? load.prefill_seconds_per_token
+                                                        : kDefaultPrefillSecondsPerToken;
+  return static_cast<double>(std::max<int64_t>(load.queued_prefill_tokens, 0) + prompt_tokens) *
+         per_token;
+}
+
+double PredictTpotSeconds(const LoadReport& load) {
+  double step = load.decode_step_seconds > 0 ? load.decode_step_seconds
+                                             : kDefaultDecodeStepSeconds;
+  // A decode step's time grows about linearly with the batch once the batch is not tiny; one
+  // more request scales the measured step by (running + 1) / running.
+  double running = static_cast<double>(std::max<int32_t>(load.running_requests, 0));
+  return step * (running + 1.0) / std::max(running, 1.0);
+}
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// Blocks a request needs on the decode side to be admitted without waiting.
+bool HasBlocksFor(const InstanceLoad& d, int64_t tokens) {
+  if (d.load.total_kv_blocks <= 0 || d.kv_block_size <= 0) return true;  // unknown: assume yes
+  int64_t needed = (tokens + d.kv_block_size - 1) / d.kv_block_size;
+  return d.load.free_kv_blocks >= needed;
+}
+
+// Relative slack of a prediction against an objective: 1 = instant, 0 = exactly at the SLO,
+// negative = a miss. No objective: +inf (never the binding constraint).
+double Slack(double predicted, double objective) {
+  if (objective <= 0) return kInf;
+  return (objective - predicted) / objective;
+}
+
+std::vector<int> Usable(const std::vector<InstanceLoad>* v) {
+  std::vector<int> out;
+  if (v == nullptr) return out;
+  for (size_t i = 0; i < v->size(); ++i)
+    if ((*v)[i].usable) out.push_back(static_cast<int>(i));
+  return out;
+}
+
+bool Idle(const LoadReport& load) {
+  return load.queued_prefill_tokens <= 0 && load.running_requests <= 0 &&
+         load.waiting_requests <= 0;
+}
+
+std::string Seconds(double s) {
+  char buffer[32];
+  std::snprintf(buffer, sizeof buffer, "%.3f s", s);
+  return buffer;
+}
+
+struct Scored {
+  int index = -1;
+  double slack = -kInf;
+  double predicted = 0;
+  bool idle = false;
+};
+
+// Goodput: the best prefill by TTFT slack and the best decode by TPOT slack. The objective
+// min(ttft slack, tpot slack) is monotone in each, so the best pair is (best P, best D).
+// Ties go to the earlier candidate after rotating by the round-robin counter, so that equal
+// instances share the load.
+Scored BestBy(const std::vector<InstanceLoad>& v, const std::vector<int>& usable, uint64_t rr,
+              const auto& score) {
+  Scored best;
+  for (size_t k = 0; k < usable.size(); ++k) {
+    int i = usable[(k + rr) % usable.size()];
+    Scored s = score(v[i]);
+    s.index = i;
+    if (best.index < 0 || s.slack > best.slack) best = s;
+  }
+  return best;
+}
+
+StatusOr<Placement> Goodput(const PlacementInput& in, const std::vector<int>& p,
+                            const std::vector<int>& d, const std::vector<int>& c) {
+  const SloTarget& slo = in.slo;
+  int64_t kv_tokens = in.prompt_tokens + 1;
+  auto ttft_score = [&](const InstanceLoad& x) {
+    double t = PredictTtftSeconds(x.load, in.prompt_tokens);
+    return Scored{-1, Slack(t, slo.ttft_s), t, Idle(x.load)};
+  };
+  auto tpot_score = [&](const InstanceLoad& x) {
+    double t = PredictTpotSeconds(x.load);
+    double slack = HasBlocksFor(x, kv_tokens) ? Slack(t, slo.tpot_s) : -kInf;
+    return Scored{-1, slack, t, Idle(x.load)};
+  };
+  Placement placement;
+  bool meets = false;
+  bool all_idle = false;
+  Scored first, second;
+  if (!p.empty() && !d.empty()) {
+    first = BestBy(*in.prefill, p, in.round_robin, ttft_score);
+    second = BestBy(*in.decode, d, in.round_robin, tpot_score);
+    placement.prefill = first.index;
+    placement.decode = second.index;
+  } else {
+    auto both = [&](const InstanceLoad& x) {
+      double ttft = PredictTtftSeconds(x.load, in.prompt_tokens);
+      double tpot = PredictTpotSeconds(x.load);
+      double slack = std::min(Slack(ttft, slo.ttft_s),
+                              HasBlocksFor(x, kv_tokens) ? Slack(tpot, slo.tpot_s) : -kInf);
+      return Scored{-1, slack, ttft, Idle(x.load)};
+    };
+    first = BestBy(*in.colocated, c, in.round_robin, both);
+    second = first;
+    second.predicted = PredictTpotSeconds((*in.colocated)[first.index].load);
+    placement.colocated = first.index;
+  }
+  placement.predicted_ttft_s = first.predicted;
+  placement.predicted_tpot_s = second.predicted;
+  meets = first.slack >= 0 && second.slack >= 0;
+  all_idle = first.idle && second.idle;
+  if (meets || all_idle) return placement;
+  // Retry once the queue ahead has drained: about the predicted overshoot.
+  double over = std::max(first.predicted - slo.ttft_s, 0.0) + 1.0;
+  return ResourceExhausted("no instance can meet the SLO now (best predicted TTFT " +
+                           Seconds(first.predicted) + " vs " + Seconds(slo.ttft_s) +
+                           ", TPOT " + Seconds(second.predicted) + " vs " +
+                           Seconds(slo.tpot_s) + "); retry after about " +
+                           std::to_string(static_cast<int>(std::ceil(over))) + " s");
+}
+
+int LeastLoaded(const std::vector<InstanceLoad>& v, const std::vector<int>& usable, uint64_t rr,
+                bool prefill_side, int64_t kv_tokens) {
+  int best = -1;
+  double best_cost = kInf;
+  for (size_t k = 0; k < usable.size(); ++k) {
+    int i = usable[(k + rr) % usable.size()];
+    const LoadReport& l = v[i].load;
+    double cost = prefill_side
+                      ? static_cast<double>(l.queued_prefill_tokens) + l.waiting_requests
+                      : static_cast<double>(l.running_requests) + l.waiting_requests;
+    if (!prefill_side && !HasBlocksFor(v[i], kv_tokens)) cost += 1e9;  // last resort
+    if (cost < best_cost) {
+      best_cost = cost;
+      best = i;
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
+StatusOr<Placement> Place(PlacementPolicy policy, const PlacementInput& in) {
+  std::vector<int> p = Usable(in.prefill);
+  std::vector<int> d = Usable(in.decode);
+  std::vector<int> c = Usable(in.colocated);
+  bool pairs = !p.empty() && !d.empty();
+  if (!pairs && c.empty()) {
+    return Unavailable("no usable instance: need a prefill and a decode instance, or a "
+                       "colocated one (" + std::to_string(p.size()) + " prefill, " +
+                       std::to_string(d.size()) + " decode, " + std::to_string(c.size()) +
+                       " colocated up)");
+  }
+  Placement placement;
+  switch (policy) {
+    case PlacementPolicy::kGoodput:
+      return Goodput(in, p, d, c);
+    case PlacementPolicy::kRoundRobin:
+      if (pairs) {
+        placement.prefill = p[in.round_robin % p.size()];
+        placement.decode = d[in.round_robin % d.size()];
+      } else {
+        placement.colocated = c[in.round_robin % c.size()];
+      }
+      return placement;
+    case PlacementPolicy::kLeastLoaded: {
+      int64_t kv_tokens = in.prompt_tokens + 1;
+      if (pairs) {
+        placement.prefill = LeastLoaded(*in.prefill, p, in.round_robin, true, kv_tokens);
+        placement.decode = LeastLoaded(*in.decode, d, in.round_robin, false, kv_tokens);
+      } else {
+        // Colocated: both phases share the instance; weigh queued tokens and the batch.
+        double best_cost = kInf;
+        for (size_t k = 0; k < c.size(); ++k) {
+          int i = c[(k + in.round_robin) % c.size()];
+          const LoadReport& l = (*in.colocated)[i].load;
+          double cost = static_cast<double>(l.queued_prefill_tokens) + l.waiting_requests +
+                        l.running_requests;
+          if (cost < best_cost) {
+            best_cost = cost;
+            placement.colocated = i;
+          }
+        }
+      }
+      return placement;
+    }
+  }
+  return Internal("unknown placement policy");
+}
+
+}  // namespace tandem

@@ -1,0 +1,86 @@
+// Placement policies: which prefill/decode pair (or colocated instance) gets a request.
+//
+// Policies are plain functions of a load snapshot, the prompt length and the SLO: no network,
+// no clock, no state beyond a round-robin counter the caller owns. The router's ClusterBackend
+// builds the snapshot from the instances' LoadReports (plus what it submitted since the last
+// report) and calls Place() for every request.
+//
+//   round_robin   the next usable instance of each kind, in turn
+//   least_loaded  prefill with the fewest queued prompt tokens, decode with the fewest requests
+//   goodput       (default) predicts TTFT on each prefill and TPOT on each decode, keeps the
+//                 pair that meets both SLOs with the most headroom, rejects (ResourceExhausted,
+//                 429) when none does. A request that not even an idle pair could serve within
+//                 the SLO is placed anyway on the best pair: retrying later would not help.
+//
+// When P/D pairs exist they are used; colocated instances are used only when there is no usable
+// pair. Pure functions; any thread.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/config.h"
+#include "common/control_wire.h"
+#include "common/status.h"
+
+namespace tandem {
+
+enum class PlacementPolicy { kGoodput, kLeastLoaded, kRoundRobin };
+
+// "goodput" | "least_loaded" | "round_robin"; InvalidArgument naming the value otherwise.
+StatusOr<PlacementPolicy> ParsePlacementPolicy(std::string_view name);
+const char* PlacementPolicyName(PlacementPolicy policy);
+
+// Before an instance has measured anything (LoadReport fields 0), the predictions use these.
+inline constexpr double kDefaultPrefillSecondsPerToken = 0.0005;
+inline constexpr double kDefaultDecodeStepSeconds = 0.02;
+
+// One instance as placement sees it.
+struct InstanceLoad {
+  std::string name;        // "prefill-1", for messages
+  bool usable = false;     // connected, greeted, heartbeat fresh
+  LoadReport load;         // the latest report, plus the router's own submissions since
+  int32_t kv_block_size = 0;  // from Hello; 0 = unknown (no KV-block check)
+  // A decode candidate needs free blocks for the prompt + 1 token, else it would queue the pull.
+};
+
+struct SloTarget {
+  double ttft_s = 0;  // <= 0: no TTFT objective
+  double tpot_s = 0;  // <= 0: no TPOT objective
+};
+
+// The SLO of a request class: the class in `slo.classes` named `slo_class`, else the defaults
+// (slo.ttft_s, slo.tpot_s). An unknown class name falls back to the defaults.
+SloTarget SloForClass(const SloSection& slo, std::string_view slo_class);
+
+struct PlacementInput {
+  const std::vector<InstanceLoad>* prefill = nullptr;    // not owned; may be null = none
+  const std::vector<InstanceLoad>* decode = nullptr;
+  const std::vector<InstanceLoad>* colocated = nullptr;
+  int64_t prompt_tokens = 0;
+  SloTarget slo;
+  uint64_t round_robin = 0;  // the caller's counter; round_robin uses it modulo the count
+};
+
+struct Placement {
+  // Indices into the input vectors. Either prefill and decode are set (a pair), or colocated.
+  int prefill = -1;
+  int decode = -1;
+  int colocated = -1;
+  double predicted_ttft_s = 0;  // goodput only; 0 otherwise
+  double predicted_tpot_s = 0;
+};
+
+// Predictions used by goodput (exposed for tests).
+double PredictTtftSeconds(const LoadReport& load, int64_t prompt_tokens);
+double PredictTpotSeconds(const LoadReport& load);
+
+// Chooses where a request goes. Errors: Unavailable when no usable instance (pair or
+// colocated) exists; ResourceExhausted (goodput) when no candidate meets the SLO, with the best
+// predictions and a retry hint in the message.
+StatusOr<Placement> Place(PlacementPolicy policy, const PlacementInput& input);
+
+}  // namespace tandem
