@@ -9,9 +9,9 @@ namespace {
 
 class Writer {
  public:
-  explicit Writer(WireType type) {
-    U32(kWireMagic);
-    U16(kWireVersion);
+  explicit Writer(KvWireType type) {
+    U32(kKvWireMagic);
+    U16(kKvWireVersion);
     U16(static_cast<uint16_t>(type));
     U32(0);  // body size, patched by Finish()
   }
@@ -24,8 +24,8 @@ class Writer {
     out_.append(s);
   }
   std::string Finish() {
-    size_t body = out_.size() - kWireHeaderBytes;
-    TANDEM_CHECK(body <= kMaxWireBodyBytes, "wire message body over kMaxWireBodyBytes");
+    size_t body = out_.size() - kKvWireHeaderBytes;
+    TANDEM_CHECK(body <= kKvMaxWireBodyBytes, "wire message body over kKvMaxWireBodyBytes");
     for (int i = 0; i < 4; ++i) out_[8 + i] = static_cast<char>((body >> (8 * i)) & 0xff);
     return std::move(out_);
   }
@@ -81,8 +81,8 @@ uint32_t ReadLe32(const uint8_t* p) {
 }
 
 // Checks the header and that the body is exactly the rest; returns the body.
-StatusOr<std::span<const uint8_t>> OpenBody(std::span<const uint8_t> bytes, WireType want) {
-  TANDEM_ASSIGN_OR_RETURN(WireHeader header, DecodeWireHeader(bytes));
+StatusOr<std::span<const uint8_t>> OpenBody(std::span<const uint8_t> bytes, KvWireType want) {
+  TANDEM_ASSIGN_OR_RETURN(KvWireHeader header, DecodeKvWireHeader(bytes));
   if (header.type != want) {
     return InvalidArgument("wire: expected message type " +
                            std::to_string(static_cast<int>(want)) + ", got " +
@@ -96,7 +96,7 @@ StatusOr<std::span<const uint8_t>> OpenBody(std::span<const uint8_t> bytes, Wire
     return DataLoss("wire: " + std::to_string(bytes.size() - header.message_bytes) +
                     " trailing bytes after the message");
   }
-  return bytes.subspan(kWireHeaderBytes);
+  return bytes.subspan(kKvWireHeaderBytes);
 }
 
 Status BodyError(const Reader& r, const char* what) {
@@ -126,13 +126,13 @@ StatusOr<uint64_t> TotalBytes(const std::vector<std::vector<ByteRange>>& layers)
 
 StatusOr<KvDescriptor> MakeDescriptor(uint64_t instance_id, std::string request_id,
                                       std::vector<std::vector<ByteRange>> layers) {
-  if (request_id.empty() || request_id.size() > kMaxRequestIdBytes) {
-    return InvalidArgument("request id must have 1.." + std::to_string(kMaxRequestIdBytes) +
+  if (request_id.empty() || request_id.size() > kKvMaxRequestIdBytes) {
+    return InvalidArgument("request id must have 1.." + std::to_string(kKvMaxRequestIdBytes) +
                            " bytes");
   }
-  if (layers.size() > kMaxLayers) return InvalidArgument("too many layers");
+  if (layers.size() > kKvMaxLayers) return InvalidArgument("too many layers");
   for (const auto& layer : layers) {
-    if (layer.size() > kMaxRangesPerLayer) return InvalidArgument("too many ranges in a layer");
+    if (layer.size() > kKvMaxRangesPerLayer) return InvalidArgument("too many ranges in a layer");
   }
   TANDEM_ASSIGN_OR_RETURN(uint64_t total, TotalBytes(layers));
   KvDescriptor d;
@@ -144,24 +144,24 @@ StatusOr<KvDescriptor> MakeDescriptor(uint64_t instance_id, std::string request_
 }
 
 std::string Encode(const PeerInfo& info) {
-  Writer w(WireType::kPeerInfo);
+  Writer w(KvWireType::kPeerInfo);
   w.U64(info.instance_id);
-  w.Str(info.transport, kMaxRequestIdBytes);
-  w.Str(info.worker_address, kMaxBlobBytes);
-  w.Str(info.packed_rkey, kMaxBlobBytes);
+  w.Str(info.transport, kKvMaxRequestIdBytes);
+  w.Str(info.worker_address, kKvMaxBlobBytes);
+  w.Str(info.packed_rkey, kKvMaxBlobBytes);
   w.U64(info.region_base);
   w.U64(info.region_bytes);
   return w.Finish();
 }
 
 std::string Encode(const KvDescriptor& d) {
-  TANDEM_CHECK(d.layers.size() <= kMaxLayers, "descriptor has too many layers");
-  Writer w(WireType::kKvDescriptor);
+  TANDEM_CHECK(d.layers.size() <= kKvMaxLayers, "descriptor has too many layers");
+  Writer w(KvWireType::kKvDescriptor);
   w.U64(d.instance_id);
-  w.Str(d.request_id, kMaxRequestIdBytes);
+  w.Str(d.request_id, kKvMaxRequestIdBytes);
   w.U32(static_cast<uint32_t>(d.layers.size()));
   for (const auto& layer : d.layers) {
-    TANDEM_CHECK(layer.size() <= kMaxRangesPerLayer, "descriptor layer has too many ranges");
+    TANDEM_CHECK(layer.size() <= kKvMaxRangesPerLayer, "descriptor layer has too many ranges");
     w.U32(static_cast<uint32_t>(layer.size()));
     for (const ByteRange& r : layer) {
       w.U64(r.offset);
@@ -173,42 +173,42 @@ std::string Encode(const KvDescriptor& d) {
 }
 
 std::string Encode(const TransferResult& result) {
-  Writer w(WireType::kTransferResult);
+  Writer w(KvWireType::kTransferResult);
   w.U64(result.instance_id);
-  w.Str(result.request_id, kMaxRequestIdBytes);
+  w.Str(result.request_id, kKvMaxRequestIdBytes);
   w.U32(static_cast<uint32_t>(result.code));
-  w.Str(result.message.size() <= kMaxMessageBytes ? result.message
-                                                  : result.message.substr(0, kMaxMessageBytes),
-        kMaxMessageBytes);
+  w.Str(result.message.size() <= kKvMaxMessageBytes ? result.message
+                                                  : result.message.substr(0, kKvMaxMessageBytes),
+        kKvMaxMessageBytes);
   w.U64(result.bytes);
   return w.Finish();
 }
 
-StatusOr<WireHeader> DecodeWireHeader(std::span<const uint8_t> bytes) {
-  if (bytes.size() < kWireHeaderBytes) {
+StatusOr<KvWireHeader> DecodeKvWireHeader(std::span<const uint8_t> bytes) {
+  if (bytes.size() < kKvWireHeaderBytes) {
     return DataLoss("wire: truncated header (" + std::to_string(bytes.size()) + " bytes)");
   }
-  if (ReadLe32(bytes.data()) != kWireMagic) return DataLoss("wire: bad magic");
+  if (ReadLe32(bytes.data()) != kKvWireMagic) return DataLoss("wire: bad magic");
   uint16_t version = bytes[4] | (bytes[5] << 8);
-  if (version != kWireVersion) {
+  if (version != kKvWireVersion) {
     return InvalidArgument("wire: unsupported version " + std::to_string(version) +
-                           " (this build speaks " + std::to_string(kWireVersion) + ")");
+                           " (this build speaks " + std::to_string(kKvWireVersion) + ")");
   }
   uint16_t type = bytes[6] | (bytes[7] << 8);
   if (type < 1 || type > 3) return InvalidArgument("wire: unknown type " + std::to_string(type));
   uint32_t body = ReadLe32(bytes.data() + 8);
-  if (body > kMaxWireBodyBytes) {
+  if (body > kKvMaxWireBodyBytes) {
     return InvalidArgument("wire: body of " + std::to_string(body) + " bytes over the limit");
   }
-  return WireHeader{static_cast<WireType>(type), kWireHeaderBytes + body};
+  return KvWireHeader{static_cast<KvWireType>(type), kKvWireHeaderBytes + body};
 }
 
 StatusOr<PeerInfo> DecodePeerInfo(std::span<const uint8_t> bytes) {
-  TANDEM_ASSIGN_OR_RETURN(auto body, OpenBody(bytes, WireType::kPeerInfo));
+  TANDEM_ASSIGN_OR_RETURN(auto body, OpenBody(bytes, KvWireType::kPeerInfo));
   Reader r(body);
   PeerInfo info;
-  if (!r.U64(&info.instance_id) || !r.Str(&info.transport, kMaxRequestIdBytes) ||
-      !r.Str(&info.worker_address, kMaxBlobBytes) || !r.Str(&info.packed_rkey, kMaxBlobBytes) ||
+  if (!r.U64(&info.instance_id) || !r.Str(&info.transport, kKvMaxRequestIdBytes) ||
+      !r.Str(&info.worker_address, kKvMaxBlobBytes) || !r.Str(&info.packed_rkey, kKvMaxBlobBytes) ||
       !r.U64(&info.region_base) || !r.U64(&info.region_bytes)) {
     return BodyError(r, "PeerInfo");
   }
@@ -220,15 +220,15 @@ StatusOr<PeerInfo> DecodePeerInfo(std::span<const uint8_t> bytes) {
 }
 
 StatusOr<KvDescriptor> DecodeKvDescriptor(std::span<const uint8_t> bytes) {
-  TANDEM_ASSIGN_OR_RETURN(auto body, OpenBody(bytes, WireType::kKvDescriptor));
+  TANDEM_ASSIGN_OR_RETURN(auto body, OpenBody(bytes, KvWireType::kKvDescriptor));
   Reader r(body);
   KvDescriptor d;
   uint32_t layer_count = 0;
-  if (!r.U64(&d.instance_id) || !r.Str(&d.request_id, kMaxRequestIdBytes) ||
+  if (!r.U64(&d.instance_id) || !r.Str(&d.request_id, kKvMaxRequestIdBytes) ||
       !r.U32(&layer_count)) {
     return BodyError(r, "KvDescriptor");
   }
-  if (layer_count > kMaxLayers) {
+  if (layer_count > kKvMaxLayers) {
     return InvalidArgument("wire: " + std::to_string(layer_count) + " layers over the limit");
   }
   // Each layer needs at least its 4-byte count: check before reserving.
@@ -238,7 +238,7 @@ StatusOr<KvDescriptor> DecodeKvDescriptor(std::span<const uint8_t> bytes) {
   for (auto& layer : d.layers) {
     uint32_t n = 0;
     if (!r.U32(&n)) return DataLoss("wire: truncated layer");
-    if (n > kMaxRangesPerLayer) {
+    if (n > kKvMaxRangesPerLayer) {
       return InvalidArgument("wire: " + std::to_string(n) + " ranges in a layer over the limit");
     }
     if (static_cast<uint64_t>(n) * 16 > r.left()) return DataLoss("wire: truncated ranges");
@@ -264,12 +264,12 @@ StatusOr<KvDescriptor> DecodeKvDescriptor(std::span<const uint8_t> bytes) {
 }
 
 StatusOr<TransferResult> DecodeTransferResult(std::span<const uint8_t> bytes) {
-  TANDEM_ASSIGN_OR_RETURN(auto body, OpenBody(bytes, WireType::kTransferResult));
+  TANDEM_ASSIGN_OR_RETURN(auto body, OpenBody(bytes, KvWireType::kTransferResult));
   Reader r(body);
   TransferResult result;
   uint32_t code = 0;
-  if (!r.U64(&result.instance_id) || !r.Str(&result.request_id, kMaxRequestIdBytes) ||
-      !r.U32(&code) || !r.Str(&result.message, kMaxMessageBytes) || !r.U64(&result.bytes)) {
+  if (!r.U64(&result.instance_id) || !r.Str(&result.request_id, kKvMaxRequestIdBytes) ||
+      !r.U32(&code) || !r.Str(&result.message, kKvMaxMessageBytes) || !r.U64(&result.bytes)) {
     return BodyError(r, "TransferResult");
   }
   TANDEM_RETURN_IF_ERROR(ExpectEnd(r, "TransferResult"));

@@ -23,19 +23,19 @@
 
 namespace tandem {
 
-inline constexpr uint32_t kWireMagic = 0x54564B54;  // "TKVT" as little-endian bytes
-inline constexpr uint16_t kWireVersion = 1;
-inline constexpr size_t kWireHeaderBytes = 12;
+inline constexpr uint32_t kKvWireMagic = 0x54564B54;  // "TKVT" as little-endian bytes
+inline constexpr uint16_t kKvWireVersion = 1;
+inline constexpr size_t kKvWireHeaderBytes = 12;
 
 // Limits that bound what a decoder will allocate.
-inline constexpr size_t kMaxWireBodyBytes = 64u << 20;
-inline constexpr size_t kMaxRequestIdBytes = 256;
-inline constexpr size_t kMaxBlobBytes = 64u << 10;  // worker address, packed rkey
-inline constexpr size_t kMaxMessageBytes = 4096;    // TransferResult message
-inline constexpr uint32_t kMaxLayers = 1024;
-inline constexpr uint32_t kMaxRangesPerLayer = 1u << 20;
+inline constexpr size_t kKvMaxWireBodyBytes = 64u << 20;
+inline constexpr size_t kKvMaxRequestIdBytes = 256;
+inline constexpr size_t kKvMaxBlobBytes = 64u << 10;  // worker address, packed rkey
+inline constexpr size_t kKvMaxMessageBytes = 4096;    // TransferResult message
+inline constexpr uint32_t kKvMaxLayers = 1024;
+inline constexpr uint32_t kKvMaxRangesPerLayer = 1u << 20;
 
-enum class WireType : uint16_t {
+enum class KvWireType : uint16_t {
   kPeerInfo = 1,
   kKvDescriptor = 2,
   kTransferResult = 3,
@@ -103,12 +103,12 @@ StatusOr<KvDescriptor> DecodeKvDescriptor(std::span<const uint8_t> bytes);
 StatusOr<TransferResult> DecodeTransferResult(std::span<const uint8_t> bytes);
 
 // Parses just the header: the type and the full message size (header + body). Bytes beyond the
-// header are not looked at, so a stream reader can call it after reading kWireHeaderBytes.
-struct WireHeader {
-  WireType type;
+// header are not looked at, so a stream reader can call it after reading kKvWireHeaderBytes.
+struct KvWireHeader {
+  KvWireType type;
   size_t message_bytes;
 };
-StatusOr<WireHeader> DecodeWireHeader(std::span<const uint8_t> bytes);
+StatusOr<KvWireHeader> DecodeKvWireHeader(std::span<const uint8_t> bytes);
 
 inline std::span<const uint8_t> AsBytes(const std::string& s) {
   return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};

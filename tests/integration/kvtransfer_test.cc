@@ -463,16 +463,19 @@ TEST_CASE("kvtransfer moves 10000 block lists between two processes", "[kvtransf
   auto puller = CreateUcxPuller(pool.region(), options);
   REQUIRE(puller.ok());
   REQUIRE((*puller)->Connect(child.info()).ok());
-  uint64_t blocks = MoveRequests(child, **puller, pool, 10000, 0, 2024);
+  // The emulated path is slow (see ucx_transport.h): fewer requests keep the test short.
+  const uint32_t count = mode == "sm-user-memory" ? 2000 : 10000;
+  uint64_t blocks = MoveRequests(child, **puller, pool, count, 0, 2024);
   CHECK(pool.free_count() == kBlocks);
   CHECK((*puller)->inflight_count() == 0);
   CHECK(ChildFreeCount(child) == kBlocks);
   std::string text = metrics.Render();
-  CHECK(text.find("tandem_kv_transfer_seconds_count 10000") != std::string::npos);
+  CHECK(text.find("tandem_kv_transfer_seconds_count " + std::to_string(count)) !=
+        std::string::npos);
   CHECK(text.find("tandem_kv_transfers_inflight 0") != std::string::npos);
   CHECK(child.Quit() == 0);
   double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  WARN(mode << ": 10000 requests, " << blocks << " blocks of " << kBlockBytes
+  WARN(mode << ": " << count << " requests, " << blocks << " blocks of " << kBlockBytes
                   << " B checked in " << seconds << " s");
 }
 
