@@ -404,18 +404,20 @@ struct DecodeServer::Impl : public EngineSink {
 
   void EngineLoop() {
     std::deque<Event> events;
+    bool worked = false;
     for (;;) {
       {
         std::unique_lock<std::mutex> lock(inbox_mutex);
-        if (inbox.empty() && Idle() && !stop_engine)
-          inbox_cv.wait_for(lock, std::chrono::milliseconds(50));
+        // Sleep unless the last step did work: waiting for blocks or a pull must not spin.
+        if (inbox.empty() && !worked)
+          inbox_cv.wait_for(lock, std::chrono::milliseconds(stop_engine ? 5 : 50));
         events.swap(inbox);
       }
       for (Event& e : events) Handle(e);
       events.clear();
       if (stop_engine && (Idle() || Clock::now() >= drain_deadline)) break;
       AdmitFromPullQueue();
-      engine->Step(*this);
+      worked = engine->Step(*this);
       PublishLoad();
     }
     // Whatever the drain did not finish ends now, with an error the router can report.

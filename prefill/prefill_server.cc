@@ -449,18 +449,20 @@ struct PrefillServer::Impl {
 
   void EngineLoop() {
     std::deque<Event> events;
+    bool worked = false;
     for (;;) {
       {
         std::unique_lock<std::mutex> lock(inbox_mutex);
-        if (inbox.empty() && queue.empty() && !stop_engine)
-          inbox_cv.wait_for(lock, std::chrono::milliseconds(50));
+        // Sleep unless the last step did work: waiting for blocks or a pull must not spin.
+        if (inbox.empty() && !worked)
+          inbox_cv.wait_for(lock, std::chrono::milliseconds(stop_engine ? 5 : 50));
         events.swap(inbox);
       }
       for (Event& e : events) Handle(e);
       events.clear();
       ExpireHeld();
       if (stop_engine && ((queue.empty() && held.empty()) || Clock::now() >= drain_deadline)) break;
-      Step();
+      worked = Step();
       PublishLoad();
     }
     const Status gone = Unavailable(name + " shut down before the request finished");

@@ -67,6 +67,7 @@ class Child {
     }
   }
   ~Child() { Kill(); }
+  void Signal(int signal_number) { kill(pid_, signal_number); }
   void Kill() {
     if (pid_ <= 0) return;
     kill(pid_, SIGKILL);
@@ -91,6 +92,28 @@ class Child {
  private:
   pid_t pid_ = -1;
 };
+
+// GET http://127.0.0.1:port/path; the whole response (the server closes after it), or "".
+std::string HttpGet(int port, const std::string& path) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  timeval tv{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  std::string out;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    std::string request = "GET " + path + " HTTP/1.1\r\nHost: localhost\r\n\r\n";
+    if (write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
+      char buf[4096];
+      ssize_t n;
+      while ((n = read(fd, buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
+    }
+  }
+  close(fd);
+  return out;
+}
 
 std::string Run(const std::string& command) {
   std::string out;
@@ -271,6 +294,16 @@ TEST_CASE("instances: prefill + decode stream the engine-alone tokens; decode ki
   CHECK_FALSE(router.hello(p).kv_peer_info.empty());
   CHECK(router.hello(d).role == InstanceRole::kDecode);
   CHECK(router.hello(p).model == "model");
+  {
+    std::string metrics = HttpGet(cluster.metrics_port, "/metrics");
+    CHECK(metrics.find("HTTP/1.1 200") == 0);
+    CHECK(metrics.find("tandem_num_requests_waiting{role=\"prefill\",model=\"model\"}") !=
+          std::string::npos);
+    CHECK(metrics.find("tandem_kv_cache_usage_ratio") != std::string::npos);
+    CHECK(metrics.find("tandem_prefill_batch_seconds_bucket") != std::string::npos);
+    CHECK(HttpGet(cluster.metrics_port, "/health").find("HTTP/1.1 200") == 0);
+    CHECK(HttpGet(cluster.metrics_port, "/nope").find("HTTP/1.1 404") == 0);
+  }
 
   const std::vector<int> lengths = {5, 16, 40, 70};  // 70 > token budget 32: chunked prefill
   const int max_tokens = 12;
@@ -299,16 +332,19 @@ TEST_CASE("instances: prefill + decode stream the engine-alone tokens; decode ki
            inbox.last_load[d].free_kv_blocks == inbox.last_load[d].total_kv_blocks;
   }));
 
-  // Two long requests: the second waits in decode's pull queue (watermark), so prefill holds
-  // its KV. kill -9 decode: prefill must free it.
+  // kill -9 decode while prefill holds KV for it. To make "holds" deterministic, decode is
+  // stopped (SIGSTOP) first: it accepts nothing more, so the KvReady for "held" waits in the
+  // socket and prefill keeps the blocks until the connection dies.
   Submit a = Greedy("long-a", Prompt(20, 7), 150, decode_address);
   a.sampling.ignore_eos = true;
-  Submit b = Greedy("long-b", Prompt(20, 8), 150, decode_address);
-  b.sampling.ignore_eos = true;
   router.Send(p, a);
+  REQUIRE(inbox.WaitFor(20s, [&] { return inbox.tokens["long-a"].size() >= 2; }));
+  decode.Signal(SIGSTOP);
+  Submit b = Greedy("held", Prompt(40, 8), 20, decode_address);
+  b.sampling.ignore_eos = true;
   router.Send(p, b);
   REQUIRE(inbox.WaitFor(20s, [&] {
-    return inbox.tokens["long-a"].size() >= 5 &&
+    return inbox.tokens["held"].size() == 1 &&
            inbox.last_load[p].free_kv_blocks < inbox.last_load[p].total_kv_blocks;
   }));
   decode.Kill();
@@ -391,7 +427,7 @@ TEST_CASE("instances: colocated streams the engine-alone tokens under preemption
   }));
 
   // kill -9 mid-stream: the router sees the connection drop (its requests are its to fail).
-  Submit s = Greedy("killed", Prompt(10, 4), 200, "");
+  Submit s = Greedy("killed", Prompt(10, 4), 80, "");  // 90 tokens: all 6 blocks
   s.sampling.ignore_eos = true;
   router.Send(c, s);
   REQUIRE(inbox.WaitFor(10s, [&] { return inbox.tokens["killed"].size() >= 2; }));
