@@ -232,6 +232,7 @@ struct Cluster {
   int decode_port = FreePort();
   int colocated_port = FreePort();
   int metrics_port = FreePort();
+  int colocated_metrics_port = FreePort();
 
   Cluster() {
     dir = fs::temp_directory_path() / ("tandem-instances-" + std::to_string(getpid()));
@@ -249,6 +250,7 @@ struct Cluster {
         << "decode:\n  port: " << decode_port << "\n  kv_blocks: 12\n  kv_usage_watermark: 0.1\n"
         // Six blocks for four concurrent requests: colocated must preempt to finish them.
         << "colocated:\n  port: " << colocated_port << "\n  kv_blocks: 6\n  token_budget: 24\n"
+        << "  metrics_port: " << colocated_metrics_port << "\n"
         << "kv_cache:\n  block_size: 16\n"
         << "transfer:\n  backend: ucx\n  ucx_tls: tcp\n  timeout_s: 5\n";
   }
@@ -378,7 +380,7 @@ TEST_CASE("instances: colocated streams the engine-alone tokens under preemption
   CHECK(router.hello(c).role == InstanceRole::kColocated);
 
   const std::vector<int> lengths = {20, 25, 9, 30};
-  const int max_tokens = 14;
+  const int max_tokens = 30;  // each needs 3-4 of the 6 blocks: preemption is certain
   for (size_t i = 0; i < lengths.size(); ++i) {
     Submit s = Greedy("c" + std::to_string(i), Prompt(lengths[i], 20 + i), max_tokens, "");
     s.sampling.ignore_eos = true;
@@ -415,6 +417,14 @@ TEST_CASE("instances: colocated streams the engine-alone tokens under preemption
   REQUIRE(inbox.WaitFor(5s, [&] {
     return inbox.last_load[c].free_kv_blocks == inbox.last_load[c].total_kv_blocks;
   }));
+  {
+    // Six blocks for four requests of three blocks each: some were preempted and recomputed.
+    std::string metrics = HttpGet(cluster.colocated_metrics_port, "/metrics");
+    const std::string name = "tandem_preemptions_total{role=\"colocated\",model=\"model\"} ";
+    size_t at = metrics.find(name);
+    REQUIRE(at != std::string::npos);
+    CHECK(std::stod(metrics.substr(at + name.size())) > 0);
+  }
   // A submit to a prefill-only field is fine here; a cancelled request ends with one Finish.
   Submit longer = Greedy("cancel-me", Prompt(10, 3), 80, "");
   longer.sampling.ignore_eos = true;
