@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "cluster/launcher.h"
 #include "common/config.h"
 #include "common/flags.h"
 #include "common/generate_cli.h"
@@ -11,6 +12,7 @@
 #include "decode/colocated_server.h"
 #include "decode/decode_server.h"
 #include "prefill/prefill_server.h"
+#include "router/router_main.h"
 
 #ifndef TANDEM_VERSION
 #define TANDEM_VERSION "dev"
@@ -51,6 +53,9 @@ struct Command {
 };
 
 const Command kCommands[] = {
+    {"serve", "start the default local cluster (medium model, router on :8000)", ServeMain},
+    {"up", "start and supervise a local cluster from a config file", UpMain},
+    {"router", "run the OpenAI-compatible router in front of the instances", RouterMain},
     {"make-model", "write a small HF checkpoint with seeded random weights", MakeModelMain},
     {"generate", "run the engine alone, greedily, on one prompt", GenerateMain},
     {"check-config", "validate a cluster config and print the effective values", CheckConfigMain},

@@ -1,0 +1,17 @@
+// `tandem router --config FILE [--SECTION.KEY=VALUE ...]`: the OpenAI-compatible HTTP front end
+// (router/router_service.h) over the cluster's control plane (router/cluster_backend.h).
+//
+// Serves on router.host:router.port. SIGHUP reloads the config file (with the same overrides)
+// and applies its placement policy and SLOs to new requests; requests in flight continue.
+// SIGTERM/SIGINT drain: no new connections, in-flight requests finish (bounded by 30 s), then
+// the process exits 0. Exit 1 on a start-up failure (config, model, port), 2 on bad flags.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace tandem {
+
+int RouterMain(const std::vector<std::string>& args);
+
+}  // namespace tandem
