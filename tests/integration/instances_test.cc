@@ -127,10 +127,11 @@ std::string Run(const std::string& command) {
 }
 
 std::vector<int32_t> EngineAlone(const std::string& model, const std::vector<int32_t>& prompt,
-                                 int max_tokens) {
+                                 int max_tokens, bool ignore_eos = false) {
   std::string ids;
   for (int32_t t : prompt) ids += (ids.empty() ? "" : ",") + std::to_string(t);
-  std::string out = Run(std::string(TANDEM_BINARY) + " generate --model " + model +
+  std::string out = Run(std::string(TANDEM_BINARY) + " generate " +
+                        (ignore_eos ? "--ignore-eos " : "") + "--model " + model +
                         " --prompt-ids " + ids + " --max-tokens " + std::to_string(max_tokens) +
                         " 2>/dev/null");
   size_t at = out.find("generated_ids:");
@@ -234,7 +235,11 @@ struct Cluster {
   int metrics_port = FreePort();
   int colocated_metrics_port = FreePort();
 
-  Cluster() {
+  // decode_extra: YAML lines for the decode section (after port).
+  explicit Cluster(const std::string& decode_extra =
+                       // A small decode pool with a low watermark: a second request waits in
+                       // the pull queue (prefill keeps holding its KV) while the first one runs.
+                       "  kv_blocks: 12\n  kv_usage_watermark: 0.1\n") {
     dir = fs::temp_directory_path() / ("tandem-instances-" + std::to_string(getpid()));
     fs::remove_all(dir);
     fs::create_directories(dir);
@@ -245,9 +250,7 @@ struct Cluster {
     out << "model:\n  path: " << model << "\n  max_model_len: 512\n"
         << "prefill:\n  port: " << prefill_port << "\n  kv_blocks: 64\n  token_budget: 32\n"
         << "  metrics_port: " << metrics_port << "\n  kv_hold_timeout_s: 20\n"
-        // A small decode pool with a low watermark: a second request waits in the pull queue
-        // (prefill keeps holding its KV) while the first one runs.
-        << "decode:\n  port: " << decode_port << "\n  kv_blocks: 12\n  kv_usage_watermark: 0.1\n"
+        << "decode:\n  port: " << decode_port << "\n" << decode_extra
         // Six blocks for four concurrent requests: colocated must preempt to finish them.
         << "colocated:\n  port: " << colocated_port << "\n  kv_blocks: 6\n  token_budget: 24\n"
         << "  metrics_port: " << colocated_metrics_port << "\n"
@@ -443,6 +446,62 @@ TEST_CASE("instances: colocated streams the engine-alone tokens under preemption
   REQUIRE(inbox.WaitFor(10s, [&] { return inbox.tokens["killed"].size() >= 2; }));
   colocated.Kill();
   REQUIRE(inbox.WaitFor(5s, [&] { return inbox.closed[c]; }));
+}
+
+TEST_CASE("instances: decode preempts and recomputes when its pool runs out, tokens unchanged",
+          "[instances]") {
+  // Eight decode blocks for four requests that grow to four blocks each.
+  const int decode_metrics_port = FreePort();
+  Cluster cluster("  kv_blocks: 8\n  kv_usage_watermark: 1.0\n  metrics_port: " +
+                  std::to_string(decode_metrics_port) + "\n");
+  Child prefill(cluster.Args("prefill"), cluster.Log("prefill"));
+  Child decode(cluster.Args("decode"), cluster.Log("decode"));
+  FakeRouter router;
+  const int p = router.Connect(cluster.prefill_port);
+  const int d = router.Connect(cluster.decode_port);
+  const std::string decode_address = "127.0.0.1:" + std::to_string(cluster.decode_port);
+  Inbox& inbox = router.inbox;
+  const std::vector<int> lengths = {18, 22, 12, 26};
+  const int max_tokens = 30;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    Submit s = Greedy("d" + std::to_string(i), Prompt(lengths[i], 40 + i), max_tokens,
+                      decode_address);
+    s.sampling.ignore_eos = true;
+    router.Send(p, s);
+  }
+  REQUIRE(inbox.WaitFor(40s, [&] {
+    for (size_t i = 0; i < lengths.size(); ++i)
+      if (inbox.finishes["d" + std::to_string(i)].empty()) return false;
+    return true;
+  }));
+  std::this_thread::sleep_for(300ms);
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    const std::string id = "d" + std::to_string(i);
+    std::vector<int32_t> expected =
+        EngineAlone(cluster.model, Prompt(lengths[i], 40 + i), max_tokens, /*ignore_eos=*/true);
+    std::lock_guard<std::mutex> lock(inbox.mutex);
+    INFO(id);
+    CHECK(inbox.tokens[id] == expected);
+    REQUIRE(inbox.finishes[id].size() == 1);
+    CHECK(inbox.finishes[id][0].finish_reason == "length");
+    CHECK(inbox.finishes[id][0].completion_tokens == max_tokens);
+  }
+  REQUIRE(inbox.WaitFor(5s, [&] {
+    return inbox.last_load[p].free_kv_blocks == inbox.last_load[p].total_kv_blocks &&
+           inbox.last_load[d].free_kv_blocks == inbox.last_load[d].total_kv_blocks;
+  }));
+  {
+    std::string metrics = HttpGet(decode_metrics_port, "/metrics");
+    const std::string name = "tandem_preemptions_total{role=\"decode\",model=\"model\"} ";
+    size_t at = metrics.find(name);
+    REQUIRE(at != std::string::npos);
+    CHECK(std::stod(metrics.substr(at + name.size())) > 0);
+    CHECK(metrics.find("tandem_kv_transfer_bytes_total") != std::string::npos);
+    CHECK(metrics.find("tandem_decode_step_seconds_bucket") != std::string::npos);
+  }
+  // SIGTERM with nothing in flight: both exit 0.
+  CHECK(decode.Terminate(10s) == 0);
+  CHECK(prefill.Terminate(10s) == 0);
 }
 
 }  // namespace
