@@ -7,6 +7,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -103,6 +104,7 @@ struct DecodeServer::Impl : public EngineSink {
     int32_t blocks_needed = 0;
     std::vector<int32_t> blocks;  // while pulling
     bool cancelled = false;
+    Clock::time_point arrived;
   };
   std::deque<PendingPull> pull_queue;
   std::map<std::string, PendingPull> pulling;
@@ -266,6 +268,7 @@ struct DecodeServer::Impl : public EngineSink {
         !s.ok())
       return reject(s);
     const int32_t bs = options.config.kv_cache.block_size;
+    p.arrived = Clock::now();
     p.blocks_needed = BlocksForPull(static_cast<int32_t>(ready.prompt.size()), bs);
     p.ready = std::move(ready);
     pull_queue.push_back(std::move(p));
@@ -364,7 +367,28 @@ struct DecodeServer::Impl : public EngineSink {
     if (auto* d = std::get_if<PullDoneEvent>(&event)) return HandlePullDone(*d);
   }
 
+  // Prefill frees unpulled KV after prefill.kv_hold_timeout_s (same cluster config). Pulling
+  // after that could read blocks it has reused, so a request that waited that long (less a
+  // margin) fails here instead of pulling.
+  void ExpireQueuedPulls() {
+    const auto limit = std::chrono::milliseconds(
+        static_cast<int64_t>(std::max(0.0, options.config.prefill.kv_hold_timeout_s - 1.0) * 1000));
+    const auto now = Clock::now();
+    for (auto it = pull_queue.begin(); it != pull_queue.end();) {
+      if (now - it->arrived < limit) {
+        ++it;
+        continue;
+      }
+      const Status late = DeadlineExceeded("waited for decode KV blocks longer than "
+                                           "prefill.kv_hold_timeout_s");
+      FinishError(it->ready.request_id, late, 1);
+      SendReleased(it->prefill, it->ready.request_id, late);
+      it = pull_queue.erase(it);
+    }
+  }
+
   void AdmitFromPullQueue() {
+    ExpireQueuedPulls();
     if (pull_queue.empty()) return;
     EngineStats stats = engine->Stats();
     if (stats.waiting > 0) return;  // preempted requests recompute before new ones come in

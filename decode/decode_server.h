@@ -6,7 +6,9 @@
 // watermark, a batch slot); then its blocks are allocated and its KV pulled with the KvPuller.
 // On success KvReleased OK goes to the prefill instance and the request joins the running batch;
 // on failure its blocks are freed, the router gets Finish with the error and prefill gets
-// KvReleased with it. Colocated: Submit (empty decode_address) is prefilled and decoded here.
+// KvReleased with it. A request that waited in the pull queue for prefill.kv_hold_timeout_s
+// (less 1 s) fails with DeadlineExceeded instead: prefill has freed (and may reuse) those
+// blocks by then. Submit to a decode instance is refused (FailedPrecondition). Colocated: Submit (empty decode_address) is prefilled and decoded here.
 // Tokens and Finish go to the router connection (the latest that said Hello as router);
 // LoadReport goes to every router connection every 100 ms.
 //
