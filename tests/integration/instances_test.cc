@@ -499,8 +499,18 @@ TEST_CASE("instances: decode preempts and recomputes when its pool runs out, tok
     CHECK(metrics.find("tandem_kv_transfer_bytes_total") != std::string::npos);
     CHECK(metrics.find("tandem_decode_step_seconds_bucket") != std::string::npos);
   }
-  // SIGTERM with nothing in flight: both exit 0.
+  // SIGTERM mid-stream: decode drains (the request completes), then exits 0.
+  Submit last = Greedy("drained", Prompt(10, 5), 60, decode_address);
+  last.sampling.ignore_eos = true;
+  router.Send(p, last);
+  REQUIRE(inbox.WaitFor(10s, [&] { return inbox.tokens["drained"].size() >= 2; }));
   CHECK(decode.Terminate(10s) == 0);
+  {
+    std::lock_guard<std::mutex> lock(inbox.mutex);
+    REQUIRE(inbox.finishes["drained"].size() == 1);
+    CHECK(inbox.finishes["drained"][0].finish_reason == "length");
+    CHECK(inbox.tokens["drained"].size() == 60);
+  }
   CHECK(prefill.Terminate(10s) == 0);
 }
 
