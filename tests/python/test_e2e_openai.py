@@ -1,0 +1,461 @@
+#!/usr/bin/env python3
+"""End to end: `tandem up` (2 prefill + 2 decode over UCX tcp) driven by the official `openai`
+client, compared token for token with a colocated cluster and with the engine alone; promtool
+on every role's /metrics; kill -9 of a decode instance under 20 streams.
+
+Env: TANDEM_BINARY (the tandem executable). Exit 0 = pass. Every cluster is stopped in a
+finally block (SIGTERM to the launcher, then SIGKILL to it and its children).
+"""
+import concurrent.futures
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+import httpx
+import openai
+import tokenizers
+
+BIN = os.environ.get("TANDEM_BINARY") or os.path.join(
+    os.path.dirname(__file__), "..", "..", "build", "tandem")
+READY_TIMEOUT_S = 90
+SEED = 1234
+FAILURES = []
+
+
+def check(cond, message):
+    if not cond:
+        FAILURES.append(message)
+        print("FAIL:", message, flush=True)
+    return cond
+
+
+def port_free(port):
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+TAKEN = set()
+
+
+def free_base(count, rng=random.Random()):
+    for _ in range(500):
+        base = rng.randrange(20000, 32000 - count)
+        ports = range(base, base + count)
+        if all(p not in TAKEN and port_free(p) for p in ports):
+            TAKEN.update(ports)
+            return base
+    raise RuntimeError("no free ports")
+
+
+def http_get(url, timeout=5):
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.status, r.read().decode()
+
+
+def children_of(pid):
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmd = f.read().split(b"\0")
+                out.append((int(entry), [c.decode() for c in cmd if c]))
+        except (OSError, IndexError, ValueError):
+            pass
+    return out
+
+
+class Cluster:
+    def __init__(self, name, model_dir, workdir, prefill=0, decode=0, colocated=0):
+        self.name = name
+        self.router_port = free_base(1)
+        sections = {}
+        self.metrics_ports = []
+        for section, n in (("prefill", prefill), ("decode", decode), ("colocated", colocated)):
+            entry = {"instances": n}
+            if n:
+                entry["port"] = free_base(n)
+                entry["metrics_port"] = free_base(n)
+                entry["threads"] = 1
+                self.metrics_ports += [(f"{section}-{i}", entry["metrics_port"] + i)
+                                       for i in range(n)]
+            sections[section] = entry
+        self.config = {
+            "model": {"path": model_dir, "name": "tiny-test", "max_model_len": 1024},
+            "router": {"host": "127.0.0.1", "port": self.router_port, "policy": "goodput"},
+            # Generous SLOs: this checks correctness on a shared CPU, not admission.
+            "slo": {"ttft_s": 60, "tpot_s": 10},
+            "transfer": {"backend": "ucx", "ucx_tls": "tcp"},
+            **sections,
+        }
+        self.config_path = os.path.join(workdir, f"{name}.yaml")
+        self.write_config()
+        self.log_path = os.path.join(workdir, f"{name}.log")
+        self.url = f"http://127.0.0.1:{self.router_port}"
+        self.proc = None
+        self.known_children = set()
+
+    def write_config(self):
+        with open(self.config_path, "w") as f:
+            json.dump(self.config, f, indent=1)  # JSON is YAML
+
+    def reload(self, policy):
+        """Switches the router's placement policy through SIGHUP (launcher -> router)."""
+        self.config["router"]["policy"] = policy
+        self.write_config()
+        self.proc.send_signal(signal.SIGHUP)
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            if f"policy {policy}" in self.tail(200):
+                return True
+            time.sleep(0.1)
+        return False
+
+    def start(self):
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen([BIN, "up", self.config_path], stdout=self.log,
+                                     stderr=subprocess.STDOUT)
+        deadline = time.time() + READY_TIMEOUT_S
+        while time.time() < deadline:
+            self.known_children.update(pid for pid, _ in children_of(self.proc.pid))
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name}: tandem up exited: {self.tail()}")
+            try:
+                if http_get(self.url + "/ready", timeout=2)[0] == 200:
+                    self.known_children.update(pid for pid, _ in children_of(self.proc.pid))
+                    return
+            except Exception:
+                pass
+            time.sleep(0.25)
+        raise RuntimeError(f"{self.name}: not ready after {READY_TIMEOUT_S} s: {self.tail()}")
+
+    def wait_ready(self, timeout):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            try:
+                if http_get(self.url + "/ready", timeout=2)[0] == 200:
+                    return True
+            except Exception:
+                pass
+            time.sleep(0.2)
+        return False
+
+    def child_pid(self, role, index):
+        for pid, cmd in children_of(self.proc.pid):
+            self.known_children.add(pid)
+            if len(cmd) > 1 and cmd[1] == role and "--index" in cmd and \
+                    cmd[cmd.index("--index") + 1] == str(index):
+                return pid
+        return None
+
+    def tail(self, n=40):
+        try:
+            with open(self.log_path) as f:
+                return "".join(f.readlines()[-n:])
+        except OSError:
+            return ""
+
+    def stop(self):
+        if self.proc is None:
+            return
+        keep = os.environ.get("TANDEM_E2E_LOG_DIR")
+        self.known_children.update(pid for pid, _ in children_of(self.proc.pid))
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for pid in self.known_children:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.log.close()
+        self.proc = None
+        if keep:
+            os.makedirs(keep, exist_ok=True)
+            with open(self.log_path) as src, open(os.path.join(keep, self.name + ".log"), "w") as dst:
+                dst.write(src.read())
+
+    def client(self):
+        # An explicit httpx client: openai 1.51's default wrapper passes `proxies`, which
+        # httpx >= 0.28 no longer takes.
+        return openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0,
+                             timeout=120, http_client=httpx.Client(trust_env=False, timeout=120))
+
+
+def engine_alone(model_dir, prompt, max_tokens):
+    """The engine's greedy ids and text for one prompt (bytes: no newline translation)."""
+    out = subprocess.run([BIN, "generate", "--model", model_dir, "--prompt-ids",
+                          ",".join(map(str, prompt)), "--max-tokens", str(max_tokens),
+                          "--ignore-eos"], capture_output=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    ids_marker, text_marker = b"\ngenerated_ids:", b"\ntext: "
+    i = out.stdout.find(ids_marker)
+    j = out.stdout.find(text_marker)
+    assert i >= 0 and j > i, out.stdout
+    ids = [int(x) for x in out.stdout[i + len(ids_marker):j].split()]
+    text = out.stdout[j + len(text_marker):]
+    text = text[:-1] if text.endswith(b"\n") else text
+    return ids, text.decode("utf-8", errors="replace")
+
+
+def same_output(cluster_text, engine, tokenizer):
+    """The cluster's text equals the engine's: its printed text, or (when that was cut by a NUL
+    byte, which printf cannot print) its ids decoded by the HF tokenizer."""
+    ids, text = engine
+    return cluster_text == text or cluster_text == tokenizer.decode(ids,
+                                                                    skip_special_tokens=True)
+
+
+def make_prompts(vocab):
+    rng = random.Random(SEED)
+    prompts = []
+    for i in range(50):
+        length = rng.choice([1, 3, 8, 17, 40, 90, 160, 300])
+        prompts.append(([rng.randrange(3, vocab) for _ in range(length)], rng.randrange(1, 24)))
+    return prompts
+
+
+def run_prompts(cluster, prompts):
+    client = cluster.client()
+
+    def one(item):
+        prompt, max_tokens = item
+        r = client.completions.create(model="tiny-test", prompt=prompt, max_tokens=max_tokens,
+                                      temperature=0, extra_body={"ignore_eos": True})
+        check(r.usage.prompt_tokens == len(prompt), f"{cluster.name}: prompt_tokens")
+        check(r.usage.completion_tokens == max_tokens,
+              f"{cluster.name}: completion_tokens {r.usage.completion_tokens} != {max_tokens}")
+        return r.choices[0].text
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        return list(pool.map(one, prompts))
+
+
+def api_checks(cluster):
+    client = cluster.client()
+    models = client.models.list()
+    check([m.id for m in models.data] == ["tiny-test"], f"models: {models}")
+
+    # Chat, not streamed and streamed (with usage): the same greedy text.
+    messages = [{"role": "user", "content": "Hello there"}]
+    r = client.chat.completions.create(model="tiny-test", messages=messages, max_tokens=12,
+                                       temperature=0, extra_body={"ignore_eos": True})
+    check(r.choices[0].finish_reason == "length", f"chat finish {r.choices[0].finish_reason}")
+    check(r.usage.completion_tokens == 12, f"chat usage {r.usage}")
+    check(r.usage.total_tokens == r.usage.prompt_tokens + 12, "chat total_tokens")
+    text = r.choices[0].message.content
+    stream = client.chat.completions.create(model="tiny-test", messages=messages, max_tokens=12,
+                                            temperature=0, stream=True,
+                                            stream_options={"include_usage": True},
+                                            extra_body={"ignore_eos": True})
+    parts, usage, finish = [], None, None
+    for chunk in stream:
+        if chunk.usage:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            parts.append(choice.delta.content or "")
+            finish = choice.finish_reason or finish
+    check("".join(parts) == text, f"chat stream text {''.join(parts)!r} != {text!r}")
+    check(usage is not None and usage.completion_tokens == 12
+          and usage.prompt_tokens == r.usage.prompt_tokens, f"chat stream usage {usage}")
+    check(finish == "length", f"chat stream finish {finish}")
+
+    # Completions, both ways.
+    r = client.completions.create(model="tiny-test", prompt="Once upon a time", max_tokens=10,
+                                  temperature=0, extra_body={"ignore_eos": True})
+    check(r.usage.completion_tokens == 10, f"completion usage {r.usage}")
+    text = r.choices[0].text
+    stream = client.completions.create(model="tiny-test", prompt="Once upon a time",
+                                       max_tokens=10, temperature=0, stream=True,
+                                       extra_body={"ignore_eos": True})
+    streamed = "".join(c.choices[0].text for c in stream if c.choices)
+    check(streamed == text, f"completion stream {streamed!r} != {text!r}")
+
+    # Errors arrive as the client's typed errors.
+    try:
+        client.completions.create(model="tiny-test", prompt="x", max_tokens=-1)
+        check(False, "max_tokens=-1 accepted")
+    except openai.BadRequestError as e:
+        check("max_tokens" in str(e), f"400 does not name the field: {e}")
+    try:
+        client.chat.completions.create(model="no-such-model", messages=messages)
+        check(False, "unknown model accepted")
+    except openai.NotFoundError:
+        pass
+
+
+def promtool_checks(cluster):
+    targets = [("router", cluster.router_port)] + cluster.metrics_ports
+    for name, port in targets:
+        status, body = http_get(f"http://127.0.0.1:{port}/metrics")
+        check(status == 200 and "tandem_" in body, f"{name} /metrics empty")
+        out = subprocess.run(["promtool", "check", "metrics"], input=body, capture_output=True,
+                             text=True)
+        check(out.returncode == 0, f"promtool rejects {name}'s metrics: {out.stdout}{out.stderr}")
+
+
+def fault_check(cluster):
+    # goodput sends everything to the decode instance with the most headroom; round_robin
+    # spreads the streams over both, so that the kill hits some and spares others.
+    check(cluster.reload("round_robin"), "SIGHUP reload to round_robin not applied")
+    client = cluster.client()
+    max_tokens = 600
+    results = [None] * 20
+    started = threading.Barrier(21)
+
+    def stream(i):
+        got = 0
+        try:
+            s = client.completions.create(model="tiny-test", prompt=[5 + i, 9, 11, 13],
+                                          max_tokens=max_tokens, temperature=0, stream=True,
+                                          stream_options={"include_usage": True},
+                                          extra_body={"ignore_eos": True})
+            first = True
+            usage = None
+            for chunk in s:
+                if first:
+                    first = False
+                    started.wait(timeout=60)
+                if chunk.usage:
+                    usage = chunk.usage
+                got += 1
+            results[i] = ("ok", usage.completion_tokens if usage else -1)
+        except openai.APIError as e:
+            results[i] = ("error", str(e))
+        except Exception as e:  # a broken stream is a failure of the test
+            results[i] = ("broken", repr(e))
+        finally:
+            try:
+                started.wait(timeout=0.01)
+            except threading.BrokenBarrierError:
+                pass
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(20)]
+    for t in threads:
+        t.start()
+    pid = cluster.child_pid("decode", 0)
+    check(pid is not None, "no decode-0 process")
+    try:
+        started.wait(timeout=60)
+    except threading.BrokenBarrierError:
+        pass
+    time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    killed_at = time.time()
+    for t in threads:
+        t.join(timeout=120)
+    errors = [r for r in results if r and r[0] == "error"]
+    oks = [r for r in results if r and r[0] == "ok"]
+    print(f"fault: {len(oks)} completed, {len(errors)} clean errors "
+          f"(streams ended {time.time() - killed_at:.1f} s after the kill)", flush=True)
+    check(len(errors) > 0, "fault: the kill hit no request (streams too short?)")
+    check(len(oks) + len(errors) == 20, f"fault: unaccounted streams {results}")
+    check(all(r[1] == max_tokens for r in oks), f"fault: short completions {oks}")
+    check(all("decode-0" in r[1] for r in errors), f"fault: errors not naming decode-0 {errors}")
+    check(len(oks) > 0, "fault: no request survived (decode-1 should have served some)")
+
+    # The supervisor brings decode-0 back and it serves again.
+    deadline = time.time() + 60
+    new_pid = None
+    while time.time() < deadline:
+        new_pid = cluster.child_pid("decode", 0)
+        if new_pid and new_pid != pid:
+            break
+        time.sleep(0.2)
+    check(new_pid and new_pid != pid, "decode-0 was not restarted")
+    decode0_metrics = dict(cluster.metrics_ports)["decode-0"]
+
+    def steps():
+        body = http_get(f"http://127.0.0.1:{decode0_metrics}/metrics")[1]
+        return sum(float(l.split()[-1]) for l in body.splitlines()
+                   if l.startswith("tandem_decode_step_seconds_count"))
+
+    served = False
+    deadline = time.time() + 60
+    while time.time() < deadline and not served:
+        try:
+            before = steps()
+        except Exception:
+            time.sleep(0.3)
+            continue
+        for i in range(6):
+            client.completions.create(model="tiny-test", prompt=[7, 8, 9], max_tokens=4,
+                                      temperature=0)
+        served = steps() > before
+        if not served:
+            time.sleep(0.5)
+    check(served, "restarted decode-0 did not serve requests")
+
+
+def main():
+    if not os.path.exists(BIN):
+        print("no tandem binary at", BIN)
+        return 1
+    t0 = time.time()
+    with tempfile.TemporaryDirectory(prefix="tandem-e2e-") as work:
+        model_dir = os.path.join(work, "tiny")
+        subprocess.run([BIN, "make-model", "--preset", "tiny", "--out", model_dir], check=True,
+                       capture_output=True)
+        with open(os.path.join(model_dir, "config.json")) as f:
+            vocab = json.load(f)["vocab_size"]
+        prompts = make_prompts(vocab)
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            engine_future = pool.map(lambda p: engine_alone(model_dir, p[0], p[1]), prompts)
+
+            disagg = Cluster("disagg", model_dir, work, prefill=2, decode=2)
+            try:
+                disagg.start()
+                print(f"disaggregated cluster ready ({time.time() - t0:.1f} s)", flush=True)
+                api_checks(disagg)
+                disagg_out = run_prompts(disagg, prompts)
+                promtool_checks(disagg)
+                fault_check(disagg)
+            except Exception:
+                print(disagg.tail(80))
+                raise
+            finally:
+                disagg.stop()
+            print(f"disaggregated checks done ({time.time() - t0:.1f} s)", flush=True)
+
+            coloc = Cluster("colocated", model_dir, work, colocated=2)
+            try:
+                coloc.start()
+                coloc_out = run_prompts(coloc, prompts)
+                promtool_checks(coloc)
+            except Exception:
+                print(coloc.tail(80))
+                raise
+            finally:
+                coloc.stop()
+            engine_out = list(engine_future)
+        tokenizer = tokenizers.Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json"))
+        for i, (a, b, c) in enumerate(zip(disagg_out, coloc_out, engine_out)):
+            check(same_output(a, c, tokenizer), f"prompt {i}: disaggregated {a!r} != engine {c}")
+            check(a == b, f"prompt {i}: disaggregated {a!r} != colocated {b!r}")
+    print(f"done in {time.time() - t0:.1f} s; {len(FAILURES)} failure(s)")
+    return 1 if FAILURES else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
