@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """End to end: `tandem up` (2 prefill + 2 decode over UCX tcp) driven by the official `openai`
 client, compared token for token with a colocated cluster and with the engine alone; promtool
-on every role's /metrics; kill -9 of a decode instance under 20 streams.
+on every role's /metrics; kill -9 of a decode and then a prefill instance under 20 streams.
 
 Env: TANDEM_BINARY (the tandem executable). Exit 0 = pass. Every cluster is stopped in a
 finally block (SIGTERM to the launcher, then SIGKILL to it and its children).
@@ -315,7 +315,7 @@ def promtool_checks(cluster):
         check(out.returncode == 0, f"promtool rejects {name}'s metrics: {out.stdout}{out.stderr}")
 
 
-def fault_check(cluster):
+def fault_check(cluster, role):
     # goodput sends everything to the decode instance with the most headroom; round_robin
     # spreads the streams over both, so that the kill hits some and spares others.
     check(cluster.reload("round_robin"), "SIGHUP reload to round_robin not applied")
@@ -354,8 +354,9 @@ def fault_check(cluster):
     threads = [threading.Thread(target=stream, args=(i,)) for i in range(20)]
     for t in threads:
         t.start()
-    pid = cluster.child_pid("decode", 0)
-    check(pid is not None, "no decode-0 process")
+    victim = f"{role}-0"
+    pid = cluster.child_pid(role, 0)
+    check(pid is not None, f"no {victim} process")
     try:
         started.wait(timeout=60)
     except threading.BrokenBarrierError:
@@ -367,29 +368,32 @@ def fault_check(cluster):
         t.join(timeout=120)
     errors = [r for r in results if r and r[0] == "error"]
     oks = [r for r in results if r and r[0] == "ok"]
-    print(f"fault: {len(oks)} completed, {len(errors)} clean errors "
+    print(f"fault ({victim}): {len(oks)} completed, {len(errors)} clean errors "
           f"(streams ended {time.time() - killed_at:.1f} s after the kill)", flush=True)
-    check(len(errors) > 0, "fault: the kill hit no request (streams too short?)")
+    if role == "decode":  # a prefill hands its streams on within milliseconds
+        check(len(errors) > 0, "fault: the kill hit no request (streams too short?)")
     check(len(oks) + len(errors) == 20, f"fault: unaccounted streams {results}")
     check(all(r[1] == max_tokens for r in oks), f"fault: short completions {oks}")
-    check(all("decode-0" in r[1] for r in errors), f"fault: errors not naming decode-0 {errors}")
-    check(len(oks) > 0, "fault: no request survived (decode-1 should have served some)")
+    if role == "decode":
+        check(all(victim in r[1] for r in errors), f"fault: errors not naming {victim} {errors}")
+    check(len(oks) > 0, f"fault: no request survived ({role}-1 should have served some)")
 
-    # The supervisor brings decode-0 back and it serves again.
+    # The supervisor brings the victim back and it serves again.
     deadline = time.time() + 60
     new_pid = None
     while time.time() < deadline:
-        new_pid = cluster.child_pid("decode", 0)
+        new_pid = cluster.child_pid(role, 0)
         if new_pid and new_pid != pid:
             break
         time.sleep(0.2)
-    check(new_pid and new_pid != pid, "decode-0 was not restarted")
-    decode0_metrics = dict(cluster.metrics_ports)["decode-0"]
+    check(new_pid and new_pid != pid, f"{victim} was not restarted")
+    victim_metrics = dict(cluster.metrics_ports)[victim]
+    counter = ("tandem_decode_step_seconds_count" if role == "decode"
+               else "tandem_prefill_batch_seconds_count")
 
     def steps():
-        body = http_get(f"http://127.0.0.1:{decode0_metrics}/metrics")[1]
-        return sum(float(l.split()[-1]) for l in body.splitlines()
-                   if l.startswith("tandem_decode_step_seconds_count"))
+        body = http_get(f"http://127.0.0.1:{victim_metrics}/metrics")[1]
+        return sum(float(l.split()[-1]) for l in body.splitlines() if l.startswith(counter))
 
     served = False
     deadline = time.time() + 60
@@ -405,7 +409,7 @@ def fault_check(cluster):
         served = steps() > before
         if not served:
             time.sleep(0.5)
-    check(served, "restarted decode-0 did not serve requests")
+    check(served, f"restarted {victim} did not serve requests")
 
 
 def main():
@@ -430,7 +434,8 @@ def main():
                 api_checks(disagg)
                 disagg_out = run_prompts(disagg, prompts)
                 promtool_checks(disagg)
-                fault_check(disagg)
+                fault_check(disagg, "decode")
+                fault_check(disagg, "prefill")
             except Exception:
                 print(disagg.tail(80))
                 raise
