@@ -141,55 +141,40 @@ void MetricsRegistry::CheckNew(const std::string& name, const std::vector<std::s
                  "counter '" + name + "' must end in _total");
 }
 
-Family<Counter>& MetricsRegistry::AddCounter(const std::string& name, const std::string& help,
-                                             const std::vector<std::string>& label_names) {
+template <typename T>
+Family<T>& MetricsRegistry::Add(MetricType type, std::vector<std::unique_ptr<Family<T>>>& owner,
+                               const std::string& name, const std::string& help,
+                               const std::vector<std::string>& label_names,
+                               std::vector<double> bounds) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (auto it = entries_.find(name); it != entries_.end()) {
-    TANDEM_CHECK(it->second.type == MetricType::kCounter, name + " registered with another type");
-    auto* family = static_cast<Family<Counter>*>(it->second.family);
+    TANDEM_CHECK(it->second.type == type, name + " registered with another type");
+    auto* family = static_cast<Family<T>*>(it->second.family);
     TANDEM_CHECK(family->label_names_ == label_names, name + " registered with other labels");
     return *family;
   }
-  CheckNew(name, label_names, MetricType::kCounter);
-  counters_.emplace_back(new Family<Counter>(name, help, label_names, {}));
-  entries_[name] = Entry{MetricType::kCounter, counters_.back().get()};
+  CheckNew(name, label_names, type);
+  owner.emplace_back(new Family<T>(name, help, label_names, std::move(bounds)));
+  entries_[name] = Entry{type, owner.back().get()};
   order_.push_back(name);
-  return *counters_.back();
+  return *owner.back();
+}
+
+Family<Counter>& MetricsRegistry::AddCounter(const std::string& name, const std::string& help,
+                                             const std::vector<std::string>& label_names) {
+  return Add(MetricType::kCounter, counters_, name, help, label_names, {});
 }
 
 Family<Gauge>& MetricsRegistry::AddGauge(const std::string& name, const std::string& help,
                                          const std::vector<std::string>& label_names) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (auto it = entries_.find(name); it != entries_.end()) {
-    TANDEM_CHECK(it->second.type == MetricType::kGauge, name + " registered with another type");
-    auto* family = static_cast<Family<Gauge>*>(it->second.family);
-    TANDEM_CHECK(family->label_names_ == label_names, name + " registered with other labels");
-    return *family;
-  }
-  CheckNew(name, label_names, MetricType::kGauge);
-  gauges_.emplace_back(new Family<Gauge>(name, help, label_names, {}));
-  entries_[name] = Entry{MetricType::kGauge, gauges_.back().get()};
-  order_.push_back(name);
-  return *gauges_.back();
+  return Add(MetricType::kGauge, gauges_, name, help, label_names, {});
 }
 
 Family<Histogram>& MetricsRegistry::AddHistogram(const std::string& name, const std::string& help,
                                                  const std::vector<std::string>& label_names,
                                                  std::vector<double> bounds) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (auto it = entries_.find(name); it != entries_.end()) {
-    TANDEM_CHECK(it->second.type == MetricType::kHistogram,
-                 name + " registered with another type");
-    auto* family = static_cast<Family<Histogram>*>(it->second.family);
-    TANDEM_CHECK(family->label_names_ == label_names, name + " registered with other labels");
-    return *family;
-  }
-  CheckNew(name, label_names, MetricType::kHistogram);
   TANDEM_CHECK(!bounds.empty(), name + ": a histogram needs buckets");
-  histograms_.emplace_back(new Family<Histogram>(name, help, label_names, std::move(bounds)));
-  entries_[name] = Entry{MetricType::kHistogram, histograms_.back().get()};
-  order_.push_back(name);
-  return *histograms_.back();
+  return Add(MetricType::kHistogram, histograms_, name, help, label_names, std::move(bounds));
 }
 
 std::string MetricsRegistry::Render() const {

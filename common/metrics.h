@@ -116,6 +116,10 @@ class MetricsRegistry {
     MetricType type;
     void* family;  // Family<Counter|Gauge|Histogram>*, owned by the matching vector below
   };
+  template <typename T>
+  Family<T>& Add(MetricType type, std::vector<std::unique_ptr<Family<T>>>& owner,
+                 const std::string& name, const std::string& help,
+                 const std::vector<std::string>& label_names, std::vector<double> bounds);
   void CheckNew(const std::string& name, const std::vector<std::string>& label_names,
                 MetricType type);
 

@@ -12,11 +12,12 @@ echo "== build: $((SECONDS - started)) s"
 ctest --test-dir build --output-on-failure --timeout 900 -j2
 echo "== tests: $((SECONDS - started)) s"
 
-# CUDA-on build: every .cu file must compile for sm_90 and the binary must link against
-# cuBLAS and NCCL. Nothing runs here (no GPU); tests/gpu/ runs on a lent GPU machine.
+# CUDA-on build: every CUDA source must compile for sm_90 (the target that compiles them and
+# nothing else, so that CI does not build the whole tree twice). Nothing runs here (no GPU);
+# tests/gpu/ runs on a lent GPU machine.
 if [[ -x /usr/local/cuda/bin/nvcc ]] || command -v nvcc >/dev/null; then
   cmake -S . -B build-cuda -G Ninja -DTANDEM_CUDA=ON -DTANDEM_BUILD_TESTS=OFF >/dev/null
-  cmake --build build-cuda -j2 --target tandem
+  cmake --build build-cuda -j2 --target tandem_cuda_objects
   echo "== CUDA build: $((SECONDS - started)) s"
 else
   echo "== CUDA build skipped: no nvcc"

@@ -41,23 +41,16 @@ struct CommandResult {
   std::string output;  // stdout and stderr together
 };
 
-// Runs a shell command, capturing its output. Used to drive the real `tandem` binary.
+// Runs a shell command, capturing stdout and stderr together; stdin_text (if any) is fed from a
+// file. Used to drive the real `tandem` binary and tools such as promtool.
 inline CommandResult RunCommand(const std::string& command, const std::string& stdin_text = "") {
+  TempDir dir;
+  std::string full = command;
+  if (!stdin_text.empty()) full += " < '" + dir.Write("stdin", stdin_text) + "'";
+  full += " 2>&1";
   CommandResult result;
-  std::string full = command + " 2>&1";
-  if (!stdin_text.empty()) {
-    TempDir dir;
-    std::string input = dir.Write("stdin", stdin_text);
-    full = command + " < '" + input + "' 2>&1";
-    FILE* pipe = popen(full.c_str(), "r");
-    std::array<char, 4096> buf;
-    size_t n;
-    while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) result.output.append(buf.data(), n);
-    int status = pclose(pipe);
-    result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    return result;
-  }
   FILE* pipe = popen(full.c_str(), "r");
+  if (!pipe) return result;
   std::array<char, 4096> buf;
   size_t n;
   while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) result.output.append(buf.data(), n);
