@@ -405,7 +405,11 @@ class UcxPublisher final : public KvPublisher {
       return UCS_OK;
     }
     Status s = self->Release(*result);
-    if (!s.ok()) {
+    // NotFound is expected: the owner may already have released the lease on the control
+    // plane's KvReleased, which can arrive before this message.
+    if (s.code() == StatusCode::kNotFound) {
+      TANDEM_LOG(kDebug) << "kvtransfer: result message: " << s.ToString();
+    } else if (!s.ok()) {
       TANDEM_LOG(kWarn) << "kvtransfer: result message: " << s.ToString();
     }
     return UCS_OK;
