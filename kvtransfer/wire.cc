@@ -1,5 +1,7 @@
 #include "kvtransfer/wire.h"
 
+#include "common/wire_codec.h"
+
 #include <cstring>
 #include <limits>
 #include <utility>
@@ -7,77 +9,9 @@
 namespace tandem {
 namespace {
 
-class Writer {
- public:
-  explicit Writer(KvWireType type) {
-    U32(kKvWireMagic);
-    U16(kKvWireVersion);
-    U16(static_cast<uint16_t>(type));
-    U32(0);  // body size, patched by Finish()
-  }
-  void U16(uint16_t v) { Raw(v, 2); }
-  void U32(uint32_t v) { Raw(v, 4); }
-  void U64(uint64_t v) { Raw(v, 8); }
-  void Str(const std::string& s, size_t limit) {
-    TANDEM_CHECK(s.size() <= limit, "wire string over its limit");
-    U32(static_cast<uint32_t>(s.size()));
-    out_.append(s);
-  }
-  std::string Finish() {
-    size_t body = out_.size() - kKvWireHeaderBytes;
-    TANDEM_CHECK(body <= kKvMaxWireBodyBytes, "wire message body over kKvMaxWireBodyBytes");
-    for (int i = 0; i < 4; ++i) out_[8 + i] = static_cast<char>((body >> (8 * i)) & 0xff);
-    return std::move(out_);
-  }
-
- private:
-  void Raw(uint64_t v, int n) {
-    for (int i = 0; i < n; ++i) out_.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-  }
-  std::string out_;
-};
-
-// Reads a body; every read checks the bytes left first and fails sticky.
-class Reader {
- public:
-  explicit Reader(std::span<const uint8_t> body) : data_(body) {}
-  bool U16(uint16_t* v) { return Raw(v, 2); }
-  bool U32(uint32_t* v) { return Raw(v, 4); }
-  bool U64(uint64_t* v) { return Raw(v, 8); }
-  // Fails with `limit_exceeded` set when the length is over `limit`.
-  bool Str(std::string* s, size_t limit) {
-    uint32_t n = 0;
-    if (!U32(&n)) return false;
-    if (n > limit) {
-      limit_exceeded_ = true;
-      return false;
-    }
-    if (n > left()) return false;
-    s->assign(reinterpret_cast<const char*>(data_.data() + pos_), n);
-    pos_ += n;
-    return true;
-  }
-  size_t left() const { return data_.size() - pos_; }
-  bool limit_exceeded() const { return limit_exceeded_; }
-  void set_limit_exceeded() { limit_exceeded_ = true; }
-
- private:
-  template <typename T>
-  bool Raw(T* v, int n) {
-    if (left() < static_cast<size_t>(n)) return false;
-    uint64_t x = 0;
-    for (int i = 0; i < n; ++i) x |= static_cast<uint64_t>(data_[pos_ + i]) << (8 * i);
-    pos_ += n;
-    *v = static_cast<T>(x);
-    return true;
-  }
-  std::span<const uint8_t> data_;
-  size_t pos_ = 0;
-  bool limit_exceeded_ = false;
-};
-
-uint32_t ReadLe32(const uint8_t* p) {
-  return p[0] | (p[1] << 8) | (p[2] << 16) | (static_cast<uint32_t>(p[3]) << 24);
+// Framing and bounded reads come from common/wire_codec.h; this file adds the KV messages.
+WireWriter Start(KvWireType type) {
+  return WireWriter(kKvWireMagic, kKvWireVersion, static_cast<uint16_t>(type));
 }
 
 // Checks the header and that the body is exactly the rest; returns the body.
@@ -99,12 +33,12 @@ StatusOr<std::span<const uint8_t>> OpenBody(std::span<const uint8_t> bytes, KvWi
   return bytes.subspan(kKvWireHeaderBytes);
 }
 
-Status BodyError(const Reader& r, const char* what) {
+Status BodyError(const WireReader& r, const char* what) {
   if (r.limit_exceeded()) return InvalidArgument(std::string("wire: ") + what + " over its limit");
   return DataLoss(std::string("wire: truncated ") + what);
 }
 
-Status ExpectEnd(const Reader& r, const char* what) {
+Status ExpectEnd(const WireReader& r, const char* what) {
   if (r.left() != 0) return DataLoss(std::string("wire: trailing bytes in ") + what);
   return Status();
 }
@@ -144,19 +78,19 @@ StatusOr<KvDescriptor> MakeDescriptor(uint64_t instance_id, std::string request_
 }
 
 std::string Encode(const PeerInfo& info) {
-  Writer w(KvWireType::kPeerInfo);
+  WireWriter w = Start(KvWireType::kPeerInfo);
   w.U64(info.instance_id);
   w.Str(info.transport, kKvMaxRequestIdBytes);
   w.Str(info.worker_address, kKvMaxBlobBytes);
   w.Str(info.packed_rkey, kKvMaxBlobBytes);
   w.U64(info.region_base);
   w.U64(info.region_bytes);
-  return w.Finish();
+  return w.Finish(kKvMaxWireBodyBytes);
 }
 
 std::string Encode(const KvDescriptor& d) {
   TANDEM_CHECK(d.layers.size() <= kKvMaxLayers, "descriptor has too many layers");
-  Writer w(KvWireType::kKvDescriptor);
+  WireWriter w = Start(KvWireType::kKvDescriptor);
   w.U64(d.instance_id);
   w.Str(d.request_id, kKvMaxRequestIdBytes);
   w.U32(static_cast<uint32_t>(d.layers.size()));
@@ -169,11 +103,11 @@ std::string Encode(const KvDescriptor& d) {
     }
   }
   w.U64(d.total_bytes);
-  return w.Finish();
+  return w.Finish(kKvMaxWireBodyBytes);
 }
 
 std::string Encode(const TransferResult& result) {
-  Writer w(KvWireType::kTransferResult);
+  WireWriter w = Start(KvWireType::kTransferResult);
   w.U64(result.instance_id);
   w.Str(result.request_id, kKvMaxRequestIdBytes);
   w.U32(static_cast<uint32_t>(result.code));
@@ -181,31 +115,24 @@ std::string Encode(const TransferResult& result) {
                                                   : result.message.substr(0, kKvMaxMessageBytes),
         kKvMaxMessageBytes);
   w.U64(result.bytes);
-  return w.Finish();
+  return w.Finish(kKvMaxWireBodyBytes);
 }
 
 StatusOr<KvWireHeader> DecodeKvWireHeader(std::span<const uint8_t> bytes) {
-  if (bytes.size() < kKvWireHeaderBytes) {
-    return DataLoss("wire: truncated header (" + std::to_string(bytes.size()) + " bytes)");
-  }
-  if (ReadLe32(bytes.data()) != kKvWireMagic) return DataLoss("wire: bad magic");
-  uint16_t version = bytes[4] | (bytes[5] << 8);
-  if (version != kKvWireVersion) {
-    return InvalidArgument("wire: unsupported version " + std::to_string(version) +
+  TANDEM_ASSIGN_OR_RETURN(FrameHeader header,
+                          DecodeFrameHeader(bytes, kKvWireMagic, kKvMaxWireBodyBytes, "wire"));
+  if (header.version != kKvWireVersion) {
+    return InvalidArgument("wire: unsupported version " + std::to_string(header.version) +
                            " (this build speaks " + std::to_string(kKvWireVersion) + ")");
   }
-  uint16_t type = bytes[6] | (bytes[7] << 8);
-  if (type < 1 || type > 3) return InvalidArgument("wire: unknown type " + std::to_string(type));
-  uint32_t body = ReadLe32(bytes.data() + 8);
-  if (body > kKvMaxWireBodyBytes) {
-    return InvalidArgument("wire: body of " + std::to_string(body) + " bytes over the limit");
-  }
-  return KvWireHeader{static_cast<KvWireType>(type), kKvWireHeaderBytes + body};
+  if (header.type < 1 || header.type > 3)
+    return InvalidArgument("wire: unknown type " + std::to_string(header.type));
+  return KvWireHeader{static_cast<KvWireType>(header.type), header.frame_bytes};
 }
 
 StatusOr<PeerInfo> DecodePeerInfo(std::span<const uint8_t> bytes) {
   TANDEM_ASSIGN_OR_RETURN(auto body, OpenBody(bytes, KvWireType::kPeerInfo));
-  Reader r(body);
+  WireReader r(body);
   PeerInfo info;
   if (!r.U64(&info.instance_id) || !r.Str(&info.transport, kKvMaxRequestIdBytes) ||
       !r.Str(&info.worker_address, kKvMaxBlobBytes) || !r.Str(&info.packed_rkey, kKvMaxBlobBytes) ||
@@ -221,7 +148,7 @@ StatusOr<PeerInfo> DecodePeerInfo(std::span<const uint8_t> bytes) {
 
 StatusOr<KvDescriptor> DecodeKvDescriptor(std::span<const uint8_t> bytes) {
   TANDEM_ASSIGN_OR_RETURN(auto body, OpenBody(bytes, KvWireType::kKvDescriptor));
-  Reader r(body);
+  WireReader r(body);
   KvDescriptor d;
   uint32_t layer_count = 0;
   if (!r.U64(&d.instance_id) || !r.Str(&d.request_id, kKvMaxRequestIdBytes) ||
@@ -265,7 +192,7 @@ StatusOr<KvDescriptor> DecodeKvDescriptor(std::span<const uint8_t> bytes) {
 
 StatusOr<TransferResult> DecodeTransferResult(std::span<const uint8_t> bytes) {
   TANDEM_ASSIGN_OR_RETURN(auto body, OpenBody(bytes, KvWireType::kTransferResult));
-  Reader r(body);
+  WireReader r(body);
   TransferResult result;
   uint32_t code = 0;
   if (!r.U64(&result.instance_id) || !r.Str(&result.request_id, kKvMaxRequestIdBytes) ||
