@@ -11,75 +11,22 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 
 import httpx
 import openai
 import tokenizers
 
+from cluster_util import FAILURES, check, children_of, free_base, http_get
+
 BIN = os.environ.get("TANDEM_BINARY") or os.path.join(
     os.path.dirname(__file__), "..", "..", "build", "tandem")
 READY_TIMEOUT_S = 90
 SEED = 1234
-FAILURES = []
-
-
-def check(cond, message):
-    if not cond:
-        FAILURES.append(message)
-        print("FAIL:", message, flush=True)
-    return cond
-
-
-def port_free(port):
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
-
-
-TAKEN = set()
-
-
-def free_base(count, rng=random.Random()):
-    for _ in range(500):
-        base = rng.randrange(20000, 32000 - count)
-        ports = range(base, base + count)
-        if all(p not in TAKEN and port_free(p) for p in ports):
-            TAKEN.update(ports)
-            return base
-    raise RuntimeError("no free ports")
-
-
-def http_get(url, timeout=5):
-    with urllib.request.urlopen(url, timeout=timeout) as r:
-        return r.status, r.read().decode()
-
-
-def children_of(pid):
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            if int(fields[1]) == pid:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    cmd = f.read().split(b"\0")
-                out.append((int(entry), [c.decode() for c in cmd if c]))
-        except (OSError, IndexError, ValueError):
-            pass
-    return out
 
 
 class Cluster:
