@@ -18,6 +18,7 @@
 #include <thread>
 #include <variant>
 
+#include "common/connection_table.h"
 #include "common/control_channel.h"
 #include "common/flags.h"
 #include "common/log.h"
@@ -77,10 +78,7 @@ struct DecodeServer::Impl : public EngineSink {
   std::thread engine_thread;
 
   // Connections (io threads and engine thread).
-  std::mutex conn_mutex;
-  std::map<uint64_t, ConnPtr> conns;
-  std::vector<uint64_t> router_ids;  // connections that said Hello as router; last = current
-  std::atomic<uint64_t> next_conn_id{1};
+  ConnectionTable connections;
 
   // Inbox: io/progress threads -> engine thread.
   std::mutex inbox_mutex;
@@ -137,20 +135,13 @@ struct DecodeServer::Impl : public EngineSink {
   }
 
   void OnAccept(ConnPtr conn) {
-    const uint64_t id = next_conn_id++;
-    {
-      std::lock_guard<std::mutex> lock(conn_mutex);
-      conns[id] = conn;
-    }
+    const uint64_t id = connections.Add(conn);
     std::weak_ptr<ControlConnection> weak = conn;
     conn->Start(
         [this, id, weak](ControlMessage message) {
           if (auto* hello = std::get_if<Hello>(&message)) {
             if (ConnPtr c = weak.lock()) c->Send(MakeHello());
-            if (hello->role == InstanceRole::kRouter) {
-              std::lock_guard<std::mutex> lock(conn_mutex);
-              router_ids.push_back(id);
-            }
+            if (hello->role == InstanceRole::kRouter) connections.MarkRouter(id);
             TANDEM_LOG(kInfo) << "hello from " << InstanceRoleName(hello->role) << " '"
                               << hello->name << "'";
             return;
@@ -158,22 +149,13 @@ struct DecodeServer::Impl : public EngineSink {
           Post(MessageEvent{id, weak, std::move(message)});
         },
         [this, id](const Status& reason) {
-          {
-            std::lock_guard<std::mutex> lock(conn_mutex);
-            conns.erase(id);
-            std::erase(router_ids, id);
-          }
+          connections.Remove(id);
           TANDEM_LOG(kDebug) << "connection " << id << " closed: " << reason.ToString();
           Post(ClosedEvent{id});
         });
   }
 
-  ConnPtr Router() {
-    std::lock_guard<std::mutex> lock(conn_mutex);
-    if (router_ids.empty()) return nullptr;
-    auto it = conns.find(router_ids.back());
-    return it == conns.end() ? nullptr : it->second;
-  }
+  ConnPtr Router() { return connections.Router(); }
 
   void ScheduleReport() {
     report_timer->expires_after(std::chrono::milliseconds(100));
@@ -184,13 +166,7 @@ struct DecodeServer::Impl : public EngineSink {
         std::lock_guard<std::mutex> lock(load_mutex);
         report = load;
       }
-      std::vector<ConnPtr> routers;
-      {
-        std::lock_guard<std::mutex> lock(conn_mutex);
-        for (uint64_t id : router_ids)
-          if (auto it = conns.find(id); it != conns.end()) routers.push_back(it->second);
-      }
-      for (auto& r : routers) r->Send(report);
+      for (const ConnPtr& r : connections.Routers()) r->Send(report);
       ScheduleReport();
     });
   }
@@ -553,8 +529,7 @@ void DecodeServer::Stop() {
   boost::asio::post(impl.io, [&impl] {
     impl.report_timer->cancel();
     impl.listener->Stop();
-    std::lock_guard<std::mutex> lock(impl.conn_mutex);
-    for (auto& [id, c] : impl.conns) c->Close();
+    impl.connections.CloseAll();
   });
   impl.work.reset();
   std::this_thread::sleep_for(std::chrono::milliseconds(100));

@@ -18,6 +18,7 @@
 #include <thread>
 #include <variant>
 
+#include "common/connection_table.h"
 #include "common/control_channel.h"
 #include "common/control_wire.h"
 #include "common/flags.h"
@@ -90,10 +91,7 @@ struct PrefillServer::Impl {
   std::unique_ptr<MetricsHttpServer> http;
   std::thread engine_thread;
 
-  std::mutex conn_mutex;
-  std::map<uint64_t, ConnPtr> conns;  // accepted and outbound
-  std::vector<uint64_t> router_ids;
-  std::atomic<uint64_t> next_conn_id{1};
+  ConnectionTable connections;  // accepted and outbound
 
   std::mutex inbox_mutex;
   std::condition_variable inbox_cv;
@@ -149,21 +147,14 @@ struct PrefillServer::Impl {
 
   // Starts reading a connection (accepted or outbound); returns its id.
   uint64_t Adopt(const ConnPtr& conn, bool reply_hello) {
-    const uint64_t id = next_conn_id++;
-    {
-      std::lock_guard<std::mutex> lock(conn_mutex);
-      conns[id] = conn;
-    }
+    const uint64_t id = connections.Add(conn);
     std::weak_ptr<ControlConnection> weak = conn;
     conn->Start(
         [this, id, weak, reply_hello](ControlMessage message) {
           if (auto* hello = std::get_if<Hello>(&message)) {
             if (reply_hello)
               if (ConnPtr c = weak.lock()) c->Send(MakeHello());
-            if (hello->role == InstanceRole::kRouter) {
-              std::lock_guard<std::mutex> lock(conn_mutex);
-              router_ids.push_back(id);
-            }
+            if (hello->role == InstanceRole::kRouter) connections.MarkRouter(id);
             TANDEM_LOG(kInfo) << "hello from " << InstanceRoleName(hello->role) << " '"
                               << hello->name << "'";
             return;
@@ -171,23 +162,14 @@ struct PrefillServer::Impl {
           Post(MessageEvent{id, std::move(message)});
         },
         [this, id](const Status& reason) {
-          {
-            std::lock_guard<std::mutex> lock(conn_mutex);
-            conns.erase(id);
-            std::erase(router_ids, id);
-          }
+          connections.Remove(id);
           TANDEM_LOG(kDebug) << "connection " << id << " closed: " << reason.ToString();
           Post(ClosedEvent{id});
         });
     return id;
   }
 
-  ConnPtr Router() {
-    std::lock_guard<std::mutex> lock(conn_mutex);
-    if (router_ids.empty()) return nullptr;
-    auto it = conns.find(router_ids.back());
-    return it == conns.end() ? nullptr : it->second;
-  }
+  ConnPtr Router() { return connections.Router(); }
 
   void ScheduleReport() {
     report_timer->expires_after(std::chrono::milliseconds(100));
@@ -198,13 +180,7 @@ struct PrefillServer::Impl {
         std::lock_guard<std::mutex> lock(load_mutex);
         report = load;
       }
-      std::vector<ConnPtr> routers;
-      {
-        std::lock_guard<std::mutex> lock(conn_mutex);
-        for (uint64_t id : router_ids)
-          if (auto it = conns.find(id); it != conns.end()) routers.push_back(it->second);
-      }
-      for (auto& r : routers) r->Send(report);
+      for (const ConnPtr& r : connections.Routers()) r->Send(report);
       ScheduleReport();
     });
   }
@@ -576,8 +552,7 @@ void PrefillServer::Stop() {
   boost::asio::post(impl.io, [&impl] {
     impl.report_timer->cancel();
     impl.listener->Stop();
-    std::lock_guard<std::mutex> lock(impl.conn_mutex);
-    for (auto& [id, c] : impl.conns) c->Close();
+    impl.connections.CloseAll();
   });
   impl.work.reset();
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
