@@ -1,28 +1,18 @@
 // ClusterBackend against fake instances that speak the real control protocol over TCP.
 #include <catch2/catch.hpp>
 
-#include <boost/asio/executor_work_guard.hpp>
 #include <condition_variable>
 #include <thread>
 
 #include "common/control_channel.h"
+#include "io_thread.h"
 #include "router/cluster_backend.h"
 
 using namespace tandem;
 using namespace std::chrono_literals;
+using test::IoThread;
 
 namespace {
-
-struct IoThread {
-  boost::asio::io_context io;
-  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> guard{io.get_executor()};
-  std::thread thread{[this] { io.run(); }};
-  ~IoThread() {
-    guard.reset();
-    io.stop();
-    thread.join();
-  }
-};
 
 template <typename Pred>
 bool WaitFor(Pred pred, std::chrono::milliseconds limit = 5000ms) {

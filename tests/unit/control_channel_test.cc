@@ -1,28 +1,17 @@
 #include <catch2/catch.hpp>
 
-#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/write.hpp>
 #include <condition_variable>
 #include <thread>
 
 #include "common/control_channel.h"
+#include "io_thread.h"
 
 using namespace tandem;
 using namespace std::chrono_literals;
+using test::IoThread;
 
 namespace {
-
-// An io_context running on its own thread for the test's lifetime.
-struct IoThread {
-  boost::asio::io_context io;
-  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> guard{io.get_executor()};
-  std::thread thread{[this] { io.run(); }};
-  ~IoThread() {
-    guard.reset();
-    io.stop();
-    thread.join();
-  }
-};
 
 // Collects what a connection receives; Wait* bound every wait.
 struct Inbox {
