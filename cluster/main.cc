@@ -5,6 +5,9 @@
 #include <vector>
 
 #include "cluster/launcher.h"
+#include "cluster/planner.h"
+#include "cluster/profile.h"
+#include "cluster/simulator.h"
 #include "common/config.h"
 #include "common/flags.h"
 #include "common/generate_cli.h"
@@ -12,6 +15,7 @@
 #include "decode/colocated_server.h"
 #include "decode/decode_server.h"
 #include "prefill/prefill_server.h"
+#include "perf/bench.h"
 #include "router/router_main.h"
 
 #ifndef TANDEM_VERSION
@@ -62,6 +66,10 @@ const Command kCommands[] = {
     {"prefill", "run a prefill instance (batches prompts, hands KV to decode)", PrefillMain},
     {"decode", "run a decode instance (pulls KV, continuous batching of decode)", DecodeMain},
     {"colocated", "run a colocated instance (prefill + decode in one engine)", ColocatedMain},
+    {"bench", "load-test a running cluster over the OpenAI API; `bench sweep` finds goodput", BenchMain},
+    {"profile", "measure prefill/decode step times here and fit the latency model", ProfileMain},
+    {"simulate", "simulate a cluster config on a workload with a latency model", SimulateMain},
+    {"plan", "choose prefill/decode parallelism and instance counts for a workload", PlanMain},
 };
 
 void PrintHelp(FILE* out) {

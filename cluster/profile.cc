@@ -1,0 +1,13 @@
+// Placeholder until the command lands (being written in this change set).
+#include "cluster/profile.h"
+
+#include <cstdio>
+
+namespace tandem {
+
+int ProfileMain(const std::vector<std::string>&) {
+  std::fprintf(stderr, "not built yet\n");
+  return 1;
+}
+
+}  // namespace tandem

@@ -1,0 +1,50 @@
+// A discrete-event simulator of a Tandem cluster: the router's placement policy in front of
+// prefill, decode and colocated instances, each running the same scheduling rules as the real
+// servers (prefill: FCFS batches by token budget; decode: continuous batching with a KV block
+// pool and back-pressure on pulls; colocated: the vLLM-style mixed steps of
+// decode/colocated_scheduler.h), with step times from a latency model (common/latency_model.h)
+// and KV transfer time from its transfer model.
+//
+// It answers "what would this cluster do with this workload" without running it: the bench
+// sweep compares it with measured runs (same requests, same arrivals) and the planner
+// (cluster/planner.h) uses it to search layouts far larger than one machine.
+//
+// Deterministic: the same inputs give the same outcomes. Single-threaded; any thread.
+#pragma once
+
+#include <vector>
+
+#include "cluster/workload.h"
+#include "common/config.h"
+#include "common/latency_model.h"
+#include "common/status.h"
+
+namespace tandem {
+
+struct SimulationOptions {
+  // Router-side overhead per request (tokenize, place, first-token relay), added to TTFT.
+  double router_overhead_s = 0.0;
+  // How often instances report load to the router (the placement sees reports this old).
+  double load_report_interval_s = 0.0;  // 0 = the router sees the exact state
+};
+
+struct SimulationResult {
+  std::vector<RequestOutcome> outcomes;  // one per request, in request order
+  double makespan_s = 0;                 // first arrival to last completion
+};
+
+// Simulates `requests` (prompt_tokens must be known, >= 1) on the cluster described by
+// `config` (instance counts, threads/tensor_parallel, batch limits, KV blocks, router policy and
+// SLO), with the entry of `models` that matches each instance's device/threads/tensor_parallel.
+// InvalidArgument when an instance shape has no latency model entry (naming the shape), or a
+// request has no known prompt length.
+StatusOr<SimulationResult> Simulate(const ClusterConfig& config, const LatencyModelFile& models,
+                                    const std::vector<WorkloadRequest>& requests,
+                                    const SimulationOptions& options = {});
+
+// `tandem simulate --config CLUSTER.yaml --latency-model LM.yaml (--workload NAME --rate R
+//  --num-requests N --seed S | --trace FILE.jsonl) [--out FILE.json]`: prints the run summary
+// table (same columns as `tandem bench`) and writes per-request outcomes.
+int SimulateMain(const std::vector<std::string>& args);
+
+}  // namespace tandem
