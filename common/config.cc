@@ -151,6 +151,7 @@ void ReadInstance(Validator* v, YAML::Node node, const std::string& name, Instan
   sec.Int("threads", &s->threads, 1, 1024);
   sec.String("device", &s->device, {"cpu", "cuda"});
   sec.Int("tensor_parallel", &s->tensor_parallel, 1, 64);
+  sec.Int("pipeline_parallel", &s->pipeline_parallel, 1, 64);
   sec.Int("kv_blocks", &s->kv_blocks, 0, 1 << 24);
   sec.Int("max_batch_size", &s->max_batch_size, 1, 4096);
   sec.Int("token_budget", &s->token_budget, 1, 1 << 20);
@@ -181,6 +182,7 @@ void ReadConfig(Validator* v, const YAML::Node& root, ClusterConfig* c) {
     sec.Int("max_body_bytes", &c->router.max_body_bytes, 1024, 1 << 30);
     sec.Double("request_timeout_s", &c->router.request_timeout_s, 0.001, 86400);
     sec.Int("http_threads", &c->router.http_threads, 1, 256);
+    sec.String("latency_model", &c->router.latency_model);
   }
   ReadInstance(v, top.Child("prefill"), "prefill", &c->prefill);
   ReadInstance(v, top.Child("decode"), "decode", &c->decode);
@@ -314,6 +316,7 @@ std::string ConfigToYaml(const ClusterConfig& c) {
     out << YAML::Key << "threads" << YAML::Value << s.threads;
     out << YAML::Key << "device" << YAML::Value << s.device;
     out << YAML::Key << "tensor_parallel" << YAML::Value << s.tensor_parallel;
+    out << YAML::Key << "pipeline_parallel" << YAML::Value << s.pipeline_parallel;
     out << YAML::Key << "kv_blocks" << YAML::Value << s.kv_blocks;
     out << YAML::Key << "max_batch_size" << YAML::Value << s.max_batch_size;
     out << YAML::Key << "token_budget" << YAML::Value << s.token_budget;
@@ -340,6 +343,7 @@ std::string ConfigToYaml(const ClusterConfig& c) {
   out << YAML::Key << "max_body_bytes" << YAML::Value << c.router.max_body_bytes;
   out << YAML::Key << "request_timeout_s" << YAML::Value << c.router.request_timeout_s;
   out << YAML::Key << "http_threads" << YAML::Value << c.router.http_threads;
+  out << YAML::Key << "latency_model" << YAML::Value << c.router.latency_model;
   out << YAML::EndMap;
   instance("prefill", c.prefill);
   instance("decode", c.decode);

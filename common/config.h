@@ -31,6 +31,10 @@ struct RouterSection {
   int max_body_bytes = 8 << 20;        // beyond this, 413
   double request_timeout_s = 600;
   int http_threads = 2;
+  // Latency model YAML from `tandem profile` (common/latency_model.h) for the goodput policy;
+  // empty = predict from the instances' measured averages. A relative path is relative to the
+  // config file's directory.
+  std::string latency_model;
 };
 
 // Shared by prefill, decode and colocated instances.
@@ -39,6 +43,7 @@ struct InstanceSection {
   int threads = 1;            // CPU threads for the forward pass
   std::string device = "cpu";  // cpu|cuda
   int tensor_parallel = 1;
+  int pipeline_parallel = 1;  // pipeline stages (GPU planner output; CPU instances use 1)
   int kv_blocks = 0;          // 0 = size the pool from max_model_len and max_batch_size
   int max_batch_size = 64;    // sequences in one forward pass
   int token_budget = 2048;    // prefill: tokens in one batch
