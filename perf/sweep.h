@@ -1,0 +1,50 @@
+// `tandem bench sweep`: goodput of local clusters, measured (and simulated beside it).
+//
+//   tandem bench sweep --cluster NAME=CONFIG.yaml [--cluster ...] --workload W[,W2]
+//       --slo-ttft X --slo-tpot Y [--rates R1,R2,...] [--num-requests N | --duration-s D]
+//       [--target 0.9] [--cores-per NAME=K] [--latency-model LM.yaml] [--out-dir DIR]
+//       [--binary PATH] [--seed S] [--slo-scale-rate R]
+//
+// For each cluster, in order: starts `BINARY up CONFIG` (own process group, stdout and stderr
+// to DIR/NAME.log, SIGTERM to it should the sweep die), waits (bounded) for its line
+// "tandem: ready at http://HOST:PORT (model NAME)", then for each workload runs the rates in
+// increasing order (the same seed at every rate: every cluster sees the same requests at a
+// given rate) until the first rate whose SLO attainment is below the target; then SIGTERM to
+// the cluster, SIGKILL after --stop-timeout-s. With --latency-model every measured run is also
+// simulated (cluster/simulator.h) on the same requests and the cluster's config; a simulator
+// error is printed and the sweep goes on.
+//
+// Goodput = the highest measured rate with attainment >= target (0 when the first fails);
+// "crossing" = the rate where attainment crosses the target, interpolated linearly between the
+// last passing and the first failing point (the last rate when none failed, 0 when the first
+// rate already failed). Per-core goodput =
+// goodput / cores, cores = sum over instance sections of instances * threads, or --cores-per.
+//
+// DIR gets: NAME_WORKLOAD_rRATE.json per run (as `tandem bench --out`, plus "simulated"),
+// sweep.json (every point, goodput rows, SLO-scale curves), NAME.log per cluster, and for each
+// workload attainment_W.{gp,png} (+ one .dat per cluster: rate, measured, simulated) and
+// slo_scale_W.{dat,gp,png}: attainment when both SLOs are scaled by 0.25..4, rescored from each
+// cluster's run at the highest rate every cluster ran (or --slo-scale-rate). `gnuplot X.gp`
+// in DIR remakes a plot. A table (cluster x workload: goodput, crossing, cores, per-core
+// goodput, ratio to the first cluster) ends the output.
+//
+// Exit codes: 0 when every cluster ran and the plots were made, 1 otherwise (after writing
+// what there is), 2 for a bad flag.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace tandem {
+
+int SweepMain(const std::vector<std::string>& args);
+
+// The goodput of one (cluster, workload) from its measured points, rates ascending.
+struct GoodputEstimate {
+  double goodput = 0;   // highest rate with attainment >= target, 0 if none
+  double crossing = 0;  // interpolated crossing of the target
+};
+GoodputEstimate EstimateGoodput(const std::vector<double>& rates,
+                                const std::vector<double>& attainments, double target);
+
+}  // namespace tandem
