@@ -1,6 +1,17 @@
 #include "common/latency_model.h"
 
+#include <yaml-cpp/yaml.h>
+
 #include <algorithm>
+#include <array>
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <limits>
+#include <set>
+#include <sstream>
 
 namespace tandem {
 
@@ -49,6 +60,408 @@ const LatencyModel* LatencyModelFile::Find(const std::string& device, int thread
       return &m;
   }
   return nullptr;
+}
+
+
+namespace {
+
+// Shortest text that reads back as the same double (so a written file round-trips exactly).
+std::string FormatNumber(double value) {
+  char buffer[64];
+  auto [end, ec] = std::to_chars(buffer, buffer + sizeof buffer, value);
+  if (ec != std::errc()) return "0";
+  return std::string(buffer, end);
+}
+
+// ---- YAML reading: every error names file:line:column and the dotted field ----------------
+
+class Errors {
+ public:
+  explicit Errors(std::string source) : source_(std::move(source)) {}
+  void Add(const YAML::Node& node, const std::string& field, const std::string& what) {
+    std::string where = source_;
+    if (node.IsDefined() && !node.Mark().is_null())
+      where += ":" + std::to_string(node.Mark().line + 1) + ":" +
+               std::to_string(node.Mark().column + 1);
+    list_.push_back(where + ": " + field + ": " + what);
+  }
+  const std::vector<std::string>& list() const { return list_; }
+
+ private:
+  std::string source_;
+  std::vector<std::string> list_;
+};
+
+std::string Describe(const YAML::Node& node) {
+  if (node.IsScalar()) return "'" + node.Scalar() + "'";
+  if (node.IsSequence()) return "a list";
+  if (node.IsMap()) return "a mapping";
+  return "nothing";
+}
+
+// The fields of one mapping; keys never read are reported as unknown by the destructor.
+class Fields {
+ public:
+  Fields(Errors* errors, YAML::Node node, std::string prefix)
+      : errors_(errors), node_(std::move(node)), prefix_(std::move(prefix)) {
+    if (!node_.IsMap()) {
+      errors_->Add(node_, prefix_, "must be a mapping, got " + Describe(node_));
+      valid_ = false;
+    }
+  }
+  ~Fields() {
+    if (!valid_) return;
+    for (auto it = node_.begin(); it != node_.end(); ++it) {
+      std::string key = it->first.Scalar();
+      if (!seen_.count(key)) errors_->Add(it->first, Field(key), "unknown key");
+    }
+  }
+  Fields(const Fields&) = delete;
+  Fields& operator=(const Fields&) = delete;
+
+  // Each reader leaves *out unchanged when the key is absent (and complains if `required`).
+  void Number(const char* key, double* out, double min, bool required = false) {
+    YAML::Node n = Take(key, required);
+    if (!n) return;
+    std::string text = n.IsScalar() ? n.Scalar() : "";
+    char* end = nullptr;
+    double value = std::strtod(text.c_str(), &end);
+    if (!n.IsScalar() || text.empty() || *end != '\0' || !std::isfinite(value) || value < min) {
+      std::string range = min == -std::numeric_limits<double>::infinity()
+                              ? "a number"
+                              : "a number >= " + FormatNumber(min);
+      errors_->Add(n, Field(key), "must be " + range + ", got " + Describe(n));
+      return;
+    }
+    *out = value;
+  }
+  void Int(const char* key, int* out, long min, long max) {
+    YAML::Node n = Take(key, false);
+    if (!n) return;
+    std::string text = n.IsScalar() ? n.Scalar() : "";
+    char* end = nullptr;
+    long value = std::strtol(text.c_str(), &end, 10);
+    if (!n.IsScalar() || text.empty() || *end != '\0' || value < min || value > max) {
+      errors_->Add(n, Field(key),
+                   "must be an integer in [" + std::to_string(min) + ", " + std::to_string(max) +
+                       "], got " + Describe(n));
+      return;
+    }
+    *out = static_cast<int>(value);
+  }
+  void String(const char* key, std::string* out) {
+    YAML::Node n = Take(key, false);
+    if (!n) return;
+    if (!n.IsScalar()) {
+      errors_->Add(n, Field(key), "must be a string, got " + Describe(n));
+      return;
+    }
+    *out = n.Scalar();
+  }
+  // A nested node, or an undefined one when absent.
+  YAML::Node Child(const char* key, bool required) { return Take(key, required); }
+
+  std::string Field(const std::string& key) const {
+    return prefix_.empty() ? key : prefix_ + "." + key;
+  }
+  bool valid() const { return valid_; }
+
+ private:
+  YAML::Node Take(const char* key, bool required) {
+    seen_.insert(key);
+    if (!valid_) return YAML::Node(YAML::NodeType::Undefined);
+    YAML::Node n = node_[key];
+    if (!n.IsDefined() || n.IsNull()) {
+      if (required) errors_->Add(node_, Field(key), "is required");
+      return YAML::Node(YAML::NodeType::Undefined);
+    }
+    return n;
+  }
+
+  Errors* errors_;
+  YAML::Node node_;
+  std::string prefix_;
+  std::set<std::string> seen_;
+  bool valid_ = true;
+};
+
+void ReadEntry(Errors* errors, const YAML::Node& node, const std::string& prefix,
+               LatencyModel* m) {
+  Fields f(errors, node, prefix);
+  if (!f.valid()) return;
+  constexpr double kAny = -std::numeric_limits<double>::infinity();
+  f.String("model", &m->model);
+  f.String("device", &m->device);
+  if (m->device.empty()) errors->Add(node["device"], f.Field("device"), "must not be empty");
+  f.Int("threads", &m->threads, 1, 1 << 16);
+  f.Int("tensor_parallel", &m->tensor_parallel, 1, 1 << 16);
+  f.Int("pipeline_parallel", &m->pipeline_parallel, 1, 1 << 16);
+  if (YAML::Node p = f.Child("prefill", true)) {
+    Fields pf(errors, p, f.Field("prefill"));
+    pf.Number("c1", &m->c1, kAny, true);
+    pf.Number("c2", &m->c2, kAny, true);
+    pf.Number("c3", &m->c3, kAny, true);
+  }
+  if (YAML::Node d = f.Child("decode", true)) {
+    Fields df(errors, d, f.Field("decode"));
+    df.Number("c4", &m->c4, kAny, true);
+    df.Number("c5", &m->c5, kAny, true);
+    df.Number("c6", &m->c6, kAny, true);
+  }
+  f.Number("kv_bytes_per_token", &m->kv_bytes_per_token, 0);
+  f.Int("max_batch_size", &m->max_batch_size, 0, 1 << 20);
+  if (YAML::Node q = f.Child("fit", false)) {
+    Fields qf(errors, q, f.Field("fit"));
+    qf.Number("prefill_r2", &m->fit.prefill_r2, kAny);
+    qf.Number("decode_r2", &m->fit.decode_r2, kAny);
+    qf.Number("prefill_max_rel_error", &m->fit.prefill_max_rel_error, 0);
+    qf.Number("decode_max_rel_error", &m->fit.decode_max_rel_error, 0);
+  }
+}
+
+// ---- YAML writing -------------------------------------------------------------------------
+
+// Plain when it cannot be mistaken for anything but a string of safe characters.
+std::string QuoteString(const std::string& s) {
+  bool plain = !s.empty() && (std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '_' ||
+                              s[0] == '/');
+  for (char ch : s) {
+    unsigned char c = static_cast<unsigned char>(ch);
+    if (!(std::isalnum(c) || c == '_' || c == '-' || c == '.' || c == '/')) plain = false;
+  }
+  static const std::set<std::string> kReserved = {"true", "false", "yes", "no", "on", "off",
+                                                   "null", "True", "False", "Null", "NULL",
+                                                   "TRUE", "FALSE", "Yes", "No", "Y", "N", "y",
+                                                   "n", "On", "Off"};
+  if (plain && !kReserved.count(s)) return s;
+  std::string out = "\"";
+  for (char ch : s) {
+    unsigned char c = static_cast<unsigned char>(ch);
+    if (ch == '"' || ch == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (c < 0x20) {
+      char buffer[8];
+      std::snprintf(buffer, sizeof buffer, "\\x%02x", c);
+      out += buffer;
+    } else {
+      out += ch;
+    }
+  }
+  return out + "\"";
+}
+
+// ---- Least squares ------------------------------------------------------------------------
+
+// Solves min sum_i w_i^2 (x_i . beta - y_i)^2 for 3 coefficients (the fits use w = 1: ordinary
+// least squares; relative weights made the fit chase the noise of the shortest steps on a
+// shared machine): rows scaled by w_i, columns
+// scaled to unit norm (the columns differ by up to 10 orders of magnitude: 1, tokens, tokens^2),
+// then the 3x3 normal equations in long double with partial pivoting.
+Status Solve3(const std::vector<std::array<double, 3>>& x, const std::vector<double>& y,
+              const std::vector<double>& w, std::array<double, 3>* beta) {
+  std::array<long double, 3> scale{};
+  for (size_t i = 0; i < x.size(); ++i)
+    for (int j = 0; j < 3; ++j) scale[j] += static_cast<long double>(x[i][j] * w[i]) * x[i][j] * w[i];
+  for (int j = 0; j < 3; ++j) {
+    if (scale[j] <= 0) return InvalidArgument("singular fit: a column is all zeros");
+    scale[j] = std::sqrt(scale[j]);
+  }
+  long double a[3][4] = {};
+  for (size_t i = 0; i < x.size(); ++i) {
+    long double row[3];
+    for (int j = 0; j < 3; ++j) row[j] = x[i][j] * w[i] / scale[j];
+    long double yi = static_cast<long double>(y[i]) * w[i];
+    for (int r = 0; r < 3; ++r) {
+      for (int c = 0; c < 3; ++c) a[r][c] += row[r] * row[c];
+      a[r][3] += row[r] * yi;
+    }
+  }
+  for (int col = 0; col < 3; ++col) {
+    int pivot = col;
+    for (int r = col + 1; r < 3; ++r)
+      if (std::fabs(a[r][col]) > std::fabs(a[pivot][col])) pivot = r;
+    // Unit-norm columns make the diagonal 1; a pivot this small means dependent columns.
+    if (std::fabs(a[pivot][col]) < 1e-12L)
+      return InvalidArgument("singular fit: the samples do not separate the coefficients");
+    if (pivot != col)
+      for (int c = 0; c < 4; ++c) std::swap(a[col][c], a[pivot][c]);
+    for (int r = 0; r < 3; ++r) {
+      if (r == col) continue;
+      long double f = a[r][col] / a[col][col];
+      for (int c = col; c < 4; ++c) a[r][c] -= f * a[col][c];
+    }
+  }
+  for (int j = 0; j < 3; ++j) (*beta)[j] = static_cast<double>(a[j][3] / a[j][j] / scale[j]);
+  return Status::Ok();
+}
+
+struct Quality {
+  double r2 = 0;
+  double max_rel_error = 0;
+};
+
+Quality Measure(const std::vector<double>& measured, const std::vector<double>& predicted) {
+  double mean = 0;
+  for (double y : measured) mean += y;
+  mean /= static_cast<double>(measured.size());
+  double ss_res = 0, ss_tot = 0;
+  Quality q;
+  for (size_t i = 0; i < measured.size(); ++i) {
+    ss_res += (measured[i] - predicted[i]) * (measured[i] - predicted[i]);
+    ss_tot += (measured[i] - mean) * (measured[i] - mean);
+    q.max_rel_error =
+        std::max(q.max_rel_error, std::fabs(predicted[i] - measured[i]) / measured[i]);
+  }
+  q.r2 = ss_tot > 0 ? 1.0 - ss_res / ss_tot : (ss_res == 0 ? 1.0 : 0.0);
+  return q;
+}
+
+Status CheckSamples(size_t n, const auto& samples, const char* what) {
+  if (n < 3)
+    return InvalidArgument(std::string(what) + " fit needs at least 3 samples, got " +
+                           std::to_string(n));
+  for (const auto& s : samples) {
+    if (!(s.seconds > 0) || !std::isfinite(s.seconds))
+      return InvalidArgument(std::string(what) + " fit: every sample needs seconds > 0");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+StatusOr<LatencyModelFile> ParseLatencyModel(const std::string& yaml_text,
+                                             const std::string& source_name) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    return InvalidArgument(source_name + ":" + std::to_string(e.mark.line + 1) + ":" +
+                           std::to_string(e.mark.column + 1) + ": invalid YAML: " + e.msg);
+  }
+  LatencyModelFile file;
+  file.source = source_name;
+  Errors errors(source_name);
+  if (!root.IsDefined() || root.IsNull()) {
+    return InvalidArgument(source_name + ": latency_model: is required (the file is empty)");
+  }
+  {
+    Fields top(&errors, root, "");
+    if (top.valid()) {
+      YAML::Node list = top.Child("latency_model", true);
+      if (list && !list.IsSequence()) {
+        errors.Add(list, "latency_model", "must be a list, got " + Describe(list));
+      } else if (list) {
+        if (list.size() == 0) errors.Add(list, "latency_model", "must have at least one entry");
+        for (size_t i = 0; i < list.size(); ++i) {
+          std::string prefix = "latency_model[" + std::to_string(i) + "]";
+          LatencyModel m;
+          ReadEntry(&errors, list[i], prefix, &m);
+          if (file.Find(m.device, m.threads, m.tensor_parallel, m.pipeline_parallel) != nullptr)
+            errors.Add(list[i], prefix,
+                       "a second entry for device " + m.device + ", threads " +
+                           std::to_string(m.threads) + ", tensor_parallel " +
+                           std::to_string(m.tensor_parallel) + ", pipeline_parallel " +
+                           std::to_string(m.pipeline_parallel));
+          file.entries.push_back(std::move(m));
+        }
+      }
+      if (YAML::Node t = top.Child("transfer", false)) {
+        Fields tf(&errors, t, "transfer");
+        tf.Number("latency_s", &file.transfer.latency_s, 0);
+        tf.Number("bytes_per_s", &file.transfer.bytes_per_s, 0);
+      }
+    }
+  }
+  if (!errors.list().empty()) {
+    std::string message;
+    for (const std::string& e : errors.list()) message += (message.empty() ? "" : "\n") + e;
+    return InvalidArgument(message);
+  }
+  return file;
+}
+
+StatusOr<LatencyModelFile> LoadLatencyModel(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return NotFound(path + ": cannot open latency model file");
+  std::stringstream text;
+  text << in.rdbuf();
+  return ParseLatencyModel(text.str(), path);
+}
+
+std::string LatencyModelToYaml(const LatencyModelFile& file, const std::string& comment) {
+  std::string out;
+  if (!comment.empty()) {
+    std::stringstream lines(comment);
+    for (std::string line; std::getline(lines, line);) out += line.empty() ? "#\n" : "# " + line + "\n";
+  }
+  auto num = [](double v) { return FormatNumber(v); };
+  out += "latency_model:\n";
+  for (const LatencyModel& m : file.entries) {
+    out += "  - model: " + QuoteString(m.model) + "\n";
+    out += "    device: " + QuoteString(m.device) + "\n";
+    out += "    threads: " + std::to_string(m.threads) + "\n";
+    out += "    tensor_parallel: " + std::to_string(m.tensor_parallel) + "\n";
+    out += "    pipeline_parallel: " + std::to_string(m.pipeline_parallel) + "\n";
+    out += "    prefill: {c1: " + num(m.c1) + ", c2: " + num(m.c2) + ", c3: " + num(m.c3) + "}\n";
+    out += "    decode: {c4: " + num(m.c4) + ", c5: " + num(m.c5) + ", c6: " + num(m.c6) + "}\n";
+    out += "    kv_bytes_per_token: " + num(m.kv_bytes_per_token) + "\n";
+    if (m.max_batch_size > 0) out += "    max_batch_size: " + std::to_string(m.max_batch_size) + "\n";
+    out += "    fit: {prefill_r2: " + num(m.fit.prefill_r2) + ", decode_r2: " +
+           num(m.fit.decode_r2) + ", prefill_max_rel_error: " + num(m.fit.prefill_max_rel_error) +
+           ", decode_max_rel_error: " + num(m.fit.decode_max_rel_error) + "}\n";
+  }
+  out += "transfer:\n";
+  out += "  latency_s: " + num(file.transfer.latency_s) + "\n";
+  out += "  bytes_per_s: " + num(file.transfer.bytes_per_s) + "\n";
+  return out;
+}
+
+Status FitPrefill(std::span<const PrefillSample> samples, LatencyModel* model) {
+  TANDEM_RETURN_IF_ERROR(CheckSamples(samples.size(), samples, "prefill"));
+  std::vector<std::array<double, 3>> x;
+  std::vector<double> y, w;
+  for (const PrefillSample& s : samples) {
+    x.push_back({1.0, s.sum_tokens, s.sum_tokens_squared});
+    y.push_back(s.seconds);
+    w.push_back(1.0);
+  }
+  std::array<double, 3> beta{};
+  TANDEM_RETURN_IF_ERROR(Solve3(x, y, w, &beta));
+  model->c1 = beta[0];
+  model->c2 = beta[1];
+  model->c3 = beta[2];
+  std::vector<double> predicted;
+  for (const PrefillSample& s : samples)
+    predicted.push_back(model->PrefillSeconds(s.sum_tokens, s.sum_tokens_squared));
+  Quality q = Measure(y, predicted);
+  model->fit.prefill_r2 = q.r2;
+  model->fit.prefill_max_rel_error = q.max_rel_error;
+  return Status::Ok();
+}
+
+Status FitDecode(std::span<const DecodeSample> samples, LatencyModel* model) {
+  TANDEM_RETURN_IF_ERROR(CheckSamples(samples.size(), samples, "decode"));
+  std::vector<std::array<double, 3>> x;
+  std::vector<double> y, w;
+  for (const DecodeSample& s : samples) {
+    x.push_back({1.0, s.batch, s.sum_context});
+    y.push_back(s.seconds);
+    w.push_back(1.0);
+  }
+  std::array<double, 3> beta{};
+  TANDEM_RETURN_IF_ERROR(Solve3(x, y, w, &beta));
+  model->c4 = beta[0];
+  model->c5 = beta[1];
+  model->c6 = beta[2];
+  std::vector<double> predicted;
+  for (const DecodeSample& s : samples)
+    predicted.push_back(
+        model->DecodeStepSeconds(static_cast<int64_t>(std::llround(s.batch)), s.sum_context));
+  Quality q = Measure(y, predicted);
+  model->fit.decode_r2 = q.r2;
+  model->fit.decode_max_rel_error = q.max_rel_error;
+  return Status::Ok();
 }
 
 }  // namespace tandem
