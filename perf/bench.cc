@@ -44,7 +44,8 @@ std::string WorkloadHelp() {
   }
   out +=
       "\nEach request: POST /v1/completions, stream with usage, ignore_eos, temperature 0, the\n"
-      "prompt as seeded token ids in [100, --max-token-id). TTFT = first text event, e2e = [DONE],\n"
+      "prompt as seeded token ids in [100, --max-token-id). TTFT = first text event, e2e = "
+      "[DONE],\n"
       "output tokens from the final usage. `tandem bench sweep --help`: the goodput sweep.\n";
   return out;
 }
@@ -130,8 +131,7 @@ int BenchMain(const std::vector<std::string>& args) {
     return UsageError("--slo-ttft: required, seconds >= 0");
   if (!flags.IsSet("slo-tpot") || !(slo_tpot >= 0))
     return UsageError("--slo-tpot: required, seconds >= 0");
-  if (!(timeout > 0))
-    return UsageError("--request-timeout-s: must be > 0, got " + Num(timeout));
+  if (!(timeout > 0)) return UsageError("--request-timeout-s: must be > 0, got " + Num(timeout));
   if (max_model_len_flag < 0 || max_model_len_flag > (1 << 24))
     return UsageError("--max-model-len: must be in [0, 16777216], got " +
                       std::to_string(max_model_len_flag));
@@ -170,9 +170,9 @@ int BenchMain(const std::vector<std::string>& args) {
   std::vector<WorkloadRequest> requests;
   if (!workload.empty()) {
     bool by_duration = duration > 0 && !flags.IsSet("num-requests");
-    StatusOr<std::vector<WorkloadRequest>> made = SyntheticRequests(
-        workload, options.concurrency > 0 ? 0 : rate, by_duration ? 0 : num_requests, duration,
-        options.seed, max_model_len);
+    StatusOr<std::vector<WorkloadRequest>> made =
+        SyntheticRequests(workload, options.concurrency > 0 ? 0 : rate,
+                          by_duration ? 0 : num_requests, duration, options.seed, max_model_len);
     if (!made.ok()) return UsageError("--workload: " + made.status().message());
     requests = std::move(*made);
   } else {
@@ -198,9 +198,8 @@ int BenchMain(const std::vector<std::string>& args) {
                            : (flags.IsSet("rate") ? "rate " + Num(rate) + " req/s"
                                                   : std::string("trace arrivals"));
     std::printf("tandem bench: %s, %zu requests, %s, model %s (max_model_len %d), %s\n",
-                workload.empty() ? trace.c_str() : workload.c_str(), requests.size(),
-                mode.c_str(), options.model.c_str(), max_model_len,
-                flags.GetString("url").c_str());
+                workload.empty() ? trace.c_str() : workload.c_str(), requests.size(), mode.c_str(),
+                options.model.c_str(), max_model_len, flags.GetString("url").c_str());
     std::fflush(stdout);
   }
   const std::string started_at = UtcTimestamp();

@@ -1,6 +1,9 @@
 #include "perf/bench_client.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <functional>
@@ -24,7 +27,9 @@ using tcp = asio::ip::tcp;
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+double Seconds(Clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
 
 Clock::duration ToDuration(double seconds) {
   return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
@@ -117,10 +122,9 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
   }
 
   void ReadMore() {
-    http::async_read_some(socket_, buffer_, parser_,
-                          [self = shared_from_this()](beast::error_code ec, size_t) {
-                            self->OnRead(ec);
-                          });
+    http::async_read_some(
+        socket_, buffer_, parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->OnRead(ec); });
   }
 
   void OnRead(beast::error_code ec) {
@@ -136,8 +140,7 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
                       status == 429);
       }
       if (!stream_error_.empty()) return Finish(stream_error_, false);
-      if (!saw_done_ && text_events_ == 0 && usage_tokens_ < 0)
-        return Finish("the stream ended without a token", false);
+      if (!saw_done_) return Finish("the stream ended before [DONE]", false);
       return Finish("", false);
     }
     ReadMore();
@@ -180,10 +183,10 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
       return;
     }
     if (auto it = j.find("error"); it != j.end()) {
-      std::string message = it->is_object() && it->contains("message") &&
-                                    (*it)["message"].is_string()
-                                ? (*it)["message"].get<std::string>()
-                                : it->dump();
+      std::string message =
+          it->is_object() && it->contains("message") && (*it)["message"].is_string()
+              ? (*it)["message"].get<std::string>()
+              : it->dump();
       if (stream_error_.empty()) stream_error_ = "stream error: " + Shorten(message);
       return;
     }
@@ -348,6 +351,12 @@ StatusOr<LoadResult> RunLoad(const LoadOptions& options,
   for (const WorkloadRequest& r : requests) {
     if (r.prompt_text.empty() && r.prompt_token_ids.empty() && r.prompt_tokens < 1)
       return InvalidArgument("request " + std::to_string(r.id) + " has no prompt");
+  }
+  // One socket per request in flight: an overloaded server can hold more than the usual soft
+  // limit of 1024 descriptors open.
+  if (rlimit limit{}; ::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < limit.rlim_max) {
+    limit.rlim_cur = limit.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &limit);
   }
   asio::io_context io;
   TANDEM_ASSIGN_OR_RETURN(auto endpoints, Resolve(io, options.url));

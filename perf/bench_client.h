@@ -9,7 +9,7 @@
 //   TTFT  first SSE event whose choice carries text (or the finish, when no text came first);
 //         the router sends an event as soon as a token decodes to text, so a token that ends
 //         inside a UTF-8 character shows up with the next one
-//   e2e   "data: [DONE]" (or the end of the body)
+//   e2e   "data: [DONE]" (a 200 stream that ends without it is a failed request)
 //   output_tokens  usage.completion_tokens of the final usage event; the number of text events
 //         when the server sends no usage
 // A non-200 answer is rejected (429) or failed (error = "HTTP <status>: <body>"); an error
@@ -53,7 +53,7 @@ struct LoadOptions {
   uint64_t seed = 1;               // synthetic prompt ids
   int32_t min_token_id = 100;      // synthetic prompt ids are uniform in [min, max)
   int32_t max_token_id = 1000;
-  bool progress = false;           // one-line progress on stderr, rewritten in place
+  bool progress = false;  // one-line progress on stderr, rewritten in place
 };
 
 struct LoadResult {

@@ -48,8 +48,7 @@ std::string FormatSummaryTable(const RunSummary& s) {
                 s.ttft_p50, s.ttft_p90, s.ttft_p99, s.tpot_p50, s.tpot_p90, s.tpot_p99, s.e2e_p50,
                 s.e2e_p90, s.e2e_p99);
   out += buf;
-  std::snprintf(buf, sizeof buf,
-                "SLO attainment %.1f%%  (TTFT only %.1f%%, TPOT only %.1f%%)\n",
+  std::snprintf(buf, sizeof buf, "SLO attainment %.1f%%  (TTFT only %.1f%%, TPOT only %.1f%%)\n",
                 100 * s.attainment, 100 * s.ttft_attainment, 100 * s.tpot_attainment);
   out += buf;
   return out;

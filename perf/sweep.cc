@@ -16,7 +16,6 @@
 #include <iterator>
 #include <map>
 #include <optional>
-#include <set>
 #include <sstream>
 #include <thread>
 
@@ -38,8 +37,7 @@ using json = nlohmann::json;
 constexpr char kReadyPrefix[] = "tandem: ready at ";
 
 int UsageError(const std::string& message) {
-  std::fprintf(stderr, "tandem bench sweep: %s (see tandem bench sweep --help)\n",
-               message.c_str());
+  std::fprintf(stderr, "tandem bench sweep: %s (see tandem bench sweep --help)\n", message.c_str());
   return kExitUsage;
 }
 
@@ -135,9 +133,8 @@ class ClusterProcess {
   // Waits for the launcher's ready line; returns it. Unavailable when the launcher exits
   // first, DeadlineExceeded after timeout_s.
   StatusOr<std::string> WaitReady(double timeout_s) {
-    Clock::time_point deadline =
-        Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                           std::chrono::duration<double>(timeout_s));
+    Clock::time_point deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                    std::chrono::duration<double>(timeout_s));
     for (;;) {
       std::ifstream log(log_path_);
       std::string line;
@@ -161,9 +158,8 @@ class ClusterProcess {
   void Stop(double timeout_s) {
     if (pid_ <= 0) return;
     ::kill(pid_, SIGTERM);
-    Clock::time_point deadline =
-        Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                           std::chrono::duration<double>(timeout_s));
+    Clock::time_point deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                    std::chrono::duration<double>(timeout_s));
     int status = 0;
     while (::waitpid(pid_, &status, WNOHANG) == 0) {
       if (Clock::now() >= deadline) {
@@ -242,12 +238,15 @@ std::string FormatNumber(double v) {
 GoodputEstimate EstimateGoodput(const std::vector<double>& rates,
                                 const std::vector<double>& attainments, double target) {
   GoodputEstimate e;
-  for (size_t i = 0; i < rates.size() && i < attainments.size(); ++i) {
+  const size_t n = std::min(rates.size(), attainments.size());
+  e.lower_bound = n > 0;
+  for (size_t i = 0; i < n; ++i) {
     if (attainments[i] >= target) {
       e.goodput = rates[i];
       e.crossing = rates[i];
       continue;
     }
+    e.lower_bound = false;
     if (i > 0) {
       // Linear between the last passing point and this one.
       double a0 = attainments[i - 1], a1 = attainments[i];
@@ -416,8 +415,8 @@ int SweepMain(const std::vector<std::string>& input_args) {
     std::error_code ec;
     fs::create_directories(out_dir, ec);
     if (ec) {
-      std::fprintf(stderr, "tandem bench sweep: --out-dir: cannot create %s: %s\n",
-                   out_dir.c_str(), ec.message().c_str());
+      std::fprintf(stderr, "tandem bench sweep: --out-dir: cannot create %s: %s\n", out_dir.c_str(),
+                   ec.message().c_str());
       return kExitFailure;
     }
   }
@@ -463,8 +462,8 @@ int SweepMain(const std::vector<std::string>& input_args) {
         if (!model.empty() && model.back() == ')') model.pop_back();
       }
     }
-    StatusOr<ServerUrl> url = ready.ok() ? ParseServerUrl(url_text)
-                                         : StatusOr<ServerUrl>(ready.status());
+    StatusOr<ServerUrl> url =
+        ready.ok() ? ParseServerUrl(url_text) : StatusOr<ServerUrl>(ready.status());
     if (!url.ok()) {
       std::fprintf(stderr, "tandem bench sweep: %s: %s\n", spec.name.c_str(),
                    url.status().message().c_str());
@@ -510,22 +509,21 @@ int SweepMain(const std::vector<std::string>& input_args) {
         point.measured = Summarize(result->outcomes, slo, result->duration_s);
         point.run_file = spec.name + "_" + workload + "_r" + RateLabel(rate) + ".json";
 
-        json record = {
-            {"config",
-             {{"cluster", spec.name},
-              {"cluster_config", spec.config_path},
-              {"url", url_text},
-              {"model", model},
-              {"max_model_len", spec.config.model.max_model_len},
-              {"workload", workload},
-              {"seed", seed},
-              {"rate", rate},
-              {"num_requests", requests->size()},
-              {"duration_s", duration},
-              {"slo_ttft_s", slo_ttft},
-              {"slo_tpot_s", slo_tpot}}},
-            {"summary", SummaryToJson(point.measured)},
-            {"requests", OutcomesToJson(result->outcomes, result->max_tokens)}};
+        json record = {{"config",
+                        {{"cluster", spec.name},
+                         {"cluster_config", spec.config_path},
+                         {"url", url_text},
+                         {"model", model},
+                         {"max_model_len", spec.config.model.max_model_len},
+                         {"workload", workload},
+                         {"seed", seed},
+                         {"rate", rate},
+                         {"num_requests", requests->size()},
+                         {"duration_s", duration},
+                         {"slo_ttft_s", slo_ttft},
+                         {"slo_tpot_s", slo_tpot}}},
+                       {"summary", SummaryToJson(point.measured)},
+                       {"requests", OutcomesToJson(result->outcomes, result->max_tokens)}};
         if (latency_model) {
           // Same requests, same arrivals and lengths: the workload as generated.
           StatusOr<SimulationResult> sim = Simulate(spec.config, *latency_model, *requests);
@@ -538,20 +536,20 @@ int SweepMain(const std::vector<std::string>& input_args) {
             point.simulated_error = sim.status().message();
             record["simulated"] = {{"error", point.simulated_error}};
             std::fprintf(stderr, "tandem bench sweep: simulate %s %s rate %g: %s\n",
-                         spec.name.c_str(), workload.c_str(), rate,
-                         point.simulated_error.c_str());
+                         spec.name.c_str(), workload.c_str(), rate, point.simulated_error.c_str());
           }
         }
         if (Status s = WriteTextFile(path_in(point.run_file), record.dump(1) + "\n"); !s.ok())
           std::fprintf(stderr, "tandem bench sweep: %s\n", s.message().c_str());
         const RunSummary& m = point.measured;
-        std::printf("%-14s %-14s rate %-6g  attainment %5.1f%% (TTFT %5.1f%%, TPOT %5.1f%%)  "
-                    "done %lld/%lld  TTFT p90 %.3f s  TPOT p90 %.4f s",
-                    spec.name.c_str(), workload.c_str(), rate, 100 * m.attainment,
-                    100 * m.ttft_attainment, 100 * m.tpot_attainment,
-                    static_cast<long long>(m.completed), static_cast<long long>(m.requests),
-                    m.ttft_p90, m.tpot_p90);
-        if (point.simulated) std::printf("  simulated %5.1f%%", 100 * point.simulated_summary.attainment);
+        std::printf(
+            "%-14s %-14s rate %-6g  attainment %5.1f%% (TTFT %5.1f%%, TPOT %5.1f%%)  "
+            "done %lld/%lld  TTFT p90 %.3f s  TPOT p90 %.4f s",
+            spec.name.c_str(), workload.c_str(), rate, 100 * m.attainment, 100 * m.ttft_attainment,
+            100 * m.tpot_attainment, static_cast<long long>(m.completed),
+            static_cast<long long>(m.requests), m.ttft_p90, m.tpot_p90);
+        if (point.simulated)
+          std::printf("  simulated %5.1f%%", 100 * point.simulated_summary.attainment);
         std::printf("\n");
         std::fflush(stdout);
         const bool below = m.attainment < target;
@@ -653,15 +651,16 @@ int SweepMain(const std::vector<std::string>& input_args) {
   }
   json goodput_json = json::array();
   for (const GoodputRow& row : rows) {
-    goodput_json.push_back({{"cluster", row.cluster},
-                            {"workload", row.workload},
-                            {"measured", row.measured},
-                            {"goodput_rps", row.estimate.goodput},
-                            {"crossing_rps", row.estimate.crossing},
-                            {"cores", row.cores},
-                            {"goodput_per_core", row.per_core},
-                            {"ratio_vs_first",
-                             std::isnan(row.ratio) ? json(nullptr) : json(row.ratio)}});
+    goodput_json.push_back(
+        {{"cluster", row.cluster},
+         {"workload", row.workload},
+         {"measured", row.measured},
+         {"goodput_rps", row.estimate.goodput},
+         {"crossing_rps", row.estimate.crossing},
+         {"lower_bound", row.estimate.lower_bound},
+         {"cores", row.cores},
+         {"goodput_per_core", row.per_core},
+         {"ratio_vs_first", std::isnan(row.ratio) ? json(nullptr) : json(row.ratio)}});
   }
   json sweep = {{"config", sweep_config},
                 {"points", points_json},
@@ -699,19 +698,21 @@ int SweepMain(const std::vector<std::string>& input_args) {
       plot_items.push_back(GnuplotQuote(file) + " using 1:2 with linespoints lw 2 pt 7 lc rgb '" +
                            color + "' title " + GnuplotQuote(clusters[c].name));
       if (any_sim)
-        plot_items.push_back(GnuplotQuote(file) + " using 1:3 with linespoints lw 2 dt 2 pt 6 lc rgb '" +
-                             color + "' title " + GnuplotQuote(clusters[c].name + " (simulated)"));
+        plot_items.push_back(GnuplotQuote(file) +
+                             " using 1:3 with linespoints lw 2 dt 2 pt 6 lc rgb '" + color +
+                             "' title " + GnuplotQuote(clusters[c].name + " (simulated)"));
     }
     if (plot_items.empty()) continue;
     std::string script = "set terminal pngcairo size 900,600 enhanced font 'sans,11'\n";
     script += "set output " + GnuplotQuote("attainment_" + workload + ".png") + "\n";
-    script += "set title " + GnuplotQuote(workload + ": SLO attainment vs rate (" + slo_text + ")") +
+    script += "set title " +
+              GnuplotQuote(workload + ": SLO attainment vs rate (" + slo_text + ")") +
               " noenhanced\n";
     script += "set xlabel 'rate (requests/s)'\nset ylabel 'SLO attainment'\n";
     script += "set yrange [0:1.05]\nset xrange [0:*]\nset grid\nset key bottom left noenhanced\n";
     script += "plot ";
     for (const std::string& item : plot_items) script += item + ", \\\n     ";
-    script += FormatNumber(target) + " with lines dt 3 lc rgb 'gray' title 'target'\n";
+    script += FormatNumber(target) + " with lines dt 3 lw 1.5 lc rgb '#555555' title 'target'\n";
     const std::string gp = "attainment_" + workload + ".gp";
     if (!WriteTextFile(path_in(gp), script).ok() || !RunGnuplot(out_dir, gp)) plots_ok = false;
   }
@@ -741,12 +742,13 @@ int SweepMain(const std::vector<std::string>& input_args) {
     script += "set output " + GnuplotQuote("slo_scale_" + workload + ".png") + "\n";
     script += "set title " +
               GnuplotQuote(workload + ": SLO attainment vs SLO scale at " +
-                           RateLabel(entry["rate"].get<double>()) + " req/s (scale 1: " +
-                           slo_text + ")") +
+                           RateLabel(entry["rate"].get<double>()) + " req/s (scale 1: " + slo_text +
+                           ")") +
               " noenhanced\n";
-    script += "set xlabel 'SLO scale (TTFT and TPOT objectives x scale)'\n"
-              "set ylabel 'SLO attainment'\nset logscale x 2\nset xrange [0.25:4]\n"
-              "set yrange [0:1.05]\nset grid\nset key bottom right noenhanced\nplot ";
+    script +=
+        "set xlabel 'SLO scale (TTFT and TPOT objectives x scale)'\n"
+        "set ylabel 'SLO attainment'\nset logscale x 2\nset xrange [0.25:4]\n"
+        "set yrange [0:1.05]\nset grid\nset key bottom right noenhanced\nplot ";
     for (size_t i = 0; i < ordered.size(); ++i) {
       size_t c = 0;
       while (c < clusters.size() && clusters[c].name != ordered[i]) ++c;
@@ -754,13 +756,14 @@ int SweepMain(const std::vector<std::string>& input_args) {
                 " with linespoints lw 2 pt 7 lc rgb '" + colors[c % std::size(colors)] +
                 "' title " + GnuplotQuote(ordered[i]) + ", \\\n     ";
     }
-    script += FormatNumber(target) + " with lines dt 3 lc rgb 'gray' title 'target'\n";
+    script += FormatNumber(target) + " with lines dt 3 lw 1.5 lc rgb '#555555' title 'target'\n";
     const std::string gp = "slo_scale_" + workload + ".gp";
     if (!WriteTextFile(path_in(gp), script).ok() || !RunGnuplot(out_dir, gp)) plots_ok = false;
   }
   if (!plots_ok)
-    std::fprintf(stderr, "tandem bench sweep: some plots were not made (is gnuplot with the "
-                         "pngcairo terminal installed?)\n");
+    std::fprintf(stderr,
+                 "tandem bench sweep: some plots were not made (is gnuplot with the "
+                 "pngcairo terminal installed?)\n");
 
   // ---- the table ----
   std::printf("\ngoodput at SLO attainment >= %g (%s)\n", target, slo_text);
@@ -773,10 +776,14 @@ int SweepMain(const std::vector<std::string>& input_args) {
     }
     char ratio[32] = "-";
     if (!std::isnan(row.ratio)) std::snprintf(ratio, sizeof ratio, "%.2fx", row.ratio);
-    std::printf("%-16s %-14s %12.3f %13.3f %6d %15.4f %9s\n", row.cluster.c_str(),
-                row.workload.c_str(), row.estimate.goodput, row.estimate.crossing, row.cores,
-                row.per_core, ratio);
+    const char* plus = row.estimate.lower_bound ? "+" : " ";
+    std::printf("%-16s %-14s %11.3f%s %12.3f%s %6d %14.4f%s %9s\n", row.cluster.c_str(),
+                row.workload.c_str(), row.estimate.goodput, plus, row.estimate.crossing, plus,
+                row.cores, row.per_core, plus, ratio);
   }
+  if (std::any_of(rows.begin(), rows.end(),
+                  [](const GoodputRow& r) { return r.estimate.lower_bound; }))
+    std::printf("+ every rate met the target: goodput is at least this (add higher --rates)\n");
   std::printf("\nwrote %s (sweep.json, per-run JSON, plots)\n", out_dir.c_str());
   return all_ran && written && plots_ok ? kExitOk : kExitFailure;
 }

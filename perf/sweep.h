@@ -19,6 +19,7 @@
 // last passing and the first failing point (the last rate when none failed, 0 when the first
 // rate already failed). Per-core goodput =
 // goodput / cores, cores = sum over instance sections of instances * threads, or --cores-per.
+// When every rate met the target the goodput is a lower bound (marked "+" and "lower_bound").
 //
 // DIR gets: NAME_WORKLOAD_rRATE.json per run (as `tandem bench --out`, plus "simulated"),
 // sweep.json (every point, goodput rows, SLO-scale curves), NAME.log per cluster, and for each
@@ -41,8 +42,9 @@ int SweepMain(const std::vector<std::string>& args);
 
 // The goodput of one (cluster, workload) from its measured points, rates ascending.
 struct GoodputEstimate {
-  double goodput = 0;   // highest rate with attainment >= target, 0 if none
-  double crossing = 0;  // interpolated crossing of the target
+  double goodput = 0;        // highest rate with attainment >= target, 0 if none
+  double crossing = 0;       // interpolated crossing of the target
+  bool lower_bound = false;  // no rate fell below the target: goodput is at least this
 };
 GoodputEstimate EstimateGoodput(const std::vector<double>& rates,
                                 const std::vector<double>& attainments, double target);

@@ -11,6 +11,7 @@
 4. sweep: the same cluster config, 2 rates x 6 requests, with a latency model: sweep.json has
    both points (measured and simulated attainment in [0, 1]), a goodput row and an SLO-scale
    curve; the run files exist; the plots are PNG files.
+5. sweep with an SLO nobody meets: stops after the first rate, goodput 0, --cores-per used.
 
 Env: TANDEM_BINARY. Exit 0 = pass. Every process is stopped in finally blocks.
 """
@@ -198,7 +199,8 @@ def main():
                       f"run file {p['run_file']} missing")
             rows = sweep["goodput"]
             check(len(rows) == 1 and rows[0]["goodput_rps"] == 2 and rows[0]["cores"] == 2 and
-                  abs(rows[0]["goodput_per_core"] - 1.0) < 1e-9 and rows[0]["ratio_vs_first"] == 1,
+                  abs(rows[0]["goodput_per_core"] - 1.0) < 1e-9 and
+                  rows[0]["ratio_vs_first"] == 1 and rows[0]["lower_bound"],
                   f"goodput rows {rows}")
             scale = sweep["slo_scale"]
             check(len(scale) == 1 and scale[0]["rate"] == 2 and
@@ -211,6 +213,24 @@ def main():
                     check(f.read(8) == b"\x89PNG\r\n\x1a\n", f"{png} is not a PNG")
         for name in ("attainment_code.gp", "attainment_code_tiny.dat", "slo_scale_code.dat"):
             check(os.path.exists(os.path.join(sweep_dir, name)), f"{name} missing")
+
+        # 5. A sweep whose first rate misses the target stops there: goodput 0. (An SLO of
+        # 1 microsecond no request can meet.)
+        sweep_dir = os.path.join(work, "sweep-miss")
+        r = run(["bench", "sweep", "--cluster", f"tiny={config_path}", "--workload", "code",
+                 "--rates", "1,2", "--num-requests", "3", "--slo-ttft", "0.000001",
+                 "--slo-tpot", "5", "--out-dir", sweep_dir, "--cores-per", "tiny=4"],
+                timeout=180)
+        check(r.returncode == 0, f"sweep (miss) exit {r.returncode}: {r.stderr[-2000:]}")
+        if check(os.path.exists(os.path.join(sweep_dir, "sweep.json")), "sweep.json missing"):
+            with open(os.path.join(sweep_dir, "sweep.json")) as f:
+                sweep = json.load(f)
+            check([p["rate"] for p in sweep["points"]] == [1] and
+                  sweep["points"][0]["measured"]["attainment"] == 0 and
+                  sweep["points"][0]["simulated"] is None, f"points {sweep['points']}")
+            row = sweep["goodput"][0]
+            check(row["goodput_rps"] == 0 and row["crossing_rps"] == 0 and
+                  not row["lower_bound"] and row["cores"] == 4, f"goodput row {row}")
 
     if FAILURES:
         print(f"{len(FAILURES)} failure(s)")
