@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <filesystem>
 #include <utility>
 
 #include "common/log.h"
@@ -24,7 +25,58 @@ double SecondsSince(std::chrono::steady_clock::time_point t, std::chrono::steady
   return std::chrono::duration<double>(now - t).count();
 }
 
+std::string Describe(const LatencyModel& m) {
+  return "device " + m.device + ", threads " + std::to_string(m.threads) + ", tp " +
+         std::to_string(m.tensor_parallel) + ", pp " + std::to_string(m.pipeline_parallel) +
+         ", model " + m.model;
+}
+
 }  // namespace
+
+StatusOr<RouterLatencyModels> LoadRouterLatencyModels(const ClusterConfig& config) {
+  RouterLatencyModels out;
+  const std::string& name = config.router.latency_model;
+  if (name.empty()) return out;
+  std::filesystem::path path(name);
+  std::error_code ec;
+  if (path.is_relative() && !config.source.empty() && config.source[0] != '<' &&
+      std::filesystem::exists(config.source, ec))
+    path = std::filesystem::path(config.source).parent_path() / path;
+  StatusOr<LatencyModelFile> file = LoadLatencyModel(path.string());
+  if (!file.ok()) return file.status().WithContext("router.latency_model");
+  out.file = std::make_shared<const LatencyModelFile>(std::move(*file));
+  auto pick = [&](const InstanceSection& s, const char* section,
+                  const LatencyModel** entry) -> Status {
+    if (s.instances <= 0) return Status::Ok();
+    *entry = out.file->Find(s.device, s.threads, s.tensor_parallel, s.pipeline_parallel);
+    if (*entry == nullptr)
+      return InvalidArgument(path.string() + ": router.latency_model has no entry for " +
+                             section + " (device " + s.device + ", threads " +
+                             std::to_string(s.threads) + ", tensor_parallel " +
+                             std::to_string(s.tensor_parallel) + ", pipeline_parallel " +
+                             std::to_string(s.pipeline_parallel) + "): run tandem profile " +
+                             "--threads " + std::to_string(s.threads) + " --append");
+    return Status::Ok();
+  };
+  TANDEM_RETURN_IF_ERROR(pick(config.prefill, "prefill", &out.prefill));
+  TANDEM_RETURN_IF_ERROR(pick(config.decode, "decode", &out.decode));
+  TANDEM_RETURN_IF_ERROR(pick(config.colocated, "colocated", &out.colocated));
+  const std::string served = config.model.path.empty() ? config.model.preset : config.model.path;
+  for (auto [entry, section] : {std::pair{out.prefill, "prefill"}, std::pair{out.decode, "decode"},
+                                std::pair{out.colocated, "colocated"}}) {
+    if (entry == nullptr) continue;
+    TANDEM_LOG(kInfo) << "latency model " << path.string() << ": " << section << " uses the entry ("
+                      << Describe(*entry) << "): prefill c1=" << entry->c1 << " c2=" << entry->c2
+                      << " c3=" << entry->c3 << ", decode c4=" << entry->c4 << " c5=" << entry->c5
+                      << " c6=" << entry->c6;
+    if (entry->model != served) {
+      TANDEM_LOG(kWarn) << "latency model " << path.string() << ": the " << section
+                        << " entry was measured with model '" << entry->model
+                        << "', this cluster serves '" << served << "'";
+    }
+  }
+  return out;
+}
 
 struct ClusterBackend::Instance {
   std::string name;
@@ -110,9 +162,12 @@ Status ClusterBackend::Start() {
       return InvalidArgument(config_.source + ": an instance section has port 0; the router " +
                              "needs the instances' control ports (tandem up picks them)");
   }
+  StatusOr<RouterLatencyModels> latency = LoadRouterLatencyModels(config_);
+  if (!latency.ok()) return latency.status();
   std::lock_guard<std::mutex> lock(mutex_);
   if (started_) return FailedPrecondition("ClusterBackend already started");
   policy_ = *policy;
+  latency_ = std::move(*latency);
   started_ = true;
   for (int i = 0; i < std::max(options_.io_threads, 1); ++i)
     io_threads_.emplace_back([this] { io_.run(); });
@@ -159,9 +214,16 @@ void ClusterBackend::Stop() {
 Status ClusterBackend::Reconfigure(const ClusterConfig& config) {
   StatusOr<PlacementPolicy> policy = ParsePlacementPolicy(config.router.policy);
   if (!policy.ok()) return policy.status();
+  // The reloaded file is judged against the running layout (instance shapes apply on restart).
+  ClusterConfig shapes = config_;
+  shapes.router.latency_model = config.router.latency_model;
+  shapes.source = config.source;
+  StatusOr<RouterLatencyModels> latency = LoadRouterLatencyModels(shapes);
+  if (!latency.ok()) return latency.status();
   std::lock_guard<std::mutex> lock(mutex_);
   policy_ = *policy;
   slo_ = config.slo;
+  latency_ = std::move(*latency);
   bool layout_changed = config.prefill.instances != config_.prefill.instances ||
                         config.decode.instances != config_.decode.instances ||
                         config.colocated.instances != config_.colocated.instances ||
@@ -233,16 +295,25 @@ Status ClusterBackend::Submit(const GenerateRequest& request,
     if (requests_.count(request.request_id))
       return InvalidArgument("duplicate request id " + request.request_id);
     Clock::time_point now = Clock::now();
-    auto snapshot = [&](const std::vector<int>& ids) {
+    auto snapshot = [&](const std::vector<int>& ids, const LatencyModel* lm, int budget) {
       std::vector<InstanceLoad> out;
       for (int i : ids) {
         const Instance& x = *instances_[i];
-        out.push_back(InstanceLoad{x.name, UsableLocked(x, now), x.load, x.hello.kv_block_size});
+        InstanceLoad load;
+        load.name = x.name;
+        load.usable = UsableLocked(x, now);
+        load.load = x.load;
+        load.kv_block_size = x.hello.kv_block_size;
+        load.latency_model = lm;  // latency_ outlives Place(): both under mutex_
+        load.token_budget = budget;
+        out.push_back(std::move(load));
       }
       return out;
     };
-    std::vector<InstanceLoad> p = snapshot(prefill_), d = snapshot(decode_),
-                              c = snapshot(colocated_);
+    std::vector<InstanceLoad> p = snapshot(prefill_, latency_.prefill, config_.prefill.token_budget),
+                              d = snapshot(decode_, latency_.decode, config_.decode.token_budget),
+                              c = snapshot(colocated_, latency_.colocated,
+                                           config_.colocated.token_budget);
     PlacementInput input;
     input.prefill = &p;
     input.decode = &d;

@@ -17,6 +17,11 @@
 // instance from placement to the end, a colocated one throughout. The other instance of a
 // failed request is told to Cancel it. Every accepted request gets exactly one final event.
 //
+// Latency model: when `router.latency_model` names a file, Start() loads it (a bad file, or one
+// without an entry for a configured section's device/threads/tensor_parallel/pipeline_parallel,
+// fails Start with the file's own message) and goodput placement predicts from it (see
+// router/placement.h); SIGHUP (Reconfigure) reloads it.
+//
 // Threads: all public methods are thread-safe. Callbacks run on the backend's Asio threads (or
 // the monitor thread, or inside Cancel/Submit for failures), never two at once for one request.
 // Lifecycle: construct, Start(), ..., Stop() (fails what is still in flight with Unavailable and
@@ -38,11 +43,25 @@
 
 #include "common/config.h"
 #include "common/control_channel.h"
+#include "common/latency_model.h"
 #include "common/metrics.h"
 #include "router/backend.h"
 #include "router/placement.h"
 
 namespace tandem {
+
+// The latency model a router uses: the file named by config.router.latency_model (a relative
+// path is relative to the directory of config.source) and, per instance section, the entry for
+// its shape (null for a section with no instances). `file` is null when the key is empty.
+struct RouterLatencyModels {
+  std::shared_ptr<const LatencyModelFile> file;
+  const LatencyModel* prefill = nullptr;
+  const LatencyModel* decode = nullptr;
+  const LatencyModel* colocated = nullptr;
+};
+// Errors: the file's NotFound/InvalidArgument (file:line:column: field: ...), or
+// InvalidArgument naming the section whose shape has no entry.
+StatusOr<RouterLatencyModels> LoadRouterLatencyModels(const ClusterConfig& config);
 
 struct ClusterBackendOptions {
   double heartbeat_timeout_s = 1.0;   // no LoadReport for this long = instance down
@@ -127,6 +146,7 @@ class ClusterBackend : public Backend {
   bool stopping_ = false;
   PlacementPolicy policy_ = PlacementPolicy::kGoodput;
   SloSection slo_;
+  RouterLatencyModels latency_;  // entries point into latency_.file
   uint64_t round_robin_ = 0;
   std::vector<std::unique_ptr<Instance>> instances_;  // prefill..., decode..., colocated...
   std::vector<int> prefill_, decode_, colocated_;      // indices into instances_

@@ -49,6 +49,56 @@ double PredictTpotSeconds(const LoadReport& load) {
   return step * (running + 1.0) / std::max(running, 1.0);
 }
 
+double PredictTtftSeconds(const InstanceLoad& x, int64_t prompt_tokens) {
+  const LatencyModel* lm = x.latency_model;
+  if (lm == nullptr) return PredictTtftSeconds(x.load, prompt_tokens);
+  const int64_t queued = std::max<int64_t>(x.load.queued_prefill_tokens, 0);
+  const int64_t prompt = std::max<int64_t>(prompt_tokens, 0);
+  const int64_t budget = x.token_budget > 0 ? x.token_budget : std::max<int64_t>(queued + prompt, 1);
+  // Whole batches of queue first (closed form: a long queue must not cost a long loop).
+  const int64_t full = queued / budget;
+  const double b = static_cast<double>(budget);
+  double seconds = static_cast<double>(full) * lm->PrefillSeconds(b, b * b);
+  int64_t queue_left = queued - full * budget;
+  int64_t done = 0;  // tokens of this prompt computed so far
+  while (queue_left > 0 || done < prompt) {
+    int64_t room = budget;
+    int64_t news[2], pasts[2];
+    size_t n = 0;
+    if (queue_left > 0) {
+      news[n] = std::min(queue_left, room);
+      pasts[n++] = 0;
+      room -= news[0];
+      queue_left -= news[0];
+    }
+    if (room > 0 && done < prompt) {
+      news[n] = std::min(prompt - done, room);
+      pasts[n] = done;
+      done += news[n++];
+    }
+    seconds += lm->MixedStepSeconds({news, n}, {pasts, n}, 0, 0);
+  }
+  return seconds;
+}
+
+double PredictDecodeTpotSeconds(const InstanceLoad& x, int64_t prompt_tokens) {
+  if (x.latency_model == nullptr) return PredictTpotSeconds(x.load);
+  const int64_t running = std::max<int32_t>(x.load.running_requests, 0);
+  const double context = static_cast<double>(std::max<int64_t>(x.load.context_tokens, 0) +
+                                             std::max<int64_t>(prompt_tokens, 0));
+  return x.latency_model->DecodeStepSeconds(running + 1, context);
+}
+
+double PredictColocatedTpotSeconds(const InstanceLoad& x, int64_t prompt_tokens) {
+  if (x.latency_model == nullptr) return PredictTpotSeconds(x.load);
+  const int64_t running = std::max<int32_t>(x.load.running_requests, 0);
+  const int64_t prompt = std::max<int64_t>(prompt_tokens, 1);
+  const int64_t chunk = x.token_budget > 0 ? std::min<int64_t>(prompt, x.token_budget) : prompt;
+  const int64_t past = 0;
+  const double context = static_cast<double>(std::max<int64_t>(x.load.context_tokens, 0) + prompt);
+  return x.latency_model->MixedStepSeconds({&chunk, 1}, {&past, 1}, running + 1, context);
+}
+
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
@@ -114,11 +164,11 @@ StatusOr<Placement> Goodput(const PlacementInput& in, const std::vector<int>& p,
   const SloTarget& slo = in.slo;
   int64_t kv_tokens = in.prompt_tokens + 1;
   auto ttft_score = [&](const InstanceLoad& x) {
-    double t = PredictTtftSeconds(x.load, in.prompt_tokens);
+    double t = PredictTtftSeconds(x, in.prompt_tokens);
     return Scored{-1, Slack(t, slo.ttft_s), t, Idle(x.load)};
   };
   auto tpot_score = [&](const InstanceLoad& x) {
-    double t = PredictTpotSeconds(x.load);
+    double t = PredictDecodeTpotSeconds(x, in.prompt_tokens);
     double slack = HasBlocksFor(x, kv_tokens) ? Slack(t, slo.tpot_s) : -kInf;
     return Scored{-1, slack, t, Idle(x.load)};
   };
@@ -133,15 +183,15 @@ StatusOr<Placement> Goodput(const PlacementInput& in, const std::vector<int>& p,
     placement.decode = second.index;
   } else {
     auto both = [&](const InstanceLoad& x) {
-      double ttft = PredictTtftSeconds(x.load, in.prompt_tokens);
-      double tpot = PredictTpotSeconds(x.load);
+      double ttft = PredictTtftSeconds(x, in.prompt_tokens);
+      double tpot = PredictColocatedTpotSeconds(x, in.prompt_tokens);
       double slack = std::min(Slack(ttft, slo.ttft_s),
                               HasBlocksFor(x, kv_tokens) ? Slack(tpot, slo.tpot_s) : -kInf);
       return Scored{-1, slack, ttft, Idle(x.load)};
     };
     first = BestBy(*in.colocated, c, in.round_robin, both);
     second = first;
-    second.predicted = PredictTpotSeconds((*in.colocated)[first.index].load);
+    second.predicted = PredictColocatedTpotSeconds((*in.colocated)[first.index], in.prompt_tokens);
     placement.colocated = first.index;
   }
   placement.predicted_ttft_s = first.predicted;

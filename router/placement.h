@@ -11,6 +11,8 @@
 //                 pair that meets both SLOs with the most headroom, rejects (ResourceExhausted,
 //                 429) when none does. A request that not even an idle pair could serve within
 //                 the SLO is placed anyway on the best pair: retrying later would not help.
+//                 Predictions come from the instance's latency model (common/latency_model.h,
+//                 `router.latency_model`) when it has one, else from its measured averages.
 //
 // When P/D pairs exist they are used; colocated instances are used only when there is no usable
 // pair. Pure functions; any thread.
@@ -24,6 +26,7 @@
 
 #include "common/config.h"
 #include "common/control_wire.h"
+#include "common/latency_model.h"
 #include "common/status.h"
 
 namespace tandem {
@@ -45,6 +48,10 @@ struct InstanceLoad {
   LoadReport load;         // the latest report, plus the router's own submissions since
   int32_t kv_block_size = 0;  // from Hello; 0 = unknown (no KV-block check)
   // A decode candidate needs free blocks for the prompt + 1 token, else it would queue the pull.
+  // The latency model entry of this instance's shape; not owned (the caller keeps it alive for
+  // the Place() call); null = predict from the measured averages in `load`.
+  const LatencyModel* latency_model = nullptr;
+  int32_t token_budget = 0;  // tokens per prefill batch (prefill/colocated); 0 = one batch
 };
 
 struct SloTarget {
@@ -75,8 +82,19 @@ struct Placement {
 };
 
 // Predictions used by goodput (exposed for tests).
+// From the measured averages: (queued + prompt) tokens x seconds per token; the measured step
+// scaled by (running + 1) / running.
 double PredictTtftSeconds(const LoadReport& load, int64_t prompt_tokens);
 double PredictTpotSeconds(const LoadReport& load);
+// From x.latency_model when set (else the two above). TTFT: the queued prompt tokens and then
+// this prompt, cut into prefill batches of x.token_budget tokens (the prefill scheduler's
+// chunking); the queue's share of a batch counts as one prompt of that many tokens (the router
+// does not know the queued prompts' lengths), this prompt's chunks as chunks with their past.
+// Decode TPOT: one step of running + 1 sequences over context_tokens + prompt.
+// Colocated TPOT: a mixed step of those decodes plus a prefill chunk of min(prompt, budget).
+double PredictTtftSeconds(const InstanceLoad& x, int64_t prompt_tokens);
+double PredictDecodeTpotSeconds(const InstanceLoad& x, int64_t prompt_tokens);
+double PredictColocatedTpotSeconds(const InstanceLoad& x, int64_t prompt_tokens);
 
 // Chooses where a request goes. Errors: Unavailable when no usable instance (pair or
 // colocated) exists; ResourceExhausted (goodput) when no candidate meets the SLO, with the best

@@ -191,3 +191,152 @@ TEST_CASE("placement: colocated instances are used only without a usable pair",
   REQUIRE(placed.ok());
   CHECK(placed->colocated == 1);
 }
+
+// ---- with a latency model (router.latency_model) -------------------------------------------
+
+#include "router/cluster_backend.h"
+#include "test_util.h"
+
+namespace {
+
+LatencyModel SimpleModel() {
+  LatencyModel lm;
+  lm.c1 = 0.01;   // prefill: 10 ms + 1 ms per token (+ c3 l^2 where a case sets it)
+  lm.c2 = 0.001;
+  lm.c3 = 0;
+  lm.c4 = 0.02;   // decode: 20 ms + 2 ms per sequence + 10 us per context token
+  lm.c5 = 0.002;
+  lm.c6 = 1e-5;
+  return lm;
+}
+
+InstanceLoad WithModel(InstanceLoad x, const LatencyModel* lm, int budget, int64_t context = 0) {
+  x.latency_model = lm;
+  x.token_budget = budget;
+  x.load.context_tokens = context;
+  return x;
+}
+
+}  // namespace
+
+TEST_CASE("placement: latency-model predictions by hand", "[placement]") {
+  LatencyModel lm = SimpleModel();
+  // One batch holds the queue and the prompt: 10 ms + (1000 + 500) ms.
+  CHECK(PredictTtftSeconds(WithModel(Up("p", 1000), &lm, 2048), 500) == Approx(1.51));
+  // Budget 1000: three whole batches of queue (3 x 1.01 s), then the prompt (0.51 s).
+  CHECK(PredictTtftSeconds(WithModel(Up("p", 3000), &lm, 1000), 500) == Approx(3.54));
+  // Budget 0 = one batch, whatever its size.
+  CHECK(PredictTtftSeconds(WithModel(Up("p", 3000), &lm, 0), 500) == Approx(3.51));
+  // Chunked prompt with attention: chunk 1000 (past 0) then 500 (past 1000).
+  lm.c3 = 1e-6;
+  CHECK(PredictTtftSeconds(WithModel(Up("p"), &lm, 1000), 1500) ==
+        Approx((0.01 + 1.0 + 1.0) + (0.01 + 0.5 + 1e-6 * 500 * (500 + 2000))));
+  // The queue's tail shares the prompt's first batch: 700 queued + 300 of the prompt, then 200.
+  CHECK(PredictTtftSeconds(WithModel(Up("p", 700), &lm, 1000), 500) ==
+        Approx((0.01 + 1.0 + 1e-6 * (700.0 * 700 + 300.0 * 300)) +
+               (0.01 + 0.2 + 1e-6 * 200 * (200 + 600))));
+  lm.c3 = 0;
+  // Decode: 11 sequences over 5000 + 500 tokens of context.
+  CHECK(PredictDecodeTpotSeconds(WithModel(Up("d", 0, 10), &lm, 0, 5000), 500) ==
+        Approx(0.02 + 0.022 + 0.055));
+  // Colocated: a mixed step of 3 decodes over 2000 tokens and a 512-token chunk of the prompt.
+  CHECK(PredictColocatedTpotSeconds(WithModel(Up("c", 0, 2), &lm, 512, 1000), 1000) ==
+        Approx(0.02 + 0.512 + 0.006 + 0.02));
+  CHECK(PredictTtftSeconds(WithModel(Up("c", 0, 2), &lm, 512, 1000), 1000) ==
+        Approx(0.522 + 0.498));
+  // No model: the measured averages, as before.
+  InstanceLoad plain = Up("p", 1000, 0, 0.002);
+  CHECK(PredictTtftSeconds(plain, 500) == Approx(PredictTtftSeconds(plain.load, 500)));
+  CHECK(PredictDecodeTpotSeconds(Up("d", 0, 3, 0.001, 0.05), 10) == Approx(0.05 * 4 / 3));
+}
+
+TEST_CASE("placement: goodput with a latency model picks and rejects as predicted",
+          "[placement]") {
+  LatencyModel lm = SimpleModel();
+  // The measured averages say the opposite of the model (P0 fast, D1 fast): the model wins.
+  std::vector<InstanceLoad> p = {WithModel(Up("prefill-0", 1000, 0, 1e-6), &lm, 2048),
+                                 WithModel(Up("prefill-1", 0, 0, 0.01), &lm, 2048)};
+  std::vector<InstanceLoad> d = {WithModel(Up("decode-0", 0, 10, 0.001, 0.5), &lm, 0, 5000),
+                                 WithModel(Up("decode-1", 0, 30, 0.001, 0.001), &lm, 0, 3000)};
+  std::vector<InstanceLoad> none;
+  auto placed = Place(PlacementPolicy::kGoodput, Input(p, d, none, 500, SloTarget{1.0, 0.1}));
+  REQUIRE(placed.ok());
+  CHECK(placed->prefill == 1);  // 0.51 s vs 1.51 s
+  CHECK(placed->decode == 0);   // 0.097 s vs 0.117 s
+  CHECK(placed->predicted_ttft_s == Approx(0.51));
+  CHECK(placed->predicted_tpot_s == Approx(0.097));
+  // TPOT 50 ms: neither decode instance can, and neither is idle: 429.
+  auto rejected = Place(PlacementPolicy::kGoodput, Input(p, d, none, 500, SloTarget{1.0, 0.05}));
+  REQUIRE_FALSE(rejected.ok());
+  CHECK(rejected.status().code() == StatusCode::kResourceExhausted);
+  CHECK(rejected.status().message().find("TPOT 0.097 s vs 0.050 s") != std::string::npos);
+  // TTFT 0.4 s: even the empty prefill needs 0.51 s; P1 is idle but D0 is not: rejected.
+  CHECK(Place(PlacementPolicy::kGoodput, Input(p, d, none, 500, SloTarget{0.4, 0.1}))
+            .status()
+            .code() == StatusCode::kResourceExhausted);
+
+  // Colocated only: C1 meets TTFT 1.2 s (1.02 s) where C0 with its queue cannot.
+  std::vector<InstanceLoad> c = {WithModel(Up("colocated-0", 600, 2), &lm, 512, 1000),
+                                 WithModel(Up("colocated-1", 0, 2), &lm, 512, 1000)};
+  auto colocated = Place(PlacementPolicy::kGoodput, Input(none, none, c, 1000, SloTarget{1.2, 1.0}));
+  REQUIRE(colocated.ok());
+  CHECK(colocated->colocated == 1);
+  CHECK(colocated->predicted_ttft_s == Approx(1.02));
+  CHECK(colocated->predicted_tpot_s == Approx(0.558));
+}
+
+TEST_CASE("placement: the router loads router.latency_model relative to the config",
+          "[placement]") {
+  test::TempDir dir;
+  std::filesystem::create_directories(dir.path() / "conf");
+  dir.Write("conf/lm.yaml",
+            "latency_model:\n"
+            "  - {model: medium, threads: 1, prefill: {c1: 0.01, c2: 0.001, c3: 0},\n"
+            "     decode: {c4: 0.02, c5: 0.002, c6: 1.0e-5}}\n"
+            "  - {model: medium, threads: 2, prefill: {c1: 0.005, c2: 0.0005, c3: 0},\n"
+            "     decode: {c4: 0.01, c5: 0.001, c6: 1.0e-5}}\n");
+  std::string config_path = dir.Write("conf/cluster.yaml",
+                                      "router: {latency_model: lm.yaml}\n"
+                                      "decode: {threads: 2}\n");
+  auto config = LoadConfig(config_path);
+  REQUIRE(config.ok());
+  auto models = LoadRouterLatencyModels(*config);
+  REQUIRE(models.ok());
+  REQUIRE(models->file != nullptr);
+  REQUIRE(models->prefill != nullptr);
+  REQUIRE(models->decode != nullptr);
+  CHECK(models->prefill->threads == 1);
+  CHECK(models->decode->threads == 2);
+  CHECK(models->colocated == nullptr);  // no colocated instances
+
+  config->router.latency_model.clear();
+  auto off = LoadRouterLatencyModels(*config);
+  REQUIRE(off.ok());
+  CHECK(off->file == nullptr);
+
+  // A shape the file does not have.
+  config->router.latency_model = "lm.yaml";
+  config->prefill.threads = 4;
+  auto missing = LoadRouterLatencyModels(*config);
+  REQUIRE_FALSE(missing.ok());
+  CHECK(missing.status().message().find("no entry for prefill (device cpu, threads 4") !=
+        std::string::npos);
+
+  // A bad file stops start-up with its line and field.
+  dir.Write("conf/bad.yaml",
+            "latency_model:\n  - model: medium\n    prefill: {c1: 0.01, c2: x, c3: 0}\n"
+            "    decode: {c4: 0.02, c5: 0.002, c6: 1.0e-5}\n");
+  config->prefill.threads = 1;
+  config->router.latency_model = "bad.yaml";
+  auto bad = LoadRouterLatencyModels(*config);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.status().message().find("bad.yaml:3:29: latency_model[0].prefill.c2: must be a number") !=
+        std::string::npos);
+  ClusterConfig with_ports = *config;
+  with_ports.prefill.port = 1;
+  with_ports.decode.port = 100;
+  ClusterBackend backend(with_ports);
+  Status start = backend.Start();
+  CHECK(start.code() == StatusCode::kInvalidArgument);
+  CHECK(start.message().find("latency_model[0].prefill.c2") != std::string::npos);
+}

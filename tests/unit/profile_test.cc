@@ -1,0 +1,55 @@
+#include <catch2/catch.hpp>
+
+#include <chrono>
+
+#include "common/latency_model.h"
+#include "test_util.h"
+
+using namespace tandem;
+
+TEST_CASE("profile: --quick on the tiny model writes a model that reads back and fits",
+          "[profile]") {
+  test::TempDir dir;
+  const std::string out = (dir.path() / "lm.yaml").string();
+  auto t0 = std::chrono::steady_clock::now();
+  test::CommandResult r = test::RunCommand(std::string(TANDEM_BINARY) +
+                                           " profile --quick --model-preset tiny --out " + out);
+  double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(seconds < 30);
+  CHECK(r.output.find("measured_ms") != std::string::npos);
+  auto file = LoadLatencyModel(out);
+  REQUIRE(file.ok());
+  REQUIRE(file->entries.size() == 1);
+  const LatencyModel& m = file->entries[0];
+  CHECK(m.model == "tiny");
+  CHECK(m.device == "cpu");
+  CHECK(m.threads == 1);
+  CHECK(m.kv_bytes_per_token == 2.0 * 2 * 2 * 32 * 4);  // 2 layers, 2 KV heads, head_dim 32
+  CHECK(m.fit.prefill_r2 > 0.9);
+  CHECK(m.fit.decode_r2 > 0.9);
+  CHECK(m.c2 > 0);
+  CHECK(file->transfer.bytes_per_s > 0);
+
+  // --append with another thread count adds an entry and keeps the first.
+  r = test::RunCommand(std::string(TANDEM_BINARY) +
+                       " profile --quick --model-preset tiny --threads 2 --reps 1 --append "
+                       "--out " + out);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  auto both = LoadLatencyModel(out);
+  REQUIRE(both.ok());
+  REQUIRE(both->entries.size() == 2);
+  CHECK(both->Find("cpu", 1) != nullptr);
+  CHECK(both->Find("cpu", 2) != nullptr);
+  CHECK(both->Find("cpu", 1)->c1 == m.c1);
+}
+
+TEST_CASE("profile: bad flags are usage errors", "[profile]") {
+  CHECK(test::RunCommand(std::string(TANDEM_BINARY) + " profile --threads 0").exit_code == 2);
+  CHECK(test::RunCommand(std::string(TANDEM_BINARY) + " profile --model-preset huge").exit_code ==
+        2);
+  CHECK(test::RunCommand(std::string(TANDEM_BINARY) + " profile --colour blue").exit_code == 2);
+}
