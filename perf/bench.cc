@@ -197,8 +197,10 @@ int BenchMain(const std::vector<std::string>& args) {
                            ? "concurrency " + std::to_string(options.concurrency)
                            : (flags.IsSet("rate") ? "rate " + Num(rate) + " req/s"
                                                   : std::string("trace arrivals"));
-    std::printf("tandem bench: %s, %zu requests, %s, model %s (max_model_len %d), %s\n",
-                workload.empty() ? trace.c_str() : workload.c_str(), requests.size(), mode.c_str(),
+    std::string count = std::to_string(requests.size()) + " requests";
+    if (duration > 0) count = "up to " + count + " in " + Num(duration) + " s";
+    std::printf("tandem bench: %s, %s, %s, model %s (max_model_len %d), %s\n",
+                workload.empty() ? trace.c_str() : workload.c_str(), count.c_str(), mode.c_str(),
                 options.model.c_str(), max_model_len, flags.GetString("url").c_str());
     std::fflush(stdout);
   }
