@@ -69,9 +69,11 @@ enum class EventType : uint8_t {
   kArrival,
   kPrefillDone,
   kPrefillWake,
+  kPrefillKick,
   kPullDone,
   kStepDone,
   kEngineWake,
+  kEngineKick,
   kReportTick,
 };
 
@@ -121,6 +123,7 @@ struct PrefillInstance {
   std::deque<PrefillBatch> in_flight;
   double stage_free_at = 0;
   double wake_at = -1;
+  bool kicked = false;
   int64_t queued_tokens = 0;  // prompt tokens not yet computed (as PublishLoad counts them)
   double avg_s_per_token = 0;
   // scratch
@@ -150,6 +153,7 @@ struct EngineInstance {
   int32_t pulling = 0;
   double stage_free_at = 0;
   double wake_at = -1;
+  bool kicked = false;
   double avg_decode_step_s = 0, avg_prefill_s_per_token = 0;
   // scratch
   std::vector<SeqState> running_state, waiting_state;
@@ -196,7 +200,10 @@ class Simulation {
   void Complete(int64_t id);
   void EmitToken(int64_t id);
 
+  // Try*: the instance looks for work once the events of this instant are handled (the servers
+  // drain their inbox before a step, so simultaneous arrivals share a batch). Run*: now.
   void TryPrefill(int p);
+  void RunPrefill(int p);
   void OnPrefillDone(int p);
   void PublishPrefill(int p);
 
@@ -204,6 +211,7 @@ class Simulation {
   void AdmitPulls(int e);
   void OnPullDone(int e, int64_t id);
   void TryEngine(int e);
+  void RunEngine(int e);
   bool StartStep(int e, int lane);
   void OnStepDone(int e, int lane);
   void PublishEngine(int e);
@@ -328,13 +336,21 @@ StatusOr<SimulationResult> Simulation::Run() {
       case EventType::kPrefillDone: OnPrefillDone(ev.instance); break;
       case EventType::kPrefillWake:
         prefill_[ev.instance].wake_at = -1;
-        TryPrefill(ev.instance);
+        RunPrefill(ev.instance);
+        break;
+      case EventType::kPrefillKick:
+        prefill_[ev.instance].kicked = false;
+        RunPrefill(ev.instance);
         break;
       case EventType::kPullDone: OnPullDone(ev.instance, ev.a); break;
       case EventType::kStepDone: OnStepDone(ev.instance, static_cast<int>(ev.a)); break;
       case EventType::kEngineWake:
         engines_[ev.instance].wake_at = -1;
-        TryEngine(ev.instance);
+        RunEngine(ev.instance);
+        break;
+      case EventType::kEngineKick:
+        engines_[ev.instance].kicked = false;
+        RunEngine(ev.instance);
         break;
       case EventType::kReportTick: OnReportTick(); break;
     }
@@ -474,6 +490,13 @@ void Simulation::PublishPrefill(int pi) {
 
 void Simulation::TryPrefill(int pi) {
   PrefillInstance& p = prefill_[pi];
+  if (p.kicked || p.queue.empty()) return;
+  p.kicked = true;
+  Push(now_, EventType::kPrefillKick, pi, 0);
+}
+
+void Simulation::RunPrefill(int pi) {
+  PrefillInstance& p = prefill_[pi];
   if (p.queue.empty()) return;
   if (p.pp == 1 && !p.in_flight.empty()) return;  // the batch's end calls again
   if (now_ < p.stage_free_at) {
@@ -522,7 +545,7 @@ void Simulation::TryPrefill(int pi) {
   Push(b.done_at, EventType::kPrefillDone, pi, 0);
   p.in_flight.push_back(std::move(b));
   PublishPrefill(pi);
-  if (p.pp > 1) TryPrefill(pi);  // schedules a wake for the next stage slot
+  if (p.pp > 1) RunPrefill(pi);  // schedules a wake for the next stage slot
 }
 
 void Simulation::OnPrefillDone(int pi) {
@@ -667,6 +690,13 @@ void Simulation::OnPullDone(int ei, int64_t id) {
 }
 
 void Simulation::TryEngine(int ei) {
+  EngineInstance& e = engines_[ei];
+  if (e.kicked) return;
+  e.kicked = true;
+  Push(now_, EventType::kEngineKick, ei, 0);
+}
+
+void Simulation::RunEngine(int ei) {
   EngineInstance& e = engines_[ei];
   bool any_free = false;
   for (const Lane& l : e.lanes) any_free |= !l.busy;

@@ -12,6 +12,7 @@
 // Deterministic: the same inputs give the same outcomes. Single-threaded; any thread.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "cluster/workload.h"
@@ -35,12 +36,21 @@ struct SimulationResult {
 
 // Simulates `requests` (prompt_tokens must be known, >= 1) on the cluster described by
 // `config` (instance counts, threads/tensor_parallel, batch limits, KV blocks, router policy and
-// SLO), with the entry of `models` that matches each instance's device/threads/tensor_parallel.
+// SLO), with the entry of `models` that matches each instance's device/threads/tensor_parallel/
+// pipeline_parallel (device "cuda" matches any non-cpu entry, e.g. "h100"; threads only
+// distinguish cpu entries). kv_blocks 0 is sized as the servers size it; a KV transfer takes
+// models.transfer for the prompt's blocks (kv_bytes_per_token of the prefill entry). The
+// implementation's header comment lists what is mirrored from which server, and how
+// pipeline_parallel is modelled.
 // InvalidArgument when an instance shape has no latency model entry (naming the shape), or a
 // request has no known prompt length.
 StatusOr<SimulationResult> Simulate(const ClusterConfig& config, const LatencyModelFile& models,
                                     const std::vector<WorkloadRequest>& requests,
                                     const SimulationOptions& options = {});
+
+// The run summary as `tandem simulate` prints it: counts, throughput, p50/p90/p99 of TTFT,
+// TPOT and e2e, and SLO attainment (the same columns as `tandem bench`).
+std::string FormatRunSummary(const RunSummary& summary, const Slo& slo);
 
 // `tandem simulate --config CLUSTER.yaml --latency-model LM.yaml (--workload NAME --rate R
 //  --num-requests N --seed S | --trace FILE.jsonl) [--out FILE.json]`: prints the run summary

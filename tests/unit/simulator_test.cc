@@ -1,0 +1,191 @@
+#include <catch2/catch.hpp>
+
+#include "cluster/simulator.h"
+
+using namespace tandem;
+
+namespace {
+
+// Hand-computable step times: prefill 0.01 + 0.001 / token, decode 0.02 + 0.001 / sequence.
+LatencyModelFile Model(double transfer_latency = 0, double bytes_per_s = 0) {
+  LatencyModel m;
+  m.device = "cpu";
+  m.threads = 1;
+  m.c1 = 0.01;
+  m.c2 = 0.001;
+  m.c4 = 0.02;
+  m.c5 = 0.001;
+  m.kv_bytes_per_token = 1000;
+  LatencyModelFile f;
+  f.entries.push_back(m);
+  f.transfer.latency_s = transfer_latency;
+  f.transfer.bytes_per_s = bytes_per_s;
+  return f;
+}
+
+ClusterConfig Disaggregated(const std::string& policy = "least_loaded") {
+  ClusterConfig c;
+  c.router.policy = policy;
+  c.prefill.instances = 1;
+  c.decode.instances = 1;
+  c.colocated.instances = 0;
+  c.model.max_model_len = 4096;
+  return c;
+}
+
+WorkloadRequest Request(int64_t id, double arrival, int32_t prompt, int32_t max_tokens) {
+  WorkloadRequest r;
+  r.id = id;
+  r.arrival_s = arrival;
+  r.prompt_tokens = prompt;
+  r.max_tokens = max_tokens;
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("one request on an idle 1P1D cluster: TTFT is the prefill, TPOT the decode step",
+          "[simulator]") {
+  SECTION("instant transfer") {
+    auto r = Simulate(Disaggregated(), Model(), {Request(0, 1.0, 100, 5)});
+    REQUIRE(r.ok());
+    const RequestOutcome& o = r->outcomes.at(0);
+    CHECK(o.ok);
+    CHECK(o.output_tokens == 5);
+    CHECK(o.ttft_s == Approx(0.01 + 0.1));
+    CHECK(o.tpot_s == Approx(0.021));  // 4 decode steps of one sequence
+    CHECK(o.e2e_s == Approx(0.11 + 4 * 0.021));
+  }
+  SECTION("the KV transfer sits between the first and second tokens") {
+    // 100 tokens = 7 blocks of 16 = 112 tokens x 1000 bytes at 1 MB/s + 5 ms.
+    auto r = Simulate(Disaggregated(), Model(0.005, 1e6), {Request(0, 0, 100, 5)});
+    REQUIRE(r.ok());
+    const RequestOutcome& o = r->outcomes.at(0);
+    CHECK(o.ttft_s == Approx(0.11));
+    CHECK(o.e2e_s == Approx(0.11 + 0.117 + 4 * 0.021));
+  }
+  SECTION("max_tokens 1 ends at prefill") {
+    auto r = Simulate(Disaggregated(), Model(), {Request(0, 0, 10, 1)});
+    REQUIRE(r.ok());
+    CHECK(r->outcomes[0].ok);
+    CHECK(r->outcomes[0].e2e_s == Approx(0.02));
+  }
+}
+
+TEST_CASE("prefill is FCFS and batches by the token budget", "[simulator]") {
+  ClusterConfig c = Disaggregated();
+  c.prefill.token_budget = 100;
+  auto r = Simulate(c, Model(), {Request(0, 0, 100, 2), Request(1, 0, 100, 2)});
+  REQUIRE(r.ok());
+  CHECK(r->outcomes[0].ttft_s == Approx(0.11));
+  CHECK(r->outcomes[1].ttft_s == Approx(0.22));  // waited for the first batch
+  c.prefill.token_budget = 200;
+  r = Simulate(c, Model(), {Request(0, 0, 100, 2), Request(1, 0, 100, 2)});
+  REQUIRE(r.ok());
+  CHECK(r->outcomes[0].ttft_s == Approx(0.21));  // one batch of both
+  CHECK(r->outcomes[1].ttft_s == Approx(0.21));
+}
+
+TEST_CASE("decode admits pulls only within the batch limit and the KV blocks", "[simulator]") {
+  auto check = [](const ClusterConfig& c) {
+    auto r = Simulate(c, Model(), {Request(0, 0, 100, 3), Request(1, 0, 100, 3)});
+    REQUIRE(r.ok());
+    const RequestOutcome& a = r->outcomes[0];
+    const RequestOutcome& b = r->outcomes[1];
+    CHECK(a.ttft_s == Approx(0.21));
+    CHECK(b.ttft_s == Approx(0.21));
+    CHECK(a.e2e_s == Approx(0.21 + 2 * 0.021));
+    CHECK(b.e2e_s == Approx(0.21 + 4 * 0.021));  // pulled after the first finished
+    CHECK(b.tpot_s == Approx(0.042));
+  };
+  SECTION("max_batch_size 1") {
+    ClusterConfig c = Disaggregated();
+    c.decode.max_batch_size = 1;
+    check(c);
+  }
+  SECTION("10 blocks: one request's 7 leave too few") {
+    ClusterConfig c = Disaggregated();
+    c.decode.kv_blocks = 10;
+    c.decode.kv_usage_watermark = 1.0;
+    check(c);
+  }
+  SECTION("both fit: one batch of two") {
+    auto r = Simulate(Disaggregated(), Model(), {Request(0, 0, 100, 3), Request(1, 0, 100, 3)});
+    REQUIRE(r.ok());
+    CHECK(r->outcomes[1].e2e_s == Approx(0.21 + 2 * 0.022));
+  }
+}
+
+TEST_CASE("colocated: a prompt arriving mid-decode slows the running request", "[simulator]") {
+  ClusterConfig c;
+  c.router.policy = "least_loaded";
+  c.prefill.instances = 0;
+  c.decode.instances = 0;
+  c.colocated.instances = 1;
+  auto alone = Simulate(c, Model(), {Request(0, 0, 10, 50)});
+  auto mixed = Simulate(c, Model(), {Request(0, 0, 10, 50), Request(1, 0.2, 1000, 2)});
+  REQUIRE(alone.ok());
+  REQUIRE(mixed.ok());
+  CHECK(alone->outcomes[0].ttft_s == Approx(0.02));
+  CHECK(alone->outcomes[0].tpot_s == Approx(0.021));
+  // One of its 49 steps also computes request 1's 1000-token prompt (+1 s): +0.02 s TPOT.
+  CHECK(mixed->outcomes[0].tpot_s > alone->outcomes[0].tpot_s + 0.015);
+  CHECK(mixed->outcomes[1].ok);
+}
+
+TEST_CASE("the simulation is deterministic", "[simulator]") {
+  ClusterConfig c = Disaggregated("goodput");
+  c.prefill.instances = 2;
+  c.decode.instances = 2;
+  c.slo.ttft_s = 1.0;
+  c.slo.tpot_s = 0.1;
+  WorkloadOptions wo;
+  wo.rate = 20;
+  wo.num_requests = 300;
+  wo.max_model_len = 1024;
+  auto requests = GenerateWorkload(*WorkloadShapeByName("chatbot"), wo);
+  SimulationOptions so;
+  so.load_report_interval_s = 0.1;
+  auto a = Simulate(c, Model(), requests, so);
+  auto b = Simulate(c, Model(), requests, so);
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  REQUIRE(a->outcomes.size() == 300);
+  for (size_t i = 0; i < a->outcomes.size(); ++i) {
+    CHECK(a->outcomes[i].ttft_s == b->outcomes[i].ttft_s);
+    CHECK(a->outcomes[i].e2e_s == b->outcomes[i].e2e_s);
+    CHECK(a->outcomes[i].rejected == b->outcomes[i].rejected);
+  }
+  CHECK(a->makespan_s == b->makespan_s);
+}
+
+TEST_CASE("goodput placement rejects what cannot meet the SLO", "[simulator]") {
+  ClusterConfig c = Disaggregated("goodput");
+  c.slo.ttft_s = 0.15;
+  c.slo.tpot_s = 1.0;
+  std::vector<WorkloadRequest> burst;
+  for (int i = 0; i < 20; ++i) burst.push_back(Request(i, 0.001 * i, 100, 2));
+  auto r = Simulate(c, Model(), burst);
+  REQUIRE(r.ok());
+  int rejected = 0, ok = 0;
+  for (const RequestOutcome& o : r->outcomes) {
+    rejected += o.rejected ? 1 : 0;
+    ok += o.ok ? 1 : 0;
+    if (o.rejected) CHECK_FALSE(o.ok);
+  }
+  CHECK(r->outcomes[0].ok);  // an idle cluster always takes the request
+  CHECK(rejected > 0);
+  CHECK(ok + rejected == 20);
+  RunSummary s = Summarize(r->outcomes, Slo{0.15, 1.0});
+  CHECK(s.rejected == rejected);
+}
+
+TEST_CASE("an instance shape without a latency model entry is an error", "[simulator]") {
+  ClusterConfig c = Disaggregated();
+  c.decode.tensor_parallel = 2;
+  auto r = Simulate(c, Model(), {Request(0, 0, 10, 2)});
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().message().find("tensor_parallel 2") != std::string::npos);
+  auto bad = Simulate(Disaggregated(), Model(), {Request(0, 0, -1, 2)});
+  CHECK_FALSE(bad.ok());
+}
