@@ -98,9 +98,10 @@ class ClusterProcess {
   ~ClusterProcess() { Stop(30); }
 
   Status Start(const std::string& binary, const std::string& config_path,
-               const std::string& log_path) {
+               const std::vector<std::string>& overrides, const std::string& log_path) {
     log_path_ = log_path;
     std::vector<std::string> argv_strings = {binary, "up", config_path};
+    argv_strings.insert(argv_strings.end(), overrides.begin(), overrides.end());
     std::vector<char*> argv;
     for (std::string& s : argv_strings) argv.push_back(s.data());
     argv.push_back(nullptr);
@@ -289,6 +290,9 @@ int SweepMain(const std::vector<std::string>& input_args) {
   flags.AddDouble("stop-timeout-s", 60, "SIGKILL a cluster that has not stopped after this");
   flags.AddDouble("request-timeout-s", 600, "per request, connect to the end of the stream");
   flags.AddInt("max-token-id", 1000, "synthetic prompt ids are below this (and >= 100)");
+  flags.AddInt("max-model-len", 0,
+               "scale of the workload lengths (cluster/workload.h); 0 = each config's "
+               "model.max_model_len");
   if (Status s = flags.Parse(args); !s.ok()) return UsageError(s.message());
   if (flags.help_requested()) {
     std::fputs(flags.Help().c_str(), stdout);
@@ -370,6 +374,9 @@ int SweepMain(const std::vector<std::string>& input_args) {
   const long max_token_id = flags.GetInt("max-token-id");
   if (max_token_id < 101 || max_token_id > (1L << 30))
     return UsageError("--max-token-id: must be > 100");
+  const long workload_len = flags.GetInt("max-model-len");
+  if (workload_len < 0 || workload_len > (1L << 24))
+    return UsageError("--max-model-len: must be >= 0");
   const double slo_scale_rate = flags.GetDouble("slo-scale-rate");
   if (flags.IsSet("slo-scale-rate") &&
       std::find(rates.begin(), rates.end(), slo_scale_rate) == rates.end())
@@ -394,6 +401,16 @@ int SweepMain(const std::vector<std::string>& input_args) {
       continue;
     }
     spec.config = *config;
+    // The router admits and places by the sweep's SLOs (the simulator too), not the config's.
+    spec.config.slo.ttft_s = slo_ttft > 0 ? slo_ttft : 3600;
+    spec.config.slo.tpot_s = slo_tpot > 0 ? slo_tpot : 3600;
+    spec.config.slo.classes.clear();
+    if (workload_len > 0 && workload_len > spec.config.model.max_model_len) {
+      std::fprintf(stderr,
+                   "tandem bench sweep: --max-model-len %ld exceeds %s's model.max_model_len %d\n",
+                   workload_len, spec.name.c_str(), spec.config.model.max_model_len);
+      configs_ok = false;
+    }
     int cores = 0;
     for (const InstanceSection* s : {&config->prefill, &config->decode, &config->colocated})
       cores += s->instances * s->threads;
@@ -421,6 +438,15 @@ int SweepMain(const std::vector<std::string>& input_args) {
     }
   }
   const Slo slo{slo_ttft, slo_tpot};
+  // Every cluster runs with the sweep's SLOs (router admission and the goodput policy use
+  // them) and, with --latency-model, with that model in its router: what is simulated is what
+  // runs.
+  std::vector<std::string> cluster_overrides = {
+      "--slo.ttft_s=" + FormatNumber(slo_ttft > 0 ? slo_ttft : 3600),
+      "--slo.tpot_s=" + FormatNumber(slo_tpot > 0 ? slo_tpot : 3600)};
+  if (latency_model)
+    cluster_overrides.push_back("--router.latency_model=" +
+                                fs::absolute(flags.GetString("latency-model")).string());
   auto path_in = [&](const std::string& file) { return (fs::path(out_dir) / file).string(); };
 
   json sweep_config = {{"clusters", json::array()},
@@ -448,7 +474,7 @@ int SweepMain(const std::vector<std::string>& input_args) {
     std::fflush(stdout);
     ClusterProcess process;
     const std::string log_path = path_in(spec.name + ".log");
-    Status started = process.Start(binary, spec.config_path, log_path);
+    Status started = process.Start(binary, spec.config_path, cluster_overrides, log_path);
     StatusOr<std::string> ready =
         started.ok() ? process.WaitReady(ready_timeout) : StatusOr<std::string>(started);
     std::string url_text, model;
@@ -488,7 +514,8 @@ int SweepMain(const std::vector<std::string>& input_args) {
       for (double rate : rates) {
         StatusOr<std::vector<WorkloadRequest>> requests =
             SyntheticRequests(workload, rate, num_requests, duration, static_cast<uint64_t>(seed),
-                              spec.config.model.max_model_len);
+                              workload_len > 0 ? static_cast<int32_t>(workload_len)
+                                             : spec.config.model.max_model_len);
         if (!requests.ok() || requests->empty()) {
           std::fprintf(stderr, "tandem bench sweep: %s %s rate %g: no requests\n",
                        spec.name.c_str(), workload.c_str(), rate);
@@ -515,6 +542,9 @@ int SweepMain(const std::vector<std::string>& input_args) {
                          {"url", url_text},
                          {"model", model},
                          {"max_model_len", spec.config.model.max_model_len},
+                         {"workload_max_model_len", workload_len > 0
+                                                        ? static_cast<int>(workload_len)
+                                                        : spec.config.model.max_model_len},
                          {"workload", workload},
                          {"seed", seed},
                          {"rate", rate},

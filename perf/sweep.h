@@ -3,9 +3,14 @@
 //   tandem bench sweep --cluster NAME=CONFIG.yaml [--cluster ...] --workload W[,W2]
 //       --slo-ttft X --slo-tpot Y [--rates R1,R2,...] [--num-requests N | --duration-s D]
 //       [--target 0.9] [--cores-per NAME=K] [--latency-model LM.yaml] [--out-dir DIR]
-//       [--binary PATH] [--seed S] [--slo-scale-rate R]
+//       [--binary PATH] [--seed S] [--slo-scale-rate R] [--max-model-len L]
 //
-// For each cluster, in order: starts `BINARY up CONFIG` (own process group, stdout and stderr
+// --max-model-len sets the scale of the workload lengths (cluster/workload.h), default each
+// config's model.max_model_len.
+//
+// For each cluster, in order: starts `BINARY up CONFIG --slo.ttft_s=X --slo.tpot_s=Y
+// [--router.latency_model=LM.yaml]` (the router admits and places by the sweep's SLOs, and by
+// the latency model the simulator uses; own process group, stdout and stderr
 // to DIR/NAME.log, SIGTERM to it should the sweep die), waits (bounded) for its line
 // "tandem: ready at http://HOST:PORT (model NAME)", then for each workload runs the rates in
 // increasing order (the same seed at every rate: every cluster sees the same requests at a
