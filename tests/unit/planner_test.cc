@@ -1,0 +1,76 @@
+#include <catch2/catch.hpp>
+
+#include "cluster/planner.h"
+#include "common/config.h"
+
+using namespace tandem;
+
+namespace {
+
+LatencyModel Entry(int tp, double c2) {
+  LatencyModel m;
+  m.device = "cpu";
+  m.threads = 1;
+  m.tensor_parallel = tp;
+  m.c1 = 0.01;
+  m.c2 = c2;
+  m.c4 = 0.02;
+  m.c5 = 0.001;
+  m.kv_bytes_per_token = 1000;
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("the planner picks the shape that is super-linear for prefill and writes a loadable "
+          "config",
+          "[planner]") {
+  LatencyModelFile models;
+  models.entries.push_back(Entry(1, 0.01));
+  models.entries.push_back(Entry(2, 0.002));  // 2 GPUs, 5x faster prefill; decode no faster
+  PlanOptions o;
+  o.workload = "chatbot";
+  o.slo = Slo{1.0, 0.1};
+  o.gpus = 4;
+  o.gpus_per_node = 4;
+  o.max_model_len = 256;
+  o.num_requests = 100;
+  o.horizon_s = 20;
+  auto plan = MakePlan(models, o);
+  REQUIRE(plan.ok());
+  REQUIRE_FALSE(plan->prefill_candidates.empty());
+  CHECK(plan->prefill_candidates[0].prefill_tp == 2);
+  CHECK(plan->decode_candidates[0].decode_tp == 1);  // the same work on fewer GPUs
+  CHECK(plan->chosen.prefill_tp == 2);
+  CHECK(plan->chosen.decode_tp == 1);
+  CHECK(plan->chosen.gpus <= 4);
+  CHECK(plan->chosen.rate > 0);
+  CHECK(plan->colocated.rate > 0);
+  auto config = ParseConfig(plan->config_yaml, "plan.yaml");
+  REQUIRE(config.ok());
+  CHECK(config->prefill.tensor_parallel == 2);
+  CHECK(config->prefill.instances == plan->chosen.prefill_instances);
+  CHECK(config->decode.instances == plan->chosen.decode_instances);
+  CHECK(config->colocated.instances == 0);
+  CHECK(config->slo.ttft_s == 1.0);
+
+  SECTION("low affinity: units of one node") {
+    o.high_affinity = false;
+    auto low = MakePlan(models, o);
+    REQUIRE(low.ok());
+    REQUIRE_FALSE(low->unit_candidates.empty());
+    CHECK(low->chosen.prefill_tp == 2);
+    CHECK(low->chosen.gpus <= 4);
+    CHECK(ParseConfig(low->config_yaml, "plan.yaml").ok());
+  }
+}
+
+TEST_CASE("the planner says when nothing fits", "[planner]") {
+  LatencyModelFile models;
+  models.entries.push_back(Entry(8, 0.001));
+  PlanOptions o;
+  o.gpus = 4;
+  auto plan = MakePlan(models, o);
+  REQUIRE_FALSE(plan.ok());
+  CHECK(plan.status().code() == StatusCode::kInvalidArgument);
+}
