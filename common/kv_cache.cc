@@ -50,27 +50,58 @@ void BlockManager::Free(std::span<const int32_t> blocks) {
 
 // ---- KvCache ---------------------------------------------------------------------------------
 
-void KvCache::FreeDeleter::operator()(float* p) const { std::free(p); }
-
 KvCache::KvCache(const KvLayout& layout, int num_blocks)
     : layout_(layout),
       num_blocks_(num_blocks),
       block_floats_(layout.block_bytes() / sizeof(float)),
       blocks_(num_blocks) {}
 
-StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvLayout& layout, int num_blocks) {
+size_t KvPoolBytes(const KvLayout& layout, int num_blocks) {
+  return layout.block_bytes() * static_cast<size_t>(num_blocks) * layout.num_layers;
+}
+
+StatusOr<KvPoolMemory> AllocateKvPoolMemory(size_t bytes) {
+  size_t rounded = (bytes + 4095) / 4096 * 4096;
+  void* base = rounded == 0 ? nullptr : std::aligned_alloc(4096, rounded);
+  if (base == nullptr)
+    return ResourceExhausted("KV cache: cannot allocate " + std::to_string(bytes) + " bytes");
+  KvPoolMemory memory;
+  memory.base = static_cast<std::byte*>(base);
+  memory.bytes = rounded;
+  memory.owner = std::shared_ptr<void>(base, [](void* p) { std::free(p); });
+  return memory;
+}
+
+namespace {
+Status CheckLayout(const KvLayout& layout, int num_blocks) {
   if (layout.num_layers <= 0 || layout.num_kv_heads <= 0 || layout.head_dim <= 0 ||
       layout.block_size <= 0 || num_blocks <= 0)
     return InvalidArgument("KV cache: bad layout " + layout.ToString() + " with " +
                            std::to_string(num_blocks) + " blocks");
+  return Status::Ok();
+}
+}  // namespace
+
+StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvLayout& layout, int num_blocks) {
+  TANDEM_RETURN_IF_ERROR(CheckLayout(layout, num_blocks));
+  TANDEM_ASSIGN_OR_RETURN(KvPoolMemory memory,
+                          AllocateKvPoolMemory(KvPoolBytes(layout, num_blocks)));
+  return Create(layout, num_blocks, std::move(memory));
+}
+
+StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvLayout& layout, int num_blocks,
+                                                   KvPoolMemory memory) {
+  TANDEM_RETURN_IF_ERROR(CheckLayout(layout, num_blocks));
+  const size_t bytes = KvPoolBytes(layout, num_blocks);
+  if (memory.base == nullptr || memory.bytes < bytes)
+    return InvalidArgument("KV cache: " + std::to_string(memory.bytes) + " bytes of memory for a " +
+                           std::to_string(bytes) + "-byte pool");
+  if (reinterpret_cast<uintptr_t>(memory.base) % 64 != 0)
+    return InvalidArgument("KV cache: pool memory is not 64-byte aligned");
   auto cache = std::unique_ptr<KvCache>(new KvCache(layout, num_blocks));
-  size_t bytes = cache->total_bytes();
-  size_t rounded = (bytes + 4095) / 4096 * 4096;
-  float* base = static_cast<float*>(std::aligned_alloc(4096, rounded));
-  if (base == nullptr)
-    return ResourceExhausted("KV cache: cannot allocate " + std::to_string(bytes) + " bytes");
-  std::memset(base, 0, rounded);  // touch every page now, not in the first decode steps
-  cache->base_.reset(base);
+  std::memset(memory.base, 0, bytes);  // touch every page now, not in the first decode steps
+  cache->base_ = reinterpret_cast<float*>(memory.base);
+  cache->memory_owner_ = std::move(memory.owner);
   return cache;
 }
 
@@ -84,8 +115,8 @@ namespace {
 Status CheckTable(const KvCache& cache, std::span<const int32_t> table, size_t bytes) {
   size_t want = ExportedKvBytes(cache.layout(), table.size());
   if (bytes != want)
-    return InvalidArgument("KV export/import: buffer has " + std::to_string(bytes) +
-                           " bytes, " + std::to_string(table.size()) + " blocks of " +
+    return InvalidArgument("KV export/import: buffer has " + std::to_string(bytes) + " bytes, " +
+                           std::to_string(table.size()) + " blocks of " +
                            cache.layout().ToString() + " need " + std::to_string(want));
   for (int32_t b : table) {
     if (b < 0 || b >= cache.num_blocks())
@@ -96,7 +127,8 @@ Status CheckTable(const KvCache& cache, std::span<const int32_t> table, size_t b
 }
 }  // namespace
 
-Status ExportBlocks(const KvCache& cache, std::span<const int32_t> table, std::span<std::byte> out) {
+Status ExportBlocks(const KvCache& cache, std::span<const int32_t> table,
+                    std::span<std::byte> out) {
   TANDEM_RETURN_IF_ERROR(CheckTable(cache, table, out.size()));
   const size_t bb = cache.block_bytes();
   std::byte* dst = out.data();

@@ -72,10 +72,30 @@ class BlockManager {
   std::vector<int32_t> free_list_;  // stack; capacity num_blocks
 };
 
+// The bytes of a pool and what keeps them alive: `owner` frees them when its last copy goes (a
+// KvCache holds one). A transport that can only do fast RMA on memory it allocated itself (UCX
+// over shared memory) hands the pool one of these instead of the heap.
+struct KvPoolMemory {
+  std::byte* base = nullptr;  // at least 64-byte aligned
+  size_t bytes = 0;
+  std::shared_ptr<void> owner;
+};
+
+// Bytes a pool of `num_blocks` blocks per layer needs.
+size_t KvPoolBytes(const KvLayout& layout, int num_blocks);
+
+// `bytes` of 4096-aligned heap memory. ResourceExhausted when it is not available.
+StatusOr<KvPoolMemory> AllocateKvPoolMemory(size_t bytes);
+
 class KvCache {
  public:
-  // Allocates (and zeroes) the pool. ResourceExhausted when the memory is not available.
+  // Allocates (and zeroes) the pool on the heap. ResourceExhausted when the memory is not
+  // available.
   static StatusOr<std::unique_ptr<KvCache>> Create(const KvLayout& layout, int num_blocks);
+  // Places the pool in `memory` (zeroes and touches it now) and keeps memory.owner alive.
+  // InvalidArgument when it is smaller than KvPoolBytes or misaligned.
+  static StatusOr<std::unique_ptr<KvCache>> Create(const KvLayout& layout, int num_blocks,
+                                                   KvPoolMemory memory);
 
   KvCache(const KvCache&) = delete;
   KvCache& operator=(const KvCache&) = delete;
@@ -89,7 +109,7 @@ class KvCache {
 
   // The contiguous range of (layer, block); block_bytes() long.
   float* BlockData(int layer, int32_t block) {
-    return base_.get() + (size_t{static_cast<size_t>(layer)} * num_blocks_ + block) * block_floats_;
+    return base_ + (size_t{static_cast<size_t>(layer)} * num_blocks_ + block) * block_floats_;
   }
   const float* BlockData(int layer, int32_t block) const {
     return const_cast<KvCache*>(this)->BlockData(layer, block);
@@ -104,18 +124,16 @@ class KvCache {
     return const_cast<KvCache*>(this)->HeadData(layer, block, kv, head);
   }
   // Start of the whole pool (for registering it with a transport).
-  std::byte* data() { return reinterpret_cast<std::byte*>(base_.get()); }
+  std::byte* data() { return reinterpret_cast<std::byte*>(base_); }
 
  private:
-  struct FreeDeleter {
-    void operator()(float* p) const;
-  };
   KvCache(const KvLayout& layout, int num_blocks);
 
   KvLayout layout_;
   int num_blocks_;
   size_t block_floats_;
-  std::unique_ptr<float[], FreeDeleter> base_;
+  float* base_ = nullptr;
+  std::shared_ptr<void> memory_owner_;  // keeps base_ alive
   BlockManager blocks_;
 };
 

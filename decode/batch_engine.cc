@@ -47,9 +47,12 @@ StatusOr<std::unique_ptr<BatchEngine>> BatchEngine::Create(const Model& model,
   fo.max_batch_tokens = options.token_budget;
   fo.max_batch_sequences = options.max_batch_size;
   TANDEM_ASSIGN_OR_RETURN(engine->forward_, CpuForward::Create(model, fo));
+  const KvLayout layout = engine->forward_->MakeKvLayout(options.block_size);
   TANDEM_ASSIGN_OR_RETURN(engine->cache_,
-                          KvCache::Create(engine->forward_->MakeKvLayout(options.block_size),
-                                          options.kv_blocks));
+                          options.kv_memory.base != nullptr
+                              ? KvCache::Create(layout, options.kv_blocks, options.kv_memory)
+                              : KvCache::Create(layout, options.kv_blocks));
+  engine->options_.kv_memory = {};  // the cache holds the memory now
   engine->running_state_.reserve(options.max_batch_size * 2);
   engine->inputs_.reserve(options.max_batch_size);
   engine->batch_.reserve(options.max_batch_size);

@@ -42,6 +42,8 @@ struct BatchEngineOptions {
   int token_budget = 2048;
   int max_model_len = 4096;
   MetricsRegistry* metrics = nullptr;  // not owned; may be null
+  // Where the KV pool lives (a transport allocated it); empty: the engine allocates it.
+  KvPoolMemory kv_memory;
 };
 
 struct EngineStats {

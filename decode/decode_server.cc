@@ -463,14 +463,9 @@ StatusOr<std::unique_ptr<DecodeServer>> DecodeServer::Start(const InstanceOption
                      : ((options.config.model.max_model_len + eo.block_size - 1) / eo.block_size) *
                            section.max_batch_size;
   eo.metrics = impl.metrics.get();
-  TANDEM_ASSIGN_OR_RETURN(impl.engine, BatchEngine::Create(*impl.model, eo));
-  impl.running_gauge = &impl.metrics->AddGauge("tandem_num_requests_running",
-                                              "Requests in the running batch.").Get();
-  impl.waiting_gauge = &impl.metrics->AddGauge("tandem_num_requests_waiting",
-                                              "Requests waiting (queued, preempted or pulling).").Get();
-  impl.usage_gauge = &impl.metrics->AddGauge("tandem_kv_cache_usage_ratio",
-                                            "Fraction of KV blocks in use.").Get();
   if (!colocated) {
+    // The transport provides the pool's memory (UCX-allocated for ucx: shared-memory RMA needs
+    // it); the layout is the one CpuForward::MakeKvLayout gives, checked by KvCache::Create.
     const TransferSection& t = options.config.transfer;
     KvPullOptions po;
     po.backend = t.backend;
@@ -478,9 +473,19 @@ StatusOr<std::unique_ptr<DecodeServer>> DecodeServer::Start(const InstanceOption
     po.timeout_s = t.timeout_s;
     po.max_inflight = static_cast<size_t>(t.max_inflight);
     po.metrics = impl.metrics.get();
-    TANDEM_ASSIGN_OR_RETURN(impl.puller, KvPullLink::Create(impl.engine->cache().data(),
-                                                            impl.engine->cache().total_bytes(), po));
+    const ModelConfig& mc = impl.model->config();
+    const KvLayout layout{mc.num_layers, mc.num_kv_heads, mc.head_dim, eo.block_size};
+    TANDEM_ASSIGN_OR_RETURN(impl.puller,
+                            KvPullLink::CreateWithPool(KvPoolBytes(layout, eo.kv_blocks), po,
+                                                       &eo.kv_memory));
   }
+  TANDEM_ASSIGN_OR_RETURN(impl.engine, BatchEngine::Create(*impl.model, eo));
+  impl.running_gauge = &impl.metrics->AddGauge("tandem_num_requests_running",
+                                              "Requests in the running batch.").Get();
+  impl.waiting_gauge = &impl.metrics->AddGauge("tandem_num_requests_waiting",
+                                              "Requests waiting (queued, preempted or pulling).").Get();
+  impl.usage_gauge = &impl.metrics->AddGauge("tandem_kv_cache_usage_ratio",
+                                            "Fraction of KV blocks in use.").Get();
 
   impl.work = std::make_unique<
       boost::asio::executor_work_guard<boost::asio::io_context::executor_type>>(

@@ -62,4 +62,27 @@ StatusOr<std::unique_ptr<KvPullLink>> KvPullLink::Create(void* base, size_t byte
   return std::unique_ptr<KvPullLink>(new Link(std::move(puller)));
 }
 
+StatusOr<std::unique_ptr<KvPullLink>> KvPullLink::CreateWithPool(size_t bytes,
+                                                                 const KvPullOptions& options,
+                                                                 KvPoolMemory* memory) {
+  if (options.backend != "ucx") {
+    TANDEM_ASSIGN_OR_RETURN(KvPoolMemory heap, AllocateKvPoolMemory(bytes));
+    TANDEM_ASSIGN_OR_RETURN(auto link, Create(heap.base, heap.bytes, options));
+    *memory = std::move(heap);
+    return link;
+  }
+  UcxOptions uo;
+  uo.tls = options.ucx_tls;
+  uo.timeout = std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1000));
+  uo.max_inflight_gets = options.max_inflight;
+  uo.metrics = options.metrics;
+  TANDEM_ASSIGN_OR_RETURN(std::shared_ptr<UcxPool> pool, AllocateUcxPool(bytes, uo));
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<KvPuller> puller, CreateUcxPuller(pool, uo));
+  MemoryRegion region = pool->region();
+  memory->base = static_cast<std::byte*>(region.base);
+  memory->bytes = region.bytes;
+  memory->owner = std::move(pool);
+  return std::unique_ptr<KvPullLink>(new Link(std::move(puller)));
+}
+
 }  // namespace tandem

@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/kv_cache.h"
 #include "common/metrics.h"
 #include "common/status.h"
 
@@ -38,6 +39,13 @@ class KvPullLink {
   // Registers [base, base + bytes) (not owned; must outlive the link).
   static StatusOr<std::unique_ptr<KvPullLink>> Create(void* base, size_t bytes,
                                                       const KvPullOptions& options);
+  // Creates the link together with the KV pool's memory, `bytes` long, stored in *memory (pass
+  // it to KvCache::Create). For ucx the transport allocates it (UCX-mapped, so that shared-memory
+  // transports do RMA on it: see kvtransfer/ucx_transport.h UcxPool) and registers it once; for
+  // inproc it is heap memory as KvCache would allocate. memory->owner keeps it alive, so the
+  // cache and the link may go in either order.
+  static StatusOr<std::unique_ptr<KvPullLink>> CreateWithPool(size_t bytes, const KvPullOptions& options,
+                                                        KvPoolMemory* memory);
   virtual ~KvPullLink() = default;  // fails pulls in flight with Cancelled
 
   // Decodes both blobs, connects to the publisher (once per instance id) and checks that the

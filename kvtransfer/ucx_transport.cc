@@ -6,6 +6,7 @@
 #include <ucp/api/ucp.h>
 
 #include <atomic>
+#include <cstring>
 #include <deque>
 #include <future>
 #include <map>
@@ -134,32 +135,46 @@ uint64_t NewInstanceId() {
 
 // ---- a ucp worker with its own progress thread ---------------------------------------------
 
+// A ucp context, shared by a pool's memory and the worker that registered it (the memory handle
+// must not outlive the context).
+struct UcxContext {
+  ContextPtr context;
+  std::string tls;
+};
+
+StatusOr<std::shared_ptr<UcxContext>> CreateContext(const std::string& tls) {
+  ucp_config_t* raw_config = nullptr;
+  ucs_status_t st = ucp_config_read(nullptr, nullptr, &raw_config);
+  if (st != UCS_OK) return UcxError("config read", st);
+  ConfigPtr config(raw_config);
+  if (!tls.empty()) {
+    st = ucp_config_modify(config.get(), "TLS", tls.c_str());
+    if (st != UCS_OK) return InvalidArgument("transfer.ucx_tls '" + tls + "': " +
+                                             ucs_status_string(st));
+  }
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES;
+  params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+  ucp_context_h context = nullptr;
+  st = ucp_init(&params, config.get(), &context);
+  if (st != UCS_OK) return UcxError("init (UCX_TLS=" + tls + ")", st);
+  auto owned = std::make_shared<UcxContext>();
+  owned->context.reset(context);
+  owned->tls = tls;
+  return owned;
+}
+
 class UcxWorker {
  public:
-  static StatusOr<std::unique_ptr<UcxWorker>> Create(const std::string& tls) {
+  static StatusOr<std::unique_ptr<UcxWorker>> Create(std::shared_ptr<UcxContext> context) {
     auto w = std::unique_ptr<UcxWorker>(new UcxWorker());
-    ucp_config_t* raw_config = nullptr;
-    ucs_status_t st = ucp_config_read(nullptr, nullptr, &raw_config);
-    if (st != UCS_OK) return UcxError("config read", st);
-    ConfigPtr config(raw_config);
-    if (!tls.empty()) {
-      st = ucp_config_modify(config.get(), "TLS", tls.c_str());
-      if (st != UCS_OK) return InvalidArgument("transfer.ucx_tls '" + tls + "': " +
-                                               ucs_status_string(st));
-    }
-    ucp_params_t params{};
-    params.field_mask = UCP_PARAM_FIELD_FEATURES;
-    params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
-    ucp_context_h context = nullptr;
-    st = ucp_init(&params, config.get(), &context);
-    if (st != UCS_OK) return UcxError("init (UCX_TLS=" + tls + ")", st);
-    w->context_.reset(context);
-
+    w->context_ = std::move(context);
+    ucs_status_t st = UCS_OK;
     ucp_worker_params_t wparams{};
     wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
     wparams.thread_mode = UCS_THREAD_MODE_SINGLE;
     ucp_worker_h worker = nullptr;
-    st = ucp_worker_create(context, &wparams, &worker);
+    st = ucp_worker_create(w->context_->context.get(), &wparams, &worker);
     if (st != UCS_OK) return UcxError("worker create", st);
     w->worker_.reset(worker);
 
@@ -180,7 +195,7 @@ class UcxWorker {
 
   ~UcxWorker() { TANDEM_CHECK(!thread_.joinable(), "UcxWorker destroyed without Stop()"); }
 
-  ucp_context_h context() const { return context_.get(); }
+  ucp_context_h context() const { return context_->context.get(); }
   ucp_worker_h worker() const { return worker_.get(); }
 
   // `on_loop` runs on the thread after every round of progress (timeouts, deferred work).
@@ -248,7 +263,7 @@ class UcxWorker {
     }
   }
 
-  ContextPtr context_;  // destroyed last
+  std::shared_ptr<UcxContext> context_;  // destroyed last
   WorkerPtr worker_;
   std::unique_ptr<Fd> event_fd_;
   std::unique_ptr<Fd> epoll_fd_;
@@ -287,23 +302,48 @@ StatusOr<MemhPtr> MapRegion(ucp_context_h context, MemoryRegion* region, bool al
   return owned;
 }
 
+class UcxPoolImpl final : public UcxPool {
+ public:
+  static StatusOr<std::shared_ptr<UcxPoolImpl>> Create(MemoryRegion region, bool allocate,
+                                                       const std::string& tls) {
+    TANDEM_ASSIGN_OR_RETURN(auto context, CreateContext(tls));
+    auto pool = std::shared_ptr<UcxPoolImpl>(new UcxPoolImpl());
+    pool->context_ = std::move(context);
+    TANDEM_ASSIGN_OR_RETURN(pool->memh_, MapRegion(pool->context_->context.get(), &region,
+                                                   allocate));
+    pool->region_ = region;
+    return pool;
+  }
+  ~UcxPoolImpl() override { memh_.reset(); }  // before the context goes
+
+  MemoryRegion region() const override { return region_; }
+  const std::string& tls() const override { return context_->tls; }
+  const std::shared_ptr<UcxContext>& context() const { return context_; }
+  ucp_mem_h memh() const { return memh_.get(); }
+
+ private:
+  UcxPoolImpl() = default;
+  std::shared_ptr<UcxContext> context_;
+  MemhPtr memh_;
+  MemoryRegion region_;
+};
+
 // ---- publisher -----------------------------------------------------------------------------
 
 class UcxPublisher final : public KvPublisher {
  public:
-  static StatusOr<std::unique_ptr<KvPublisher>> Create(MemoryRegion* region_inout,
-                                                       const UcxOptions& options, bool allocate) {
-    TANDEM_ASSIGN_OR_RETURN(auto worker, UcxWorker::Create(options.tls));
+  static StatusOr<std::unique_ptr<KvPublisher>> Create(std::shared_ptr<UcxPoolImpl> pool,
+                                                       const UcxOptions& options) {
+    TANDEM_ASSIGN_OR_RETURN(auto worker, UcxWorker::Create(pool->context()));
     auto pub = std::unique_ptr<UcxPublisher>(new UcxPublisher(options));
     pub->worker_ = std::move(worker);
-    TANDEM_ASSIGN_OR_RETURN(pub->memh_,
-                            MapRegion(pub->worker_->context(), region_inout, allocate));
-    MemoryRegion region = *region_inout;
+    pub->pool_ = std::move(pool);
+    MemoryRegion region = pub->pool_->region();
 
     void* rkey_buffer = nullptr;
     size_t rkey_size = 0;
     ucs_status_t st =
-        ucp_rkey_pack(pub->worker_->context(), pub->memh_.get(), &rkey_buffer, &rkey_size);
+        ucp_rkey_pack(pub->worker_->context(), pub->pool_->memh(), &rkey_buffer, &rkey_size);
     if (st != UCS_OK) return UcxError("rkey_pack", st);
     std::unique_ptr<void, RkeyBufferDeleter> rkey_owner(rkey_buffer);
 
@@ -344,7 +384,6 @@ class UcxPublisher final : public KvPublisher {
       leases.swap(leases_);
     }
     for (auto& [id, lease] : leases) lease.on_release(id, Cancelled("publisher shut down"));
-    memh_.reset();  // before the worker and context go
   }
 
   const PeerInfo& peer_info() const override { return info_; }
@@ -439,8 +478,8 @@ class UcxPublisher final : public KvPublisher {
   }
 
   UcxOptions options_;
-  std::unique_ptr<UcxWorker> worker_;  // declared before memh_: destroyed after it
-  MemhPtr memh_;
+  std::shared_ptr<UcxPoolImpl> pool_;  // shares the worker's context
+  std::unique_ptr<UcxWorker> worker_;
   PeerInfo info_;
   mutable std::mutex mutex_;
   std::map<std::string, Lease> leases_;
@@ -451,12 +490,12 @@ class UcxPublisher final : public KvPublisher {
 
 class UcxPuller final : public KvPuller {
  public:
-  static StatusOr<std::unique_ptr<KvPuller>> Create(MemoryRegion region,
+  static StatusOr<std::unique_ptr<KvPuller>> Create(std::shared_ptr<UcxPoolImpl> pool,
                                                     const UcxOptions& options) {
-    TANDEM_ASSIGN_OR_RETURN(auto worker, UcxWorker::Create(options.tls));
-    auto puller = std::unique_ptr<UcxPuller>(new UcxPuller(region, options));
+    TANDEM_ASSIGN_OR_RETURN(auto worker, UcxWorker::Create(pool->context()));
+    auto puller = std::unique_ptr<UcxPuller>(new UcxPuller(pool->region(), options));
     puller->worker_ = std::move(worker);
-    TANDEM_ASSIGN_OR_RETURN(puller->memh_, MapRegion(puller->worker_->context(), &region));
+    puller->pool_ = std::move(pool);
     UcxPuller* raw = puller.get();
     puller->worker_->Start([raw] { raw->AfterProgress(); });
     return std::unique_ptr<KvPuller>(std::move(puller));
@@ -464,7 +503,6 @@ class UcxPuller final : public KvPuller {
 
   ~UcxPuller() override {
     worker_->Stop([this] { Shutdown(); });
-    memh_.reset();
   }
 
   Status Connect(const PeerInfo& info) override {
@@ -656,7 +694,7 @@ class UcxPuller final : public KvPuller {
           UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMH;
       param.cb.send = &UcxPuller::OnGetDone;
       param.user_data = &op;
-      param.memh = memh_.get();
+      param.memh = pool_->memh();
       ++p->outstanding;
       ++inflight_gets_;
       ucs_status_ptr_t req =
@@ -875,8 +913,8 @@ class UcxPuller final : public KvPuller {
   MemoryRegion region_;
   UcxOptions options_;
   TransferMetrics metrics_;
-  std::unique_ptr<UcxWorker> worker_;  // declared before memh_: destroyed after it
-  MemhPtr memh_;
+  std::shared_ptr<UcxPoolImpl> pool_;  // shares the worker's context
+  std::unique_ptr<UcxWorker> worker_;
 
   // Shared with caller threads.
   mutable std::mutex mutex_;
@@ -897,24 +935,43 @@ class UcxPuller final : public KvPuller {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<KvPublisher>> CreateUcxPublisher(MemoryRegion region,
-                                                          const UcxOptions& options) {
-  return UcxPublisher::Create(&region, options, /*allocate=*/false);
+StatusOr<std::shared_ptr<UcxPool>> AllocateUcxPool(size_t bytes, const UcxOptions& options) {
+  TANDEM_ASSIGN_OR_RETURN(auto pool,
+                          UcxPoolImpl::Create({nullptr, bytes}, /*allocate=*/true, options.tls));
+  MemoryRegion region = pool->region();
+  std::memset(region.base, 0, region.bytes);  // the heap fallback of UCX_ALLOC_PRIO is not zeroed
+  return std::shared_ptr<UcxPool>(std::move(pool));
 }
 
-StatusOr<std::unique_ptr<KvPublisher>> CreateUcxPublisherWithPool(size_t bytes,
-                                                                  const UcxOptions& options,
-                                                                  MemoryRegion* region) {
-  MemoryRegion allocated{nullptr, bytes};
-  TANDEM_ASSIGN_OR_RETURN(auto publisher,
-                          UcxPublisher::Create(&allocated, options, /*allocate=*/true));
-  *region = allocated;
-  return publisher;
+namespace {
+StatusOr<std::shared_ptr<UcxPoolImpl>> ImplOf(std::shared_ptr<UcxPool> pool) {
+  if (pool == nullptr) return InvalidArgument("kvtransfer: no UCX pool");
+  return std::static_pointer_cast<UcxPoolImpl>(std::move(pool));  // the only implementation
+}
+}  // namespace
+
+StatusOr<std::unique_ptr<KvPublisher>> CreateUcxPublisher(MemoryRegion region,
+                                                          const UcxOptions& options) {
+  TANDEM_ASSIGN_OR_RETURN(auto pool, UcxPoolImpl::Create(region, /*allocate=*/false, options.tls));
+  return UcxPublisher::Create(std::move(pool), options);
+}
+
+StatusOr<std::unique_ptr<KvPublisher>> CreateUcxPublisher(std::shared_ptr<UcxPool> pool,
+                                                          const UcxOptions& options) {
+  TANDEM_ASSIGN_OR_RETURN(auto impl, ImplOf(std::move(pool)));
+  return UcxPublisher::Create(std::move(impl), options);
 }
 
 StatusOr<std::unique_ptr<KvPuller>> CreateUcxPuller(MemoryRegion region,
                                                     const UcxOptions& options) {
-  return UcxPuller::Create(region, options);
+  TANDEM_ASSIGN_OR_RETURN(auto pool, UcxPoolImpl::Create(region, /*allocate=*/false, options.tls));
+  return UcxPuller::Create(std::move(pool), options);
+}
+
+StatusOr<std::unique_ptr<KvPuller>> CreateUcxPuller(std::shared_ptr<UcxPool> pool,
+                                                    const UcxOptions& options) {
+  TANDEM_ASSIGN_OR_RETURN(auto impl, ImplOf(std::move(pool)));
+  return UcxPuller::Create(std::move(impl), options);
 }
 
 }  // namespace tandem

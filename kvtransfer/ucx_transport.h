@@ -40,24 +40,41 @@ struct UcxOptions {
   MetricsRegistry* metrics = nullptr;  // not owned; must outlive the object
 };
 
+// A KV pool's memory, allocated (or only registered) once by one UCX context; the publisher or
+// puller created on it uses that context, so the region is registered once for its lifetime.
+// Why UCX allocates it: UCX 1.13's shared-memory RMA (posix/sysv, transports "sm"/"shm") only
+// reaches memory that UCX allocated (ucp_mem_map with UCP_MEM_MAP_ALLOCATE, shared memory first
+// per UCX_ALLOC_PRIO); on memory allocated elsewhere it emulates gets with active messages, at a
+// fraction of the bandwidth. Over tcp it makes no difference.
+// Shared ownership: the KV cache living in the region keeps the pool alive (KvPoolMemory.owner)
+// as does the publisher/puller, so either may be destroyed first. Thread-safe (immutable).
+class UcxPool {
+ public:
+  virtual ~UcxPool() = default;
+  virtual MemoryRegion region() const = 0;
+  // The UCX_TLS the pool's context was created with (its publisher/puller use the same).
+  virtual const std::string& tls() const = 0;
+};
+
+// Allocates `bytes` (page-aligned, zeroed) with UCX_TLS = options.tls. Errors: InvalidArgument
+// (zero bytes, bad tls), Internal (UCX init or allocation failed).
+StatusOr<std::shared_ptr<UcxPool>> AllocateUcxPool(size_t bytes, const UcxOptions& options);
+
 // Registers `region` (not owned; must stay mapped until the publisher is destroyed) and starts
 // the progress thread. Errors: InvalidArgument (empty region), Internal (UCX init failed).
 // Destroying the publisher releases every lease still open with Cancelled.
 StatusOr<std::unique_ptr<KvPublisher>> CreateUcxPublisher(MemoryRegion region,
                                                           const UcxOptions& options);
 
-// Like CreateUcxPublisher, but UCX allocates the `bytes`-long region itself (shared memory
-// first, per UCX_ALLOC_PRIO), and stores it in *region (owned by the publisher, unmapped when it
-// is destroyed). Over sm this is what makes a get one copy through a mapped segment: UCX 1.13's
-// shared-memory RMA (sysv/posix) only reaches memory it allocated; for memory allocated
-// elsewhere it falls back to emulating gets with active messages (see the bench numbers).
-StatusOr<std::unique_ptr<KvPublisher>> CreateUcxPublisherWithPool(size_t bytes,
-                                                                  const UcxOptions& options,
-                                                                  MemoryRegion* region);
+// A publisher over a pool from AllocateUcxPool; options.tls is ignored (the pool's is used).
+StatusOr<std::unique_ptr<KvPublisher>> CreateUcxPublisher(std::shared_ptr<UcxPool> pool,
+                                                          const UcxOptions& options);
 
 // As CreateUcxPublisher for the decode side. Destroying the puller fails every pull in flight with
 // Cancelled (on_done runs before the destructor returns) and closes all endpoints.
 StatusOr<std::unique_ptr<KvPuller>> CreateUcxPuller(MemoryRegion region,
+                                                    const UcxOptions& options);
+StatusOr<std::unique_ptr<KvPuller>> CreateUcxPuller(std::shared_ptr<UcxPool> pool,
                                                     const UcxOptions& options);
 
 }  // namespace tandem

@@ -97,7 +97,14 @@ int main(int argc, char** argv) {
     options.max_inflight_gets = 64;
     // The publisher's pool is allocated by UCX (shared memory): see ucx_transport.h.
     MemoryRegion src_region;
-    auto publisher = use_ucx_pool ? CreateUcxPublisherWithPool(pool_bytes, options, &src_region)
+    std::shared_ptr<UcxPool> src_pool;
+    if (use_ucx_pool) {
+      auto allocated = AllocateUcxPool(pool_bytes, options);
+      if (!allocated.ok()) return 1;
+      src_pool = *allocated;
+      src_region = src_pool->region();
+    }
+    auto publisher = use_ucx_pool ? CreateUcxPublisher(src_pool, options)
                                   : CreateUcxPublisher({src.data(), pool_bytes}, options);
     auto puller = CreateUcxPuller({dst.data(), pool_bytes}, options);
     if (!publisher.ok() || !puller.ok()) {

@@ -27,8 +27,8 @@ class Link : public KvPublishLink {
     LayerRanges layers(ranges.size());
     for (size_t l = 0; l < ranges.size(); ++l)
       for (auto [offset, length] : ranges[l]) layers[l].push_back({offset, length});
-    TANDEM_ASSIGN_OR_RETURN(KvDescriptor desc,
-                            publisher_->Publish(request_id, std::move(layers), std::move(on_release)));
+    TANDEM_ASSIGN_OR_RETURN(KvDescriptor desc, publisher_->Publish(request_id, std::move(layers),
+                                                                   std::move(on_release)));
     return Encode(desc);
   }
 
@@ -64,6 +64,28 @@ StatusOr<std::unique_ptr<KvPublishLink>> KvPublishLink::Create(void* base, size_
   } else {
     return InvalidArgument("transfer.backend '" + options.backend + "' is not supported on CPU");
   }
+  return std::unique_ptr<KvPublishLink>(new Link(std::move(publisher)));
+}
+
+StatusOr<std::unique_ptr<KvPublishLink>> KvPublishLink::CreateWithPool(
+    size_t bytes, const KvPublishOptions& options, KvPoolMemory* memory) {
+  if (options.backend != "ucx") {
+    TANDEM_ASSIGN_OR_RETURN(KvPoolMemory heap, AllocateKvPoolMemory(bytes));
+    TANDEM_ASSIGN_OR_RETURN(auto link, Create(heap.base, heap.bytes, options));
+    *memory = std::move(heap);
+    return link;
+  }
+  UcxOptions uo;
+  uo.tls = options.ucx_tls;
+  uo.timeout = Millis(options.timeout_s);
+  uo.lease_timeout = Millis(options.lease_timeout_s);
+  uo.metrics = options.metrics;
+  TANDEM_ASSIGN_OR_RETURN(std::shared_ptr<UcxPool> pool, AllocateUcxPool(bytes, uo));
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<KvPublisher> publisher, CreateUcxPublisher(pool, uo));
+  MemoryRegion region = pool->region();
+  memory->base = static_cast<std::byte*>(region.base);
+  memory->bytes = region.bytes;
+  memory->owner = std::move(pool);
   return std::unique_ptr<KvPublishLink>(new Link(std::move(publisher)));
 }
 

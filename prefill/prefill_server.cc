@@ -492,8 +492,7 @@ StatusOr<std::unique_ptr<PrefillServer>> PrefillServer::Start(const PrefillOptio
           ? section.kv_blocks
           : ((options.config.model.max_model_len + block_size - 1) / block_size) *
                 section.max_batch_size;
-  TANDEM_ASSIGN_OR_RETURN(impl.cache,
-                          KvCache::Create(impl.forward->MakeKvLayout(block_size), kv_blocks));
+  const KvLayout kv_layout = impl.forward->MakeKvLayout(block_size);
   const TransferSection& t = options.config.transfer;
   KvPublishOptions po;
   po.backend = t.backend;
@@ -502,8 +501,12 @@ StatusOr<std::unique_ptr<PrefillServer>> PrefillServer::Start(const PrefillOptio
   // Our own hold timer fires first; the transport's lease is the backstop.
   po.lease_timeout_s = section.kv_hold_timeout_s + 5;
   po.metrics = impl.metrics.get();
-  TANDEM_ASSIGN_OR_RETURN(impl.publisher, KvPublishLink::Create(impl.cache->data(),
-                                                                impl.cache->total_bytes(), po));
+  // The transport provides the pool's memory (UCX-allocated for ucx: shared-memory RMA needs it).
+  KvPoolMemory kv_memory;
+  TANDEM_ASSIGN_OR_RETURN(impl.publisher,
+                          KvPublishLink::CreateWithPool(KvPoolBytes(kv_layout, kv_blocks), po,
+                                                        &kv_memory));
+  TANDEM_ASSIGN_OR_RETURN(impl.cache, KvCache::Create(kv_layout, kv_blocks, std::move(kv_memory)));
   impl.peer_info_blob = impl.publisher->peer_info_blob();
 
   impl.work = std::make_unique<

@@ -183,14 +183,19 @@ TEST_CASE("kvtransfer publisher child", "[.kvtransfer_child]") {
   options.lease_timeout = 10s;
   // TANDEM_KV_CHILD_UCX_POOL=1: UCX allocates the pool (shared memory, the fast sm path).
   const char* ucx_pool = getenv("TANDEM_KV_CHILD_UCX_POOL");
-  MemoryRegion region{};
   size_t bytes = BlockPool::Bytes(std::stoul(block_bytes));
-  auto publisher = ucx_pool && std::string(ucx_pool) == "1"
-                       ? CreateUcxPublisherWithPool(bytes, options, &region)
-                       : StatusOr<std::unique_ptr<KvPublisher>>(InvalidArgument("unused"));
+  std::shared_ptr<UcxPool> ucx_memory;
+  StatusOr<std::unique_ptr<KvPublisher>> publisher = InvalidArgument("unused");
+  if (ucx_pool && std::string(ucx_pool) == "1") {
+    auto allocated = AllocateUcxPool(bytes, options);
+    REQUIRE(allocated.ok());
+    ucx_memory = *allocated;
+    publisher = CreateUcxPublisher(ucx_memory, options);
+  }
   std::unique_ptr<BlockPool> pool_owner;
   if (publisher.ok()) {
-    pool_owner = std::make_unique<BlockPool>(std::stoul(block_bytes), getpid(), region.base);
+    pool_owner =
+        std::make_unique<BlockPool>(std::stoul(block_bytes), getpid(), ucx_memory->region().base);
   } else {
     pool_owner = std::make_unique<BlockPool>(std::stoul(block_bytes), getpid());
     publisher = CreateUcxPublisher(pool_owner->region(), options);
