@@ -27,13 +27,15 @@ class Link : public KvPullLink {
   }
 
   Status Pull(const std::string& descriptor_blob, const PullRanges& local,
-              std::function<void(const std::string&, const Status&)> on_done) override {
+              std::function<void(const std::string&, const Status&)> on_done,
+              std::function<void(uint32_t layer)> on_layer) override {
     TANDEM_ASSIGN_OR_RETURN(KvDescriptor desc, DecodeKvDescriptor(AsBytes(descriptor_blob)));
     LayerRanges layers(local.size());
     for (size_t l = 0; l < local.size(); ++l)
       for (auto [offset, length] : local[l]) layers[l].push_back({offset, length});
     PullCallbacks callbacks;
     callbacks.on_done = std::move(on_done);
+    callbacks.on_layer = std::move(on_layer);
     return puller_->Pull(desc, std::move(layers), std::move(callbacks));
   }
 

@@ -52,9 +52,13 @@ class KvPullLink {
   // descriptor has `num_layers` layers. InvalidArgument/DataLoss on bad blobs.
   virtual Status Prepare(const std::string& peer_info_blob, const std::string& descriptor_blob,
                          int num_layers) = 0;
-  // Starts the pull; on_done runs exactly once unless an error is returned.
+  // Starts the pull; on_done runs exactly once unless an error is returned. on_layer (optional)
+  // runs once per layer, in layer order 0, 1, ..., when every byte of that layer is in `local`
+  // (the UCX puller issues its gets in layer order): an engine could start layer l of the first
+  // decode step then. It runs on the transport's thread, before on_done.
   virtual Status Pull(const std::string& descriptor_blob, const PullRanges& local,
-                      std::function<void(const std::string&, const Status&)> on_done) = 0;
+                      std::function<void(const std::string&, const Status&)> on_done,
+                      std::function<void(uint32_t layer)> on_layer = nullptr) = 0;
 };
 
 }  // namespace tandem

@@ -9,8 +9,10 @@
 #include <vector>
 
 #include "common/kv_cache.h"
+#include "decode/kv_pull_link.h"
 #include "kvtransfer/transfer.h"
 #include "kvtransfer/ucx_transport.h"
+#include "prefill/kv_publish_link.h"
 
 namespace tandem {
 namespace {
@@ -177,6 +179,74 @@ TEST_CASE("kvtransfer: layers complete in order, each whole when reported", "[kv
       CHECK(order[l] == l);
       CHECK(whole[l]);
     }
+  }
+}
+
+TEST_CASE("kvtransfer links: pools from the transport, per-layer completion to decode",
+          "[kvtransfer]") {
+  // What the servers do: each side's link provides its KV pool's memory; decode sees layers.
+  std::string backend = GENERATE(as<std::string>{}, "ucx-sm", "ucx-tcp", "inproc");
+  INFO("backend " << backend);
+  KvLayout layout{4, 2, 16, 16};  // 8 KiB blocks
+  constexpr int kBlocks = 16;
+  KvPublishOptions po;
+  KvPullOptions qo;
+  po.backend = qo.backend = backend == "inproc" ? "inproc" : "ucx";
+  po.ucx_tls = qo.ucx_tls = backend == "ucx-sm" ? "sm,self" : "tcp";
+  KvPoolMemory src_memory, dst_memory;
+  auto publish = KvPublishLink::CreateWithPool(KvPoolBytes(layout, kBlocks), po, &src_memory);
+  REQUIRE(publish.ok());
+  auto pull = KvPullLink::CreateWithPool(KvPoolBytes(layout, kBlocks), qo, &dst_memory);
+  REQUIRE(pull.ok());
+  auto src = KvCache::Create(layout, kBlocks, src_memory);
+  auto dst = KvCache::Create(layout, kBlocks, dst_memory);
+  REQUIRE(src.ok());
+  REQUIRE(dst.ok());
+  std::vector<int32_t> src_table = {5, 2, 11}, dst_table = {0, 15, 7};
+  PublishRanges src_ranges(layout.num_layers), dst_ranges(layout.num_layers);
+  std::mt19937 rng(3);
+  for (int l = 0; l < layout.num_layers; ++l) {
+    for (size_t i = 0; i < src_table.size(); ++i) {
+      float* p = (*src)->BlockData(l, src_table[i]);
+      for (size_t f = 0; f < (*src)->block_bytes() / sizeof(float); ++f)
+        p[f] = static_cast<float>(rng() % 4096);
+      auto offset = [](KvCache& c, int layer, int32_t b) {
+        return static_cast<uint64_t>(reinterpret_cast<std::byte*>(c.BlockData(layer, b)) -
+                                     c.data());
+      };
+      src_ranges[l].push_back({offset(**src, l, src_table[i]), (*src)->block_bytes()});
+      dst_ranges[l].push_back({offset(**dst, l, dst_table[i]), (*dst)->block_bytes()});
+    }
+  }
+  auto descriptor = (*publish)->Publish("r", src_ranges, [](auto&, auto&) {});
+  REQUIRE(descriptor.ok());
+  REQUIRE((*pull)->Prepare((*publish)->peer_info_blob(), *descriptor, layout.num_layers).ok());
+  std::mutex mutex;
+  std::vector<uint32_t> order;
+  std::vector<bool> whole;
+  PullWaiter waiter;
+  PullCallbacks wait = waiter.callbacks();
+  REQUIRE((*pull)
+              ->Pull(
+                  *descriptor, dst_ranges,
+                  [wait](const std::string& id, const Status& s) { wait.on_done(id, s); },
+                  [&](uint32_t layer) {
+                    bool ok = true;
+                    for (size_t i = 0; i < src_table.size(); ++i)
+                      ok = ok && std::memcmp((*src)->BlockData(layer, src_table[i]),
+                                             (*dst)->BlockData(layer, dst_table[i]),
+                                             (*src)->block_bytes()) == 0;
+                    std::lock_guard<std::mutex> lock(mutex);
+                    order.push_back(layer);
+                    whole.push_back(ok);
+                  })
+              .ok());
+  REQUIRE(waiter.Wait(5000ms).ok());
+  std::lock_guard<std::mutex> lock(mutex);
+  REQUIRE(order.size() == static_cast<size_t>(layout.num_layers));
+  for (uint32_t l = 0; l < order.size(); ++l) {
+    CHECK(order[l] == l);
+    CHECK(whole[l]);
   }
 }
 
