@@ -26,6 +26,8 @@ constexpr int kSliceGpus = 64;
 // goodput without router.latency_model predicts TPOT from measured averages, which favours
 // busy decode instances ((running + 1) / running), so the plan does not rely on it.
 constexpr const char* kPlanPolicy = "least_loaded";
+// Low affinity: node units simulated whole (the best estimates).
+constexpr size_t kSimulatedUnits = 10;
 
 struct Shape {
   const LatencyModel* lm = nullptr;
@@ -199,9 +201,22 @@ void Planner::SearchPhases(Plan* plan) {
   std::stable_sort(plan->decode_candidates.begin(), plan->decode_candidates.end(), best_first);
 }
 
+// The phase-alone rate of a shape (0 when unknown).
+double PhaseRate(const std::vector<PlanCandidate>& v, bool prefill, int tp, int pp) {
+  for (const PlanCandidate& c : v) {
+    if (prefill && c.prefill_tp == tp && c.prefill_pp == pp) return c.rate;
+    if (!prefill && c.decode_tp == tp && c.decode_pp == pp) return c.rate;
+  }
+  return 0;
+}
+
 void Planner::SearchUnits(Plan* plan) {
   const int node = std::min(options_.gpus_per_node, options_.gpus);
   size_t n = static_cast<size_t>(options_.num_requests);
+  // Every unit is estimated from the phase-alone rates (min(n_p * rate_p, n_d * rate_d)); the
+  // best kSimulatedUnits estimates are simulated whole (a unit's phases interact through the
+  // KV hand-off and placement), the rest keep their estimate and are listed after them.
+  std::vector<PlanCandidate> all;
   for (const Shape& ps : shapes_) {
     for (const Shape& ds : shapes_) {
       const int pp = ps.lm->pipeline_parallel;
@@ -219,15 +234,27 @@ void Planner::SearchUnits(Plan* plan) {
           c.decode_pp = pp;
           c.decode_instances = n_d;
           c.gpus = pp * node;  // the unit occupies its nodes whole
-          ClusterConfig config = DisaggregatedConfig(c);
-          c.rate = MaxRate(config, n, false, options_.slo, 1.0);
+          c.rate = std::min(n_p * PhaseRate(plan->prefill_candidates, true, tp_p, pp),
+                            n_d * PhaseRate(plan->decode_candidates, false, tp_d, pp));
           c.per_gpu = c.rate / c.gpus;
-          plan->unit_candidates.push_back(c);
+          all.push_back(c);
         }
       }
     }
   }
-  std::stable_sort(plan->unit_candidates.begin(), plan->unit_candidates.end(),
+  std::stable_sort(all.begin(), all.end(), [](const PlanCandidate& a, const PlanCandidate& b) {
+    return a.per_gpu > b.per_gpu;
+  });
+  for (size_t i = 0; i < all.size() && i < kSimulatedUnits; ++i) {
+    PlanCandidate& c = all[i];
+    if (c.rate <= 0) continue;
+    c.rate = MaxRate(DisaggregatedConfig(c), n, false, options_.slo, c.rate);
+    c.per_gpu = c.rate / c.gpus;
+  }
+  plan->unit_candidates = std::move(all);
+  std::stable_sort(plan->unit_candidates.begin(),
+                   plan->unit_candidates.begin() +
+                       std::min(plan->unit_candidates.size(), kSimulatedUnits),
                    [](const PlanCandidate& a, const PlanCandidate& b) {
                      return a.per_gpu != b.per_gpu
                                 ? a.per_gpu > b.per_gpu
@@ -352,6 +379,7 @@ StatusOr<Plan> Planner::Run() {
     if (best <= 0)
       return FailedPrecondition("no prefill + decode pair fits the budget and meets the SLO");
   } else {
+    SearchPhases(&plan);
     SearchUnits(&plan);
     if (plan.unit_candidates.empty())
       return InvalidArgument("low affinity needs at least one node's worth of GPUs per unit");
