@@ -8,7 +8,9 @@
 //              first token from prefill: waiting - 1). Reports are what the servers'
 //              PublishLoad() computes, including the moving averages (weight 0.2) of the
 //              measured (here: simulated) step times. load_report_interval_s > 0: reports
-//              reach the router every interval; 0: after every change (exact state).
+//              reach the router every interval; 0: after every change (exact state). With
+//              router.latency_model set, the router predicts from the simulated instances'
+//              own entries (a router whose latency model is exact) and token budgets.
 //   prefill    prefill/prefill_server.cc Step(): SchedulePrefill (the real function) over the
 //              FCFS queue, blocks for the whole prompt at its first chunk, first token at the
 //              end of the batch that computes the prompt's last chunk (TTFT ends there), KV
@@ -299,6 +301,22 @@ Status Simulation::Setup() {
       e.lanes.resize(e.pp);
       engines_.push_back(std::move(e));
       view_c_.push_back(InstanceLoad{"colocated-" + std::to_string(i), true, {}, block_size_});
+    }
+  }
+  // With router.latency_model the router predicts from the instances' entries (here: the
+  // simulation's own, i.e. a router whose model is exact) and their token budgets.
+  if (!config_.router.latency_model.empty()) {
+    for (size_t i = 0; i < view_p_.size(); ++i) {
+      view_p_[i].latency_model = prefill_[i].lm;
+      view_p_[i].token_budget = config_.prefill.token_budget;
+    }
+    for (size_t i = 0; i < view_d_.size(); ++i) {
+      view_d_[i].latency_model = engines_[i].lm;
+      view_d_[i].token_budget = config_.decode.token_budget;
+    }
+    for (size_t i = 0; i < view_c_.size(); ++i) {
+      view_c_[i].latency_model = engines_[num_decode_ + i].lm;
+      view_c_[i].token_budget = config_.colocated.token_budget;
     }
   }
   latest_p_.resize(prefill_.size());
