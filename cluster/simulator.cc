@@ -601,7 +601,7 @@ void Simulation::OnPrefillDone(int pi) {
     HandOff(id);
   }
   PublishPrefill(pi);
-  TryPrefill(pi);
+  RunPrefill(pi);  // the server steps again at once
 }
 
 // ---- decode / colocated ----
@@ -833,7 +833,7 @@ void Simulation::OnStepDone(int ei, int li) {
   else
     Average(&e.avg_decode_step_s, lane.seconds);
   lane.batch.clear();
-  TryEngine(ei);
+  RunEngine(ei);  // the server steps again at once
 }
 
 void Simulation::PublishEngine(int ei) {
