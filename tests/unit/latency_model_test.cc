@@ -199,3 +199,17 @@ TEST_CASE("latency model: bad files name the line and the field", "[latency_mode
   CHECK(ParseLatencyModel("", "lm.yaml").status().message().find("latency_model") !=
         std::string::npos);
 }
+
+TEST_CASE("latency model: the committed CPU profile of the medium model loads and fits",
+          "[latency_model]") {
+  auto file = LoadLatencyModel(std::string(TANDEM_SOURCE_DIR) + "/perf/latency/cpu-medium.yaml");
+  REQUIRE(file.ok());
+  for (int threads : {1, 2}) {
+    const LatencyModel* m = file->Find("cpu", threads);
+    REQUIRE(m != nullptr);
+    CHECK(m->model == "medium");
+    CHECK(m->fit.prefill_r2 > 0.95);
+    CHECK(m->fit.decode_r2 > 0.95);
+    CHECK(m->kv_bytes_per_token == 24576);
+  }
+}
