@@ -28,6 +28,8 @@ constexpr int kSliceGpus = 64;
 constexpr const char* kPlanPolicy = "least_loaded";
 // Low affinity: node units simulated whole (the best estimates).
 constexpr size_t kSimulatedUnits = 10;
+// High affinity: (prefill shape, decode shape, counts) simulated whole (the best estimates).
+constexpr size_t kSimulatedPairs = 6;
 
 struct Shape {
   const LatencyModel* lm = nullptr;
@@ -359,23 +361,44 @@ StatusOr<Plan> Planner::Run() {
     // each phase's best shape per GPU; on a small budget the instance granularity matters, so
     // every pair of shapes is tried and the best balanced rate wins (the per-GPU best pair is
     // among them).
-    double best = -1;
+    // Per pair of shapes, the split with the best estimate; the best kSimulatedPairs estimates
+    // are then simulated whole (many instances behind one router pool their slack, so a
+    // cluster sustains more than n x one instance's rate, and not equally for every shape).
+    std::vector<PlanCandidate> pairs;
     for (const PlanCandidate& bp : plan.prefill_candidates) {
       if (bp.rate <= 0) continue;
       for (const PlanCandidate& bd : plan.decode_candidates) {
         if (bd.rate <= 0) continue;
+        PlanCandidate pair;
         for (int n_p = 1; n_p * bp.gpus + bd.gpus <= options_.gpus && n_p <= 1024; ++n_p) {
           int n_d = std::min(1024, (options_.gpus - n_p * bp.gpus) / bd.gpus);
           double rate = std::min(n_p * bp.rate, n_d * bd.rate);
           int gpus = n_p * bp.gpus + n_d * bd.gpus;
-          if (rate > best * (1 + 1e-9) || (rate >= best * (1 - 1e-9) && gpus < plan.chosen.gpus)) {
-            best = rate;
-            plan.chosen = PlanCandidate{"disaggregated", bp.prefill_tp, bp.prefill_pp, n_p,
-                                        bd.decode_tp, bd.decode_pp, n_d, gpus, rate, 0};
-          }
+          if (rate > pair.rate * (1 + 1e-9) || (rate >= pair.rate * (1 - 1e-9) && gpus < pair.gpus))
+            pair = PlanCandidate{"disaggregated", bp.prefill_tp, bp.prefill_pp, n_p,
+                                 bd.decode_tp, bd.decode_pp, n_d, gpus, rate, rate / gpus};
         }
+        if (pair.rate > 0) pairs.push_back(pair);
       }
     }
+    std::stable_sort(pairs.begin(), pairs.end(), [](const PlanCandidate& a, const PlanCandidate& b) {
+      return a.rate > b.rate;
+    });
+    report_interval_ = 0.1;
+    double best = -1;
+    for (size_t i = 0; i < pairs.size() && i < kSimulatedPairs; ++i) {
+      PlanCandidate c = pairs[i];
+      c.rate = ClusterRate(DisaggregatedConfig(c), c.rate, c.gpus);
+      c.per_gpu = c.rate / c.gpus;
+      plan.pair_candidates.push_back(c);
+      if (c.rate > best) {
+        best = c.rate;
+        plan.chosen = c;
+      }
+    }
+    std::stable_sort(plan.pair_candidates.begin(), plan.pair_candidates.end(),
+                     [](const PlanCandidate& a, const PlanCandidate& b) { return a.rate > b.rate; });
+    report_interval_ = 0;
     if (best <= 0)
       return FailedPrecondition("no prefill + decode pair fits the budget and meets the SLO");
   } else {
@@ -404,7 +427,8 @@ StatusOr<Plan> Planner::Run() {
   // Predicted goodput of both clusters, simulated whole as `tandem up` would run them.
   report_interval_ = 0.1;  // the servers' load report period
   plan.config = DisaggregatedConfig(plan.chosen);
-  plan.chosen.rate = ClusterRate(plan.config, plan.chosen.rate, plan.chosen.gpus);
+  if (!options_.high_affinity)
+    plan.chosen.rate = ClusterRate(plan.config, plan.chosen.rate, plan.chosen.gpus);
   plan.chosen.per_gpu = plan.chosen.rate / std::max(1, plan.chosen.gpus);
   if (bc.rate > 0) {
     plan.colocated.rate = ClusterRate(ColocatedConfig(plan.colocated), plan.colocated.rate,
@@ -452,7 +476,11 @@ void PrintCandidates(const char* title, const std::vector<PlanCandidate>& v, siz
   for (size_t i = 0; i < v.size() && i < top; ++i) {
     const PlanCandidate& c = v[i];
     std::string shape;
-    if (c.kind == "prefill") shape = Shape2(c.prefill_tp, c.prefill_pp);
+    if (c.kind == "disaggregated")
+      shape = std::to_string(c.prefill_instances) + "x P(" + Shape2(c.prefill_tp, c.prefill_pp) +
+              ") + " + std::to_string(c.decode_instances) + "x D(" +
+              Shape2(c.decode_tp, c.decode_pp) + ")";
+    else if (c.kind == "prefill") shape = Shape2(c.prefill_tp, c.prefill_pp);
     else if (c.kind == "decode") shape = Shape2(c.decode_tp, c.decode_pp);
     else if (c.kind == "colocated") shape = Shape2(c.prefill_tp, c.prefill_pp);
     else
@@ -545,6 +573,7 @@ int PlanMain(const std::vector<std::string>& args) {
               plan->simulations, wall);
   PrintCandidates("prefill instance shapes (alone, TTFT)", plan->prefill_candidates, 5);
   PrintCandidates("decode instance shapes (alone, TPOT)", plan->decode_candidates, 5);
+  PrintCandidates("clusters simulated whole (prefill + decode instances)", plan->pair_candidates, 6);
   PrintCandidates("node units (prefill + decode segments per node)", plan->unit_candidates, 5);
   PrintCandidates("colocated instance shapes", plan->colocated_candidates, 5);
   const PlanCandidate& c = plan->chosen;

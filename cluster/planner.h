@@ -11,7 +11,8 @@
 //   alone on TTFT: requests end at their first token; decode alone on TPOT: prefill takes no
 //   time), found by bisection on the same seeded workload; the best goodput per GPU of each
 //   phase; then n_prefill, n_decode that maximise min(n_p * rate_p, n_d * rate_d) within the
-//   budget (DistServe's n = ceil(R / rate) for the balanced rate R).
+//   budget (DistServe's n = ceil(R / rate) for the balanced rate R), for every pair of shapes;
+//   the best few such clusters by that estimate are simulated whole and the best is chosen.
 //   low affinity (Algorithm 2: KV moves only over NVLink, so prefill and decode segments of the
 //   same pipeline stage share a node): a unit is pp nodes, each holding n_p prefill segments of
 //   tp_p GPUs and n_d decode segments of tp_d GPUs (n_p * tp_p + n_d * tp_d <= gpus_per_node);
@@ -70,6 +71,7 @@ struct PlanCandidate {
 struct Plan {
   std::vector<PlanCandidate> prefill_candidates;  // best first (high affinity)
   std::vector<PlanCandidate> decode_candidates;
+  std::vector<PlanCandidate> pair_candidates;     // high affinity: clusters simulated whole
   std::vector<PlanCandidate> unit_candidates;     // low affinity
   std::vector<PlanCandidate> colocated_candidates;
   PlanCandidate chosen;     // the disaggregated cluster
