@@ -91,7 +91,10 @@ double PredictTpotSeconds(const LoadReport& load);
 // chunking); the queue's share of a batch counts as one prompt of that many tokens (the router
 // does not know the queued prompts' lengths), this prompt's chunks as chunks with their past.
 // Decode TPOT: one step of running + 1 sequences over context_tokens + prompt.
-// Colocated TPOT: a mixed step of those decodes plus a prefill chunk of min(prompt, budget).
+// Colocated TPOT: the same pure decode step. Its own prefill and the prompts queued ahead of it
+// finish before its first token; prompts that arrive later will slow its steps, but placement
+// cannot know them (an earlier version added a chunk of this prompt, which rejected requests
+// the instance then served within the SLO).
 double PredictTtftSeconds(const InstanceLoad& x, int64_t prompt_tokens);
 double PredictDecodeTpotSeconds(const InstanceLoad& x, int64_t prompt_tokens);
 double PredictColocatedTpotSeconds(const InstanceLoad& x, int64_t prompt_tokens);

@@ -239,9 +239,9 @@ TEST_CASE("placement: latency-model predictions by hand", "[placement]") {
   // Decode: 11 sequences over 5000 + 500 tokens of context.
   CHECK(PredictDecodeTpotSeconds(WithModel(Up("d", 0, 10), &lm, 0, 5000), 500) ==
         Approx(0.02 + 0.022 + 0.055));
-  // Colocated: a mixed step of 3 decodes over 2000 tokens and a 512-token chunk of the prompt.
+  // Colocated: a decode step of 3 sequences over 2000 tokens (its own prefill is in its TTFT).
   CHECK(PredictColocatedTpotSeconds(WithModel(Up("c", 0, 2), &lm, 512, 1000), 1000) ==
-        Approx(0.02 + 0.512 + 0.006 + 0.02));
+        Approx(0.02 + 0.006 + 0.02));
   CHECK(PredictTtftSeconds(WithModel(Up("c", 0, 2), &lm, 512, 1000), 1000) ==
         Approx(0.522 + 0.498));
   // No model: the measured averages, as before.
@@ -282,7 +282,7 @@ TEST_CASE("placement: goodput with a latency model picks and rejects as predicte
   REQUIRE(colocated.ok());
   CHECK(colocated->colocated == 1);
   CHECK(colocated->predicted_ttft_s == Approx(1.02));
-  CHECK(colocated->predicted_tpot_s == Approx(0.558));
+  CHECK(colocated->predicted_tpot_s == Approx(0.046));
 }
 
 TEST_CASE("placement: the router loads router.latency_model relative to the config",
