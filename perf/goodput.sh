@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Issue 6's measurements, as perf/README.md reports them: profile the medium model, sweep the
+# disaggregated and colocated layouts of the same 2 cores on two workloads (measured and
+# simulated on the same requests), and plan a 16-GPU H100 cluster for OPT-13B.
+#
+#   bash perf/goodput.sh [profile|sweep|plan|all]    (default all; ~50 minutes on 2 cores)
+#
+# Needs an idle machine: the sweep's timings are wall-clock. Results go to perf/results/
+# (git-ignored); perf/README.md quotes them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TANDEM=${TANDEM:-./build/tandem}
+OUT=perf/results
+LM=$OUT/lm-cpu-wall.yaml
+mkdir -p "$OUT"
+step=${1:-all}
+
+if [[ $step == profile || $step == all ]]; then
+  # threads 1 with a busy neighbour (a 1-prefill-core + 1-decode-core cluster), threads 2 alone.
+  # Transfer: ~5 GB/s over UCX shared memory (perf/README.md, KV transfer) plus ~2 ms of control
+  # messages (KvReady, pull, release) per request.
+  "$TANDEM" profile --model-preset medium --threads 1 --background-threads 1 \
+    --transfer-bytes-per-s 5e9 --transfer-latency-s 0.002 --out "$LM" | tee "$OUT/profile-t1.txt"
+  "$TANDEM" profile --model-preset medium --threads 2 \
+    --transfer-bytes-per-s 5e9 --transfer-latency-s 0.002 --append --out "$LM" |
+    tee "$OUT/profile-t2.txt"
+fi
+
+if [[ $step == sweep || $step == all ]]; then
+  clusters=(--cluster coloc-2x1=perf/configs/coloc-2x1.yaml
+            --cluster coloc-1x2=perf/configs/coloc-1x2.yaml
+            --cluster disagg-1p1d=perf/configs/disagg-1p1d.yaml)
+  # Workload lengths at a 1024-token scale (cluster/workload.h): summarization prompts ~410
+  # tokens (~1.2 s of prefill on one core), chatbot ~100 in / ~60 out.
+  "$TANDEM" bench sweep "${clusters[@]}" --workload summarization --max-model-len 1024 \
+    --slo-ttft 8 --slo-tpot 0.05 --rates 0.2,0.3,0.4,0.5,0.6 --num-requests 30 \
+    --latency-model "$LM" --out-dir "$OUT/sweep-summarization"
+  "$TANDEM" bench sweep "${clusters[@]}" --workload chatbot --max-model-len 1024 \
+    --slo-ttft 2 --slo-tpot 0.06 --rates 0.4,0.6,0.8,1,1.2,1.6 --num-requests 40 \
+    --latency-model "$LM" --out-dir "$OUT/sweep-chatbot"
+fi
+
+if [[ $step == plan || $step == all ]]; then
+  for affinity in high low; do
+    "$TANDEM" plan --latency-model cluster/gpu/h100-opt13b.yaml --workload chatbot \
+      --slo-ttft 0.25 --slo-tpot 0.1 --gpus 16 --affinity "$affinity" --max-model-len 2048 \
+      --gpu-memory-gb 80 --weights-gb 26 --out "$OUT/plan-16-$affinity.yaml" |
+      tee "$OUT/plan-16-$affinity.txt"
+  done
+fi
