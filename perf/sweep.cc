@@ -444,9 +444,11 @@ int SweepMain(const std::vector<std::string>& input_args) {
   std::vector<std::string> cluster_overrides = {
       "--slo.ttft_s=" + FormatNumber(slo_ttft > 0 ? slo_ttft : 3600),
       "--slo.tpot_s=" + FormatNumber(slo_tpot > 0 ? slo_tpot : 3600)};
-  if (latency_model)
-    cluster_overrides.push_back("--router.latency_model=" +
-                                fs::absolute(flags.GetString("latency-model")).string());
+  if (latency_model) {
+    const std::string path = fs::absolute(flags.GetString("latency-model")).string();
+    cluster_overrides.push_back("--router.latency_model=" + path);
+    for (ClusterSpec& spec : clusters) spec.config.router.latency_model = path;  // simulated too
+  }
   auto path_in = [&](const std::string& file) { return (fs::path(out_dir) / file).string(); };
 
   json sweep_config = {{"clusters", json::array()},
