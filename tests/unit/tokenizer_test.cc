@@ -280,7 +280,7 @@ TEST_CASE("TrainTokenizer is deterministic and loads", "[tokenizer][trainer]") {
     CHECK(a->tokenizer_json == b->tokenizer_json);
     CHECK(a->tokenizer_config_json == b->tokenizer_config_json);
     CHECK(a->tokenizer_json != c->tokenizer_json);
-    CHECK(seconds < 10.0);
+    INFO("trained in " << seconds << " s");  // reported, never asserted (shared machine)
 
     const Tokenizer tok = MustLoad(a->tokenizer_json, a->tokenizer_config_json);
     CHECK(tok.vocab_size() == 2000);
