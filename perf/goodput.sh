@@ -33,7 +33,7 @@ if [[ $step == sweep || $step == all ]]; then
   # Workload lengths at a 1024-token scale (cluster/workload.h): summarization prompts ~410
   # tokens (~1.2 s of prefill on one core), chatbot ~100 in / ~60 out.
   "$TANDEM" bench sweep "${clusters[@]}" --workload summarization --max-model-len 1024 \
-    --slo-ttft 8 --slo-tpot 0.05 --rates 0.2,0.3,0.4,0.5,0.6 --num-requests 30 \
+    --slo-ttft 8 --slo-tpot 0.05 --rates 0.15,0.2,0.3,0.4,0.5,0.6 --num-requests 30 \
     --latency-model "$LM" --out-dir "$OUT/sweep-summarization"
   "$TANDEM" bench sweep "${clusters[@]}" --workload chatbot --max-model-len 1024 \
     --slo-ttft 2 --slo-tpot 0.06 --rates 0.4,0.6,0.8,1,1.2,1.6 --num-requests 40 \
@@ -41,10 +41,16 @@ if [[ $step == sweep || $step == all ]]; then
 fi
 
 if [[ $step == plan || $step == all ]]; then
-  for affinity in high low; do
-    "$TANDEM" plan --latency-model cluster/gpu/h100-opt13b.yaml --workload chatbot \
-      --slo-ttft 0.25 --slo-tpot 0.1 --gpus 16 --affinity "$affinity" --max-model-len 2048 \
-      --gpu-memory-gb 80 --weights-gb 26 --out "$OUT/plan-16-$affinity.yaml" |
-      tee "$OUT/plan-16-$affinity.txt"
+  # OPT-13B chatbot on 16 GPUs: DistServe's SLOs (TTFT 0.25 s, TPOT 0.1 s) on the H100 and A100
+  # models, both affinities; then tighter SLOs on the H100 (the A100 SLOs scaled by the H100's
+  # speed-up, and a tight TPOT).
+  mkdir -p "$OUT/plan"
+  for spec in "h100 0.25 0.1 high" "h100 0.25 0.1 low" "a100 0.25 0.1 high" "a100 0.25 0.1 low" \
+              "h100 0.08 0.06 high" "h100 0.25 0.05 high" "h100 0.25 0.03 high"; do
+    set -- $spec
+    name="$OUT/plan/$1-ttft$2-tpot$3-$4"
+    "$TANDEM" plan --latency-model "cluster/gpu/$1-opt13b.yaml" --workload chatbot \
+      --slo-ttft "$2" --slo-tpot "$3" --gpus 16 --affinity "$4" --max-model-len 2048 \
+      --gpu-memory-gb 80 --weights-gb 26 --out "$name.yaml" | tee "$name.txt"
   done
 fi
