@@ -11,6 +11,12 @@
 //              reach the router every interval; 0: after every change (exact state). With
 //              router.latency_model set, the router predicts from the simulated instances'
 //              own entries (a router whose latency model is exact) and token budgets.
+//              reports_after_steps: a pp 1 instance publishes only when its engine loop does,
+//              after a step (or a loop turn that scheduled nothing), from the state it knew when
+//              the step began: requests that arrived during a step are missing from that report
+//              (they sat in the inbox), and a report sent while a step runs is the one from
+//              before the step. With 100 ms reports, the router's own increments are overwritten
+//              long before a multi-second prefill batch ends, so it under-counts the queue.
 //   prefill    prefill/prefill_server.cc Step(): SchedulePrefill (the real function) over the
 //              FCFS queue, blocks for the whole prompt at its first chunk, first token at the
 //              end of the batch that computes the prompt's last chunk (TTFT ends there), KV
@@ -100,7 +106,7 @@ struct Req {
   int32_t prefill_blocks = 0;
   // engine side
   int32_t num_tokens = 0, num_computed = 0, num_blocks = 0;
-  double pull_arrived = 0;
+  double pull_arrived = 0;  // KvReady reached the decode instance
   // outcome
   int32_t generated = 0;
   double first_token = -1;
@@ -137,6 +143,7 @@ struct Lane {
   std::vector<int64_t> running;  // admission order, oldest first
   std::deque<int64_t> waiting;   // FCFS, preempted ones at the front
   bool busy = false;
+  double started_at = 0;  // of the step in flight
   std::vector<std::pair<int64_t, int32_t>> batch;  // the step in flight
   double seconds = 0;
   int64_t prefill_tokens = 0;
@@ -207,7 +214,9 @@ class Simulation {
   void TryPrefill(int p);
   void RunPrefill(int p);
   void OnPrefillDone(int p);
-  void PublishPrefill(int p);
+  // seen_before: requests that reached the instance after this time are not in the report
+  // (reports_after_steps: they arrived during the step that just ended).
+  void PublishPrefill(int p, double seen_before = std::numeric_limits<double>::infinity());
 
   void HandOff(int64_t id);
   void AdmitPulls(int e);
@@ -216,7 +225,14 @@ class Simulation {
   void RunEngine(int e);
   bool StartStep(int e, int lane);
   void OnStepDone(int e, int lane);
-  void PublishEngine(int e);
+  void PublishEngine(int e, double seen_before = std::numeric_limits<double>::infinity());
+  // reports_after_steps and a pp 1 instance inside a step: its report does not change now.
+  bool Stepping(const PrefillInstance& p) const {
+    return options_.reports_after_steps && p.pp == 1 && !p.in_flight.empty();
+  }
+  bool Stepping(const EngineInstance& e) const {
+    return options_.reports_after_steps && e.pp == 1 && e.lanes[0].busy;
+  }
   void AddToEngine(int e, int64_t id, bool pulled);
 
   void OnReportTick();
@@ -444,7 +460,9 @@ void Simulation::OnArrival(int64_t id) {
       return;
     }
     AddToEngine(r.colocated, id, /*pulled=*/false);
-    PublishEngine(r.colocated);
+    // reports_after_steps: the engine publishes after the step this request starts (or at once
+    // when none starts: RunEngine).
+    if (!options_.reports_after_steps) PublishEngine(r.colocated);
     TryEngine(r.colocated);
     return;
   }
@@ -455,7 +473,7 @@ void Simulation::OnArrival(int64_t id) {
   }
   p.queue.push_back(id);
   p.queued_tokens += r.prompt;
-  PublishPrefill(r.prefill);
+  if (!options_.reports_after_steps) PublishPrefill(r.prefill);  // else as for colocated
   TryPrefill(r.prefill);
 }
 
@@ -494,11 +512,18 @@ void Simulation::OnReportTick() {
 
 // ---- prefill ----
 
-void Simulation::PublishPrefill(int pi) {
+void Simulation::PublishPrefill(int pi, double seen_before) {
   const PrefillInstance& p = prefill_[pi];
+  if (Stepping(p)) return;
   LoadReport& r = latest_p_[pi];
   r.queued_prefill_tokens = p.queued_tokens;
   r.waiting_requests = static_cast<int32_t>(p.queue.size());
+  // Arrivals during the step that just ended are still in the inbox (none has a chunk yet).
+  for (int64_t id : p.queue) {
+    if (reqs_[id].arrival <= seen_before) continue;
+    r.queued_prefill_tokens -= reqs_[id].prompt - reqs_[id].scheduled;
+    r.waiting_requests -= 1;
+  }
   r.running_requests = 0;
   r.free_kv_blocks = p.free_blocks;
   r.total_kv_blocks = p.total_blocks;
@@ -540,7 +565,10 @@ void Simulation::RunPrefill(int pi) {
     }
   }
   std::vector<PrefillChunk> batch = SchedulePrefill(p.items, p.limits, p.free_blocks);
-  if (batch.empty()) return;  // waiting for blocks (decode has not pulled yet) or all in flight
+  if (batch.empty()) {  // waiting for blocks (decode has not pulled yet) or all in flight
+    PublishPrefill(pi);  // the loop turn that scheduled nothing publishes what it knows
+    return;
+  }
   PrefillBatch b;
   double sum = 0, sum_sq = 0;
   for (const PrefillChunk& c : batch) {
@@ -600,7 +628,7 @@ void Simulation::OnPrefillDone(int pi) {
     }
     HandOff(id);
   }
-  PublishPrefill(pi);
+  PublishPrefill(pi, b.done_at - b.seconds);
   RunPrefill(pi);  // the server steps again at once
 }
 
@@ -800,6 +828,7 @@ bool Simulation::StartStep(int ei, int li) {
   }
   lane.seconds = e.lm->MixedStepSeconds(e.chunk_new, e.chunk_past, decode_batch, sum_context);
   lane.busy = true;
+  lane.started_at = now_;
   e.stage_free_at = now_ + lane.seconds / e.pp;
   Push(now_ + lane.seconds, EventType::kStepDone, ei, li);
   return false;
@@ -833,21 +862,28 @@ void Simulation::OnStepDone(int ei, int li) {
   else
     Average(&e.avg_decode_step_s, lane.seconds);
   lane.batch.clear();
+  PublishEngine(ei, lane.started_at);
   RunEngine(ei);  // the server steps again at once
 }
 
-void Simulation::PublishEngine(int ei) {
+void Simulation::PublishEngine(int ei, double seen_before) {
   const EngineInstance& e = engines_[ei];
+  if (Stepping(e)) return;
   LoadReport& r = latest_e_[ei];
   r = LoadReport{};
   int32_t waiting = 0, running = 0;
   for (const Lane& l : e.lanes) {
-    waiting += static_cast<int32_t>(l.waiting.size());
     running += static_cast<int32_t>(l.running.size());
-    for (int64_t id : l.waiting) r.queued_prefill_tokens += reqs_[id].num_tokens - reqs_[id].num_computed;
     for (int64_t id : l.running) r.context_tokens += reqs_[id].num_tokens;
+    for (int64_t id : l.waiting) {
+      // A colocated arrival during the step that just ended is still in the inbox.
+      if (e.colocated && reqs_[id].arrival > seen_before) continue;
+      waiting += 1;
+      r.queued_prefill_tokens += reqs_[id].num_tokens - reqs_[id].num_computed;
+    }
   }
-  r.waiting_requests = waiting + static_cast<int32_t>(e.pull_queue.size()) + e.pulling;
+  for (int64_t id : e.pull_queue) waiting += reqs_[id].pull_arrived > seen_before ? 0 : 1;
+  r.waiting_requests = waiting + e.pulling;
   r.running_requests = running;
   r.free_kv_blocks = e.free_blocks;
   r.total_kv_blocks = e.total_blocks;
@@ -870,6 +906,13 @@ std::string Fmt(const char* format, double value) {
 }
 
 }  // namespace
+
+SimulationOptions ServerLikeSimulationOptions() {
+  SimulationOptions o;
+  o.load_report_interval_s = 0.1;  // the servers' report timer
+  o.reports_after_steps = true;
+  return o;
+}
 
 StatusOr<SimulationResult> Simulate(const ClusterConfig& config, const LatencyModelFile& models,
                                     const std::vector<WorkloadRequest>& requests,
@@ -926,6 +969,9 @@ int SimulateMain(const std::vector<std::string>& args) {
   flags.AddDouble("router-overhead-s", 0.0, "added to every TTFT");
   flags.AddDouble("load-report-interval-s", 0.1,
                   "instances report load this often (0: the router sees the exact state)");
+  flags.AddBool("reports-at-once",
+                "instances publish every change at once (default: after each step, from the "
+                "state they knew when it began, as the servers' engine loops do)");
   flags.AllowConfigOverrides();
   if (Status s = flags.Parse(args); !s.ok()) {
     std::fprintf(stderr, "tandem simulate: %s\n", s.message().c_str());
@@ -980,6 +1026,7 @@ int SimulateMain(const std::vector<std::string>& args) {
   SimulationOptions options;
   options.router_overhead_s = flags.GetDouble("router-overhead-s");
   options.load_report_interval_s = flags.GetDouble("load-report-interval-s");
+  options.reports_after_steps = !flags.GetBool("reports-at-once");
   const auto t0 = std::chrono::steady_clock::now();
   StatusOr<SimulationResult> result = Simulate(*config, *models, requests, options);
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -27,7 +27,17 @@ struct SimulationOptions {
   double router_overhead_s = 0.0;
   // How often instances report load to the router (the placement sees reports this old).
   double load_report_interval_s = 0.0;  // 0 = the router sees the exact state
+  // As the servers' engine loops publish their load: only after a step (prefill batch, engine
+  // step), from the state the engine thread knew when the step began, i.e. without the
+  // requests that arrived during it (they wait in the inbox until the step ends). While a step
+  // runs the report stays as it was. false: every change is published at once.
+  // Only pipeline_parallel 1 instances (the servers' loop) follow this.
+  bool reports_after_steps = false;
 };
+
+// The options that replay the real servers: reports every 100 ms (their report timer),
+// published after steps. `tandem simulate` uses these by default.
+SimulationOptions ServerLikeSimulationOptions();
 
 struct SimulationResult {
   std::vector<RequestOutcome> outcomes;  // one per request, in request order
