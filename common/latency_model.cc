@@ -253,9 +253,8 @@ std::string QuoteString(const std::string& s) {
 
 // ---- Least squares ------------------------------------------------------------------------
 
-// Solves min sum_i w_i^2 (x_i . beta - y_i)^2 for 3 coefficients (the fits use w = 1: ordinary
-// least squares; relative weights made the fit chase the noise of the shortest steps on a
-// shared machine): rows scaled by w_i, columns
+// Solves min sum_i w_i^2 (x_i . beta - y_i)^2 for 3 coefficients (prefill: w = 1, ordinary
+// least squares; decode: w = 1 / seconds, see FitDecode): rows scaled by w_i, columns
 // scaled to unit norm (the columns differ by up to 10 orders of magnitude: 1, tokens, tokens^2),
 // then the 3x3 normal equations in long double with partial pivoting.
 Status Solve3(const std::vector<std::array<double, 3>>& x, const std::vector<double>& y,
@@ -444,10 +443,16 @@ Status FitDecode(std::span<const DecodeSample> samples, LatencyModel* model) {
   TANDEM_RETURN_IF_ERROR(CheckSamples(samples.size(), samples, "decode"));
   std::vector<std::array<double, 3>> x;
   std::vector<double> y, w;
+  // Relative errors: decode steps span more than 10x over a profile (batch 1 to 64), and with
+  // equal weights the residuals of the longest steps set the line, which then misses batch 1-2
+  // (the batches decode instances mostly run) by 10-15% on this CPU. Weighting by 1 / seconds
+  // gives every grid point the same say in relative error, the quantity SLO slack is made of.
+  // (Prefill keeps w = 1: its steps above 64 tokens are fitted within ~1% either way, and the
+  // weights would let the few-token batches, the noisiest, pull c1.)
   for (const DecodeSample& s : samples) {
     x.push_back({1.0, s.batch, s.sum_context});
     y.push_back(s.seconds);
-    w.push_back(1.0);
+    w.push_back(s.seconds > 0 ? 1.0 / s.seconds : 1.0);
   }
   std::array<double, 3> beta{};
   TANDEM_RETURN_IF_ERROR(Solve3(x, y, w, &beta));

@@ -59,6 +59,34 @@ TEST_CASE("latency model: fits recover known coefficients from noisy samples", "
   CHECK(fit.fit.decode_max_rel_error < 0.1);
 }
 
+TEST_CASE("latency model: the decode fit minimises relative error, so batch 1 is fitted as "
+          "well as batch 64",
+          "[latency_model]") {
+  // A CPU-like line (21 ms + 3.5 ms / sequence + 4 us / context token) whose batch-64 steps
+  // come out 20% below it. An ordinary fit lets those long steps tilt the line and overshoots
+  // batch 1 by ~37% (max error 37%); the relative fit keeps batch 1-2 within ~4% (max 15%).
+  LatencyModel truth;
+  truth.c4 = 0.021;
+  truth.c5 = 0.0035;
+  truth.c6 = 4e-6;
+  std::vector<DecodeSample> decode;
+  for (int b : {1, 2, 4, 8, 16, 32, 64})
+    for (int ctx : {16, 256, 768, 1536}) {
+      double sum_ctx = static_cast<double>(b) * ctx;
+      double t = truth.DecodeStepSeconds(b, sum_ctx) * (b == 64 ? 0.8 : 1.0);
+      decode.push_back({double(b), sum_ctx, t});
+    }
+  LatencyModel fit;
+  REQUIRE(FitDecode(decode, &fit).ok());
+  for (int b : {1, 2})
+    for (int ctx : {16, 1536}) {
+      double sum_ctx = static_cast<double>(b) * ctx;
+      CHECK(fit.DecodeStepSeconds(b, sum_ctx) ==
+            Approx(truth.DecodeStepSeconds(b, sum_ctx)).epsilon(0.06));
+    }
+  CHECK(fit.fit.decode_max_rel_error < 0.2);
+}
+
 TEST_CASE("latency model: R^2 and max relative error are computed from the residuals",
           "[latency_model]") {
   // Exact data: R^2 = 1, error 0.
