@@ -71,27 +71,33 @@ double CpuSeconds(clockid_t clock) {
   return static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
 }
 
-// A busy neighbour: decode steps of its own batch on its own KV, on one thread, until stopped.
-// Batch 8 stays on the forward's own small-GEMM path, so it never calls into OpenBLAS (whose
-// thread count is process-wide and belongs to the measured forward).
+// A busy neighbour, on one thread, until stopped, on its own KV. Kind decode: decode steps of
+// a batch of 8 (the small-GEMM path: it never calls into OpenBLAS, whose thread count is
+// process-wide and belongs to the measured forward); the neighbour a prefill instance has.
+// Kind prefill: one 512-token prompt after another (compute-bound GEMMs through OpenBLAS, at
+// the measured forward's thread count: use it with --threads 1); the neighbour a decode
+// instance has in a 1-prefill-core + 1-decode-core cluster.
 class Background {
  public:
   static constexpr int kBatch = 8;
   static constexpr int kContext = 512;
+  static constexpr int kPrompt = 512;
 
-  Status Start(const Model& model, int count, int block_size) {
+  Status Start(const Model& model, int count, int block_size, bool prefill) {
+    const int batch = prefill ? 1 : kBatch;
+    const int tokens = prefill ? kPrompt : kContext + 1;
     for (int k = 0; k < count; ++k) {
       auto worker = std::make_unique<Worker>();
       ForwardOptions options;
       options.num_threads = 1;
-      options.max_batch_tokens = kBatch;
-      options.max_batch_sequences = kBatch;
+      options.max_batch_tokens = prefill ? kPrompt : kBatch;
+      options.max_batch_sequences = batch;
       TANDEM_ASSIGN_OR_RETURN(worker->forward, CpuForward::Create(model, options));
-      const int per_seq = BlocksFor(kContext + 1, block_size);
+      const int per_seq = BlocksFor(tokens, block_size);
       TANDEM_ASSIGN_OR_RETURN(
           worker->cache,
-          KvCache::Create(worker->forward->MakeKvLayout(block_size), kBatch * per_seq));
-      worker->tables.resize(kBatch);
+          KvCache::Create(worker->forward->MakeKvLayout(block_size), batch * per_seq));
+      worker->tables.resize(batch);
       for (auto& table : worker->tables) {
         table.reserve(per_seq);
         TANDEM_RETURN_IF_ERROR(worker->cache->blocks().Allocate(per_seq, &table));
@@ -100,11 +106,13 @@ class Background {
     }
     for (auto& w : workers_) {
       Worker* worker = w.get();
-      worker->thread = std::thread([this, worker] {
+      worker->thread = std::thread([this, worker, prefill] {
         int32_t token = 1;
+        std::vector<int32_t> prompt(kPrompt, 1);
         std::vector<SequenceInput> batch;
         for (auto& table : worker->tables)
-          batch.push_back(SequenceInput{{&token, 1}, kContext, table});
+          batch.push_back(prefill ? SequenceInput{prompt, 0, table}
+                                  : SequenceInput{{&token, 1}, kContext, table});
         while (!stop_.load(std::memory_order_relaxed)) {
           if (!worker->forward->Forward(batch, *worker->cache).ok()) break;
           ++worker->steps;
@@ -216,7 +224,11 @@ int ProfileMain(const std::vector<std::string>& args) {
   flags.AddBool("append", "merge into --out instead of replacing it");
   flags.AddBool("quick", "a small grid (for tests, with the tiny/small models)");
   flags.AddInt("background-threads", 0,
-               "extra threads decoding on their own KV while measuring (a busy neighbour)");
+               "extra threads working on their own KV while measuring (a busy neighbour)");
+  flags.AddString("background-kind", "decode",
+                  "what the neighbour runs: decode (steps of batch 8, context 512: a prefill "
+                  "instance's neighbour) or prefill (512-token prompts: a decode instance's "
+                  "neighbour; with --threads 1)");
   flags.AddString("clock", "wall",
                   "wall: wall-clock time; cpu: CPU time of the measured forward (process CPU "
                   "minus the background threads', / --threads): on a machine shared with other "
@@ -249,6 +261,10 @@ int ProfileMain(const std::vector<std::string>& args) {
   const bool quick = flags.GetBool("quick");
   if (threads < 1 || threads > 1024) return usage_error("--threads must be in [1, 1024]");
   if (background < 0 || background > 64) return usage_error("--background-threads must be in [0, 64]");
+  const std::string background_kind = flags.GetString("background-kind");
+  if (background_kind != "decode" && background_kind != "prefill")
+    return usage_error("--background-kind must be decode|prefill, got '" + background_kind + "'");
+  const bool prefill_neighbour = background_kind == "prefill";
   if (reps < 1 || reps > 100) return usage_error("--reps must be in [1, 100]");
   if (flags.GetDouble("transfer-bytes-per-s") < 0 || flags.GetDouble("transfer-latency-s") < 0)
     return usage_error("--transfer-* must not be negative");
@@ -317,7 +333,7 @@ int ProfileMain(const std::vector<std::string>& args) {
   // The neighbour first: every CpuForward::Create sets OpenBLAS's (process-wide) thread count,
   // and the measured forward's must win.
   Background neighbour;
-  if (Status s = neighbour.Start(**model, static_cast<int>(background), block_size); !s.ok())
+  if (Status s = neighbour.Start(**model, static_cast<int>(background), block_size, prefill_neighbour); !s.ok())
     return fail(s);
   ForwardOptions options;
   options.num_threads = static_cast<int>(threads);
@@ -418,7 +434,8 @@ int ProfileMain(const std::vector<std::string>& args) {
   std::printf("measured in %.1f s (prefill %.1f s, decode %.1f s)%s\n", decode_done - started,
               prefill_done - started, decode_done - prefill_done,
               background > 0
-                  ? (", neighbour ran " + std::to_string(neighbour_steps) + " decode steps").c_str()
+                  ? (", neighbour ran " + std::to_string(neighbour_steps) +
+                     (prefill_neighbour ? " prefills" : " decode steps")).c_str()
                   : "");
 
   // The KV link. Default: an in-process memcpy of a 1k-token KV, the ceiling of any transport.
@@ -458,7 +475,10 @@ int ProfileMain(const std::vector<std::string>& args) {
        << (quick ? "quick grid" : "full grid") << ", "
        << (cpu_clock ? "CPU time (process minus background threads, / threads)" : "wall clock")
        << ", ";
-  if (background > 0)
+  if (background > 0 && prefill_neighbour)
+    note << background << " background thread(s) prefilling (" << Background::kPrompt
+         << "-token prompts) on their own KV while measuring";
+  else if (background > 0)
     note << background << " background thread(s) decoding (batch " << Background::kBatch
          << ", context " << Background::kContext << ") on their own KV while measuring";
   else
