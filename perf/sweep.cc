@@ -558,7 +558,8 @@ int SweepMain(const std::vector<std::string>& input_args) {
                        {"requests", OutcomesToJson(result->outcomes, result->max_tokens)}};
         if (latency_model) {
           // Same requests, same arrivals and lengths: the workload as generated.
-          StatusOr<SimulationResult> sim = Simulate(spec.config, *latency_model, *requests);
+          StatusOr<SimulationResult> sim = Simulate(spec.config, *latency_model, *requests,
+                                                ServerLikeSimulationOptions());
           if (sim.ok()) {
             point.simulated = true;
             point.simulated_summary = Summarize(sim->outcomes, slo, sim->makespan_s);
