@@ -38,6 +38,11 @@ if [[ $step == sweep || $step == all ]]; then
   "$TANDEM" bench sweep "${clusters[@]}" --workload chatbot --max-model-len 1024 \
     --slo-ttft 2 --slo-tpot 0.06 --rates 0.4,0.6,0.8,1,1.2,1.6 --num-requests 40 \
     --latency-model "$LM" --out-dir "$OUT/sweep-chatbot"
+  # The simulated curves perf/README.md shows: the same runs replayed with the committed model
+  # (decode re-fitted for relative error from the profile's recorded points).
+  for w in summarization chatbot; do
+    python3 perf/resimulate.py "$OUT/sweep-$w" perf/latency/cpu-medium.yaml --tandem "$TANDEM"
+  done
 fi
 
 if [[ $step == plan || $step == all ]]; then
