@@ -1043,41 +1043,10 @@ int SimulateMain(const std::vector<std::string>& args) {
   std::fputs(FormatRunSummary(summary, slo).c_str(), stdout);
   if (!flags.GetString("out").empty()) {
     nlohmann::json j;
-    j["summary"] = {{"requests", summary.requests},
-                    {"completed", summary.completed},
-                    {"rejected", summary.rejected},
-                    {"failed", summary.failed},
-                    {"duration_s", summary.duration_s},
-                    {"throughput_rps", summary.throughput_rps},
-                    {"output_tokens_per_s", summary.output_tokens_per_s},
-                    {"ttft_p50", summary.ttft_p50},
-                    {"ttft_p90", summary.ttft_p90},
-                    {"ttft_p99", summary.ttft_p99},
-                    {"tpot_p50", summary.tpot_p50},
-                    {"tpot_p90", summary.tpot_p90},
-                    {"tpot_p99", summary.tpot_p99},
-                    {"e2e_p50", summary.e2e_p50},
-                    {"e2e_p90", summary.e2e_p90},
-                    {"e2e_p99", summary.e2e_p99},
-                    {"attainment", summary.attainment},
-                    {"ttft_attainment", summary.ttft_attainment},
-                    {"tpot_attainment", summary.tpot_attainment},
-                    {"slo_ttft_s", slo.ttft_s},
-                    {"slo_tpot_s", slo.tpot_s}};
-    nlohmann::json list = nlohmann::json::array();
-    for (const RequestOutcome& o : result->outcomes) {
-      list.push_back({{"id", o.id},
-                      {"arrival_s", o.arrival_s},
-                      {"prompt_tokens", o.prompt_tokens},
-                      {"output_tokens", o.output_tokens},
-                      {"ok", o.ok},
-                      {"rejected", o.rejected},
-                      {"error", o.error},
-                      {"ttft_s", o.ttft_s},
-                      {"tpot_s", o.tpot_s},
-                      {"e2e_s", o.e2e_s}});
-    }
-    j["requests"] = std::move(list);
+    j["summary"] = SummaryToJson(summary);
+    j["summary"]["slo_ttft_s"] = slo.ttft_s;
+    j["summary"]["slo_tpot_s"] = slo.tpot_s;
+    j["requests"] = OutcomesToJson(result->outcomes);
     std::ofstream out(flags.GetString("out"));
     out << j.dump(1) << "\n";
     if (!out) {

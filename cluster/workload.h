@@ -36,6 +36,8 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "common/status.h"
 
 namespace tandem {
@@ -126,5 +128,13 @@ struct RunSummary {
 // outcomes as max(arrival + e2e) - min(arrival)).
 RunSummary Summarize(const std::vector<RequestOutcome>& outcomes, const Slo& slo,
                      double duration_s = 0);
+
+// JSON of a run, as `tandem bench`, `tandem bench sweep` and `tandem simulate` write it.
+nlohmann::json SummaryToJson(const RunSummary& summary);
+// `max_tokens` is beside `outcomes` (same size, or empty to leave the field out).
+nlohmann::json OutcomesToJson(const std::vector<RequestOutcome>& outcomes,
+                              const std::vector<int32_t>& max_tokens = {});
+// Reads back what OutcomesToJson wrote (missing fields read as 0/false/empty).
+std::vector<RequestOutcome> OutcomesFromJson(const nlohmann::json& requests);
 
 }  // namespace tandem

@@ -54,69 +54,6 @@ std::string FormatSummaryTable(const RunSummary& s) {
   return out;
 }
 
-nlohmann::json SummaryToJson(const RunSummary& s) {
-  return {{"requests", s.requests},
-          {"completed", s.completed},
-          {"rejected", s.rejected},
-          {"failed", s.failed},
-          {"duration_s", s.duration_s},
-          {"throughput_rps", s.throughput_rps},
-          {"output_tokens_per_s", s.output_tokens_per_s},
-          {"ttft_p50", s.ttft_p50},
-          {"ttft_p90", s.ttft_p90},
-          {"ttft_p99", s.ttft_p99},
-          {"tpot_p50", s.tpot_p50},
-          {"tpot_p90", s.tpot_p90},
-          {"tpot_p99", s.tpot_p99},
-          {"e2e_p50", s.e2e_p50},
-          {"e2e_p90", s.e2e_p90},
-          {"e2e_p99", s.e2e_p99},
-          {"attainment", s.attainment},
-          {"ttft_attainment", s.ttft_attainment},
-          {"tpot_attainment", s.tpot_attainment}};
-}
-
-nlohmann::json OutcomesToJson(const std::vector<RequestOutcome>& outcomes,
-                              const std::vector<int32_t>& max_tokens) {
-  nlohmann::json out = nlohmann::json::array();
-  for (size_t i = 0; i < outcomes.size(); ++i) {
-    const RequestOutcome& o = outcomes[i];
-    nlohmann::json j = {{"id", o.id},
-                        {"arrival_s", o.arrival_s},
-                        {"prompt_tokens", o.prompt_tokens},
-                        {"output_tokens", o.output_tokens},
-                        {"ok", o.ok},
-                        {"rejected", o.rejected},
-                        {"error", o.error},
-                        {"ttft_s", o.ttft_s},
-                        {"tpot_s", o.tpot_s},
-                        {"e2e_s", o.e2e_s}};
-    if (i < max_tokens.size()) j["max_tokens"] = max_tokens[i];
-    out.push_back(std::move(j));
-  }
-  return out;
-}
-
-std::vector<RequestOutcome> OutcomesFromJson(const nlohmann::json& requests) {
-  std::vector<RequestOutcome> out;
-  if (!requests.is_array()) return out;
-  for (const nlohmann::json& j : requests) {
-    RequestOutcome o;
-    o.id = j.value("id", int64_t{0});
-    o.arrival_s = j.value("arrival_s", 0.0);
-    o.prompt_tokens = j.value("prompt_tokens", 0);
-    o.output_tokens = j.value("output_tokens", 0);
-    o.ok = j.value("ok", false);
-    o.rejected = j.value("rejected", false);
-    o.error = j.value("error", std::string());
-    o.ttft_s = j.value("ttft_s", 0.0);
-    o.tpot_s = j.value("tpot_s", 0.0);
-    o.e2e_s = j.value("e2e_s", 0.0);
-    out.push_back(std::move(o));
-  }
-  return out;
-}
-
 Status WriteTextFile(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out << text;

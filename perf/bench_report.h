@@ -30,12 +30,7 @@ StatusOr<std::vector<WorkloadRequest>> SyntheticRequests(const std::string& work
 // The table printed after a run: counts, throughput, p50/p90/p99 and attainment.
 std::string FormatSummaryTable(const RunSummary& summary);
 
-nlohmann::json SummaryToJson(const RunSummary& summary);
-// `max_tokens` is beside `outcomes` (same size, or empty to leave the field out).
-nlohmann::json OutcomesToJson(const std::vector<RequestOutcome>& outcomes,
-                              const std::vector<int32_t>& max_tokens);
-// Reads back what OutcomesToJson wrote (the sweep rescoring saved runs, tests).
-std::vector<RequestOutcome> OutcomesFromJson(const nlohmann::json& requests);
+// SummaryToJson / OutcomesToJson / OutcomesFromJson: cluster/workload.h.
 
 // Writes `text` to `path` (replacing it). Unavailable naming the path on failure.
 Status WriteTextFile(const std::string& path, const std::string& text);
