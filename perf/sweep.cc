@@ -390,6 +390,11 @@ int SweepMain(const std::vector<std::string>& input_args) {
   if (::access(binary.c_str(), X_OK) != 0)
     return UsageError("--binary: '" + binary + "' is not an executable");
 
+  // The SLOs the clusters' routers run with (admission, goodput placement) and the simulator
+  // sees: the sweep's; "not checked" (0) becomes an objective nothing misses (the config needs one).
+  const double router_ttft = slo_ttft > 0 ? slo_ttft : 3600;
+  const double router_tpot = slo_tpot > 0 ? slo_tpot : 3600;
+
   // ---- configs and the latency model: all checked before anything starts ----
   bool configs_ok = true;
   for (ClusterSpec& spec : clusters) {
@@ -402,8 +407,8 @@ int SweepMain(const std::vector<std::string>& input_args) {
     }
     spec.config = *config;
     // The router admits and places by the sweep's SLOs (the simulator too), not the config's.
-    spec.config.slo.ttft_s = slo_ttft > 0 ? slo_ttft : 3600;
-    spec.config.slo.tpot_s = slo_tpot > 0 ? slo_tpot : 3600;
+    spec.config.slo.ttft_s = router_ttft;
+    spec.config.slo.tpot_s = router_tpot;
     spec.config.slo.classes.clear();
     if (workload_len > 0 && workload_len > spec.config.model.max_model_len) {
       std::fprintf(stderr,
@@ -442,8 +447,7 @@ int SweepMain(const std::vector<std::string>& input_args) {
   // them) and, with --latency-model, with that model in its router: what is simulated is what
   // runs.
   std::vector<std::string> cluster_overrides = {
-      "--slo.ttft_s=" + FormatNumber(slo_ttft > 0 ? slo_ttft : 3600),
-      "--slo.tpot_s=" + FormatNumber(slo_tpot > 0 ? slo_tpot : 3600)};
+      "--slo.ttft_s=" + FormatNumber(router_ttft), "--slo.tpot_s=" + FormatNumber(router_tpot)};
   if (latency_model) {
     const std::string path = fs::absolute(flags.GetString("latency-model")).string();
     cluster_overrides.push_back("--router.latency_model=" + path);
