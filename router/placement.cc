@@ -90,15 +90,12 @@ double PredictDecodeTpotSeconds(const InstanceLoad& x, int64_t prompt_tokens) {
 }
 
 double PredictColocatedTpotSeconds(const InstanceLoad& x, int64_t prompt_tokens) {
-  if (x.latency_model == nullptr) return PredictTpotSeconds(x.load);
   // The request's own prefill step ends its TTFT, and the prompts queued ahead of it are
   // prefilled before its first token (FCFS): neither is in its TPOT. What slows its decode
   // steps is prompts that arrive later, which placement cannot know; so the prediction is the
-  // pure decode step, and interference shows up as measured TPOT (and in the simulator).
-  const int64_t running = std::max<int32_t>(x.load.running_requests, 0);
-  const double context = static_cast<double>(std::max<int64_t>(x.load.context_tokens, 0) +
-                                             std::max<int64_t>(prompt_tokens, 1));
-  return x.latency_model->DecodeStepSeconds(running + 1, context);
+  // decode instance's: the pure decode step (interference shows up as measured TPOT, and in the
+  // simulator).
+  return PredictDecodeTpotSeconds(x, std::max<int64_t>(prompt_tokens, 1));
 }
 
 namespace {
