@@ -87,6 +87,18 @@ class Section {
     *out = value;
   }
 
+  // YAML 1.2 booleans only (true/false), so that "yes" or "1" is reported, not guessed at.
+  void Bool(const char* key, bool* out) {
+    YAML::Node n = Take(key);
+    if (!n) return;
+    const std::string text = n.IsScalar() ? n.Scalar() : "";
+    if (text != "true" && text != "false") {
+      v_->Error(n, Field(key), "must be true or false, got " + Describe(n));
+      return;
+    }
+    *out = text == "true";
+  }
+
   // `allowed` empty = any string.
   void String(const char* key, std::string* out, std::vector<std::string> allowed = {}) {
     YAML::Node n = Take(key);
@@ -158,6 +170,7 @@ void ReadInstance(Validator* v, YAML::Node node, const std::string& name, Instan
   sec.Double("kv_usage_watermark", &s->kv_usage_watermark, 0.01, 1.0);
   sec.String("preemption", &s->preemption, {"recompute", "swap"});
   sec.Double("kv_hold_timeout_s", &s->kv_hold_timeout_s, 0.001, 86400);
+  sec.String("scheduling", &s->scheduling, {"chunked", "prefill_first"});
   sec.Int("port", &s->port, 0, 65535);
   sec.Int("metrics_port", &s->metrics_port, 0, 65535);
 }
@@ -226,6 +239,7 @@ void ReadConfig(Validator* v, const YAML::Node& root, ClusterConfig* c) {
     sec.String("ucx_tls", &c->transfer.ucx_tls);
     sec.Double("timeout_s", &c->transfer.timeout_s, 0.001, 3600);
     sec.Int("max_inflight", &c->transfer.max_inflight, 1, 1 << 16);
+    sec.Bool("layerwise", &c->transfer.layerwise);
   }
   {
     Section sec(v, top.Child("logging"), "logging");
@@ -323,6 +337,7 @@ std::string ConfigToYaml(const ClusterConfig& c) {
     out << YAML::Key << "kv_usage_watermark" << YAML::Value << s.kv_usage_watermark;
     out << YAML::Key << "preemption" << YAML::Value << s.preemption;
     out << YAML::Key << "kv_hold_timeout_s" << YAML::Value << s.kv_hold_timeout_s;
+    out << YAML::Key << "scheduling" << YAML::Value << s.scheduling;
     out << YAML::Key << "port" << YAML::Value << s.port;
     out << YAML::Key << "metrics_port" << YAML::Value << s.metrics_port;
     out << YAML::EndMap;
@@ -365,7 +380,8 @@ std::string ConfigToYaml(const ClusterConfig& c) {
   out << YAML::Key << "backend" << YAML::Value << c.transfer.backend;
   out << YAML::Key << "ucx_tls" << YAML::Value << c.transfer.ucx_tls;
   out << YAML::Key << "timeout_s" << YAML::Value << c.transfer.timeout_s;
-  out << YAML::Key << "max_inflight" << YAML::Value << c.transfer.max_inflight << YAML::EndMap;
+  out << YAML::Key << "max_inflight" << YAML::Value << c.transfer.max_inflight;
+  out << YAML::Key << "layerwise" << YAML::Value << c.transfer.layerwise << YAML::EndMap;
   out << YAML::Key << "logging" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "level" << YAML::Value << c.logging.level;
   out << YAML::Key << "format" << YAML::Value << c.logging.format << YAML::EndMap;

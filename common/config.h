@@ -50,6 +50,10 @@ struct InstanceSection {
   double kv_usage_watermark = 0.95;  // decode: admit only below this KV usage
   std::string preemption = "recompute";  // decode: recompute|swap
   double kv_hold_timeout_s = 30;  // prefill: free unpulled KV after this
+  // colocated: "chunked" mixes prompt chunks into decode steps (vLLM today); "prefill_first"
+  // runs waiting prompts whole, in prefill-only steps that pause every decode (vLLM 2023, the
+  // baseline DistServe measured against).
+  std::string scheduling = "chunked";
   int port = 0;               // control-plane port of the first instance; 0 = pick
   int metrics_port = 0;       // HTTP /metrics and /health port of the first instance; 0 = none
 };
@@ -76,6 +80,10 @@ struct TransferSection {
   std::string ucx_tls = "tcp,sm,self";
   double timeout_s = 5.0;
   int max_inflight = 64;
+  // Stream the KV layer by layer: prefill announces a request's KV before its last forward pass
+  // and publishes each layer as it is computed; decode pulls layer l as soon as it is published
+  // and starts its first step on layer 0 while later layers still arrive.
+  bool layerwise = false;
 };
 
 struct LoggingSection {

@@ -57,6 +57,9 @@ kv_cache:
 transfer:
   backend: inproc
   timeout_s: 2.5
+  layerwise: true
+colocated:
+  scheduling: prefill_first
 logging:
   format: json
 )");
@@ -75,6 +78,9 @@ logging:
   CHECK(config->slo.classes[1].tpot_s == Approx(1.0));
   CHECK(config->kv_cache.block_size == 32);
   CHECK(config->transfer.backend == "inproc");
+  CHECK(config->transfer.layerwise);
+  CHECK(config->colocated.scheduling == "prefill_first");
+  CHECK(config->prefill.scheduling == "chunked");
   CHECK(config->logging.format == "json");
 }
 
@@ -110,6 +116,10 @@ TEST_CASE("config: each kind of invalid file names file, line and field", "[conf
     CHECK(ErrorOf("router:\n  policy: fastest\n") ==
           "cluster.yaml:2:11: router.policy: must be one of goodput|least_loaded|round_robin, "
           "got 'fastest'");
+  }
+  SECTION("a boolean must be true or false") {
+    CHECK(ErrorOf("transfer:\n  layerwise: yes\n") ==
+          "cluster.yaml:2:14: transfer.layerwise: must be true or false, got 'yes'");
   }
   SECTION("section is not a mapping") {
     CHECK(ErrorOf("slo: 3\n") == "cluster.yaml:1:6: slo: must be a mapping, got '3'");
