@@ -2,21 +2,22 @@
 //
 // What is mirrored, and from where:
 //   router     router/cluster_backend.cc: Place() (router/placement.h, the real function) on
-//              InstanceLoads built from each instance's LoadReport plus the router's own
-//              increments since that report (decode: running + 1 and the prompt's blocks;
-//              first instance: queued tokens + prompt, waiting + 1; colocated: running + 1;
-//              first token from prefill: waiting - 1). Reports are what the servers'
-//              PublishLoad() computes, including the moving averages (weight 0.2) of the
-//              measured (here: simulated) step times. load_report_interval_s > 0: reports
-//              reach the router every interval; 0: after every change (exact state). With
-//              router.latency_model set, the router predicts from the simulated instances'
-//              own entries (a router whose latency model is exact) and token budgets.
+//              InstanceLoads built as the router builds them: each instance's latest LoadReport
+//              plus what the router placed there that the report does not include yet (first
+//              instance: queued tokens + prompt, waiting + 1, colocated also running + 1, for
+//              requests the instance had not taken in when it computed the report; decode:
+//              running + 1, context + prompt and the prompt's blocks, until prefill's first
+//              token; first token from prefill: waiting - 1 until the next report). Reports are
+//              what the servers' PublishLoad() computes, including the moving averages (weight
+//              0.2) of the measured (here: simulated) step times. load_report_interval_s > 0:
+//              reports reach the router every interval; 0: after every change. With
+//              router.latency_model set, the router predicts from the simulated instances' own
+//              entries (a router whose latency model is exact) and token budgets.
 //              reports_after_steps: a pp 1 instance publishes only when its engine loop does,
 //              after a step (or a loop turn that scheduled nothing), from the state it knew when
 //              the step began: requests that arrived during a step are missing from that report
-//              (they sat in the inbox), and a report sent while a step runs is the one from
-//              before the step. With 100 ms reports, the router's own increments are overwritten
-//              long before a multi-second prefill batch ends, so it under-counts the queue.
+//              (they sat in the inbox; the router adds them back), and a report sent while a
+//              step runs is the one from before the step.
 //   prefill    prefill/prefill_server.cc Step(): SchedulePrefill (the real function) over the
 //              FCFS queue, blocks for the whole prompt at its first chunk, first token at the
 //              end of the batch that computes the prompt's last chunk (TTFT ends there), KV
@@ -100,6 +101,7 @@ struct Req {
   int32_t prompt = 0;
   int32_t max_tokens = 0;
   double arrival = 0;
+  size_t arrival_index = 0;  // order in which the router handled it
   int prefill = -1, decode = -1, colocated = -1;
   // prefill side
   int32_t scheduled = 0;  // prompt tokens handed to a batch
@@ -253,6 +255,29 @@ class Simulation {
   // The router's view (InstanceLoad per instance) and the instances' latest reports.
   std::vector<InstanceLoad> view_p_, view_d_, view_c_;
   std::vector<LoadReport> latest_p_, latest_e_;
+  // Mirrors router/cluster_backend.cc's pending lists: per instance, the time up to which its
+  // latest report took requests in (the analogue of LoadReport::last_submit_seq: how many
+  // arrivals, in the router's order), the requests placed on it as first instance, and (decode)
+  // the requests placed on it whose prefill has not finished. The view = the report + those the
+  // report lacks.
+  std::vector<double> arrival_times_;  // of the requests the router has handled, in order
+  std::vector<size_t> taken_in_p_, taken_in_e_;
+  size_t TakenIn(double seen_before) const {
+    return static_cast<size_t>(
+        std::upper_bound(arrival_times_.begin(), arrival_times_.end(), seen_before) -
+        arrival_times_.begin());
+  }
+  std::vector<std::vector<int64_t>> placed_p_, placed_e_, incoming_e_;
+  void ApplyReport(InstanceLoad& view, const LoadReport& report, size_t taken_in,
+                   std::vector<int64_t>& placed, std::vector<int64_t>* incoming, bool colocated);
+  void ApplyPrefillReport(int pi) {
+    ApplyReport(view_p_[pi], latest_p_[pi], taken_in_p_[pi], placed_p_[pi], nullptr, false);
+  }
+  void ApplyEngineReport(int ei) {
+    const bool colocated = engines_[ei].colocated;
+    ApplyReport(colocated ? view_c_[ei - num_decode_] : view_d_[ei], latest_e_[ei], taken_in_e_[ei],
+                placed_e_[ei], colocated ? nullptr : &incoming_e_[ei], colocated);
+  }
   uint64_t round_robin_ = 0;
   double last_arrival_ = 0;
 
@@ -337,6 +362,11 @@ Status Simulation::Setup() {
   }
   latest_p_.resize(prefill_.size());
   latest_e_.resize(engines_.size());
+  taken_in_p_.assign(prefill_.size(), 0);
+  taken_in_e_.assign(engines_.size(), 0);
+  placed_p_.resize(prefill_.size());
+  placed_e_.resize(engines_.size());
+  incoming_e_.resize(engines_.size());
   for (size_t p = 0; p < prefill_.size(); ++p) PublishPrefill(static_cast<int>(p));
   for (size_t e = 0; e < engines_.size(); ++e) PublishEngine(static_cast<int>(e));
 
@@ -418,6 +448,8 @@ StatusOr<SimulationResult> Simulation::Run() {
 
 void Simulation::OnArrival(int64_t id) {
   Req& r = reqs_[id];
+  r.arrival_index = arrival_times_.size();
+  arrival_times_.push_back(r.arrival);
   PlacementInput input;
   input.prefill = &view_p_;
   input.decode = &view_d_;
@@ -431,18 +463,23 @@ void Simulation::OnArrival(int64_t id) {
     Fail(id, placement.status().message());
     return;
   }
+  // The router's own increments (cluster_backend.cc AddSubmit / AddHandoff).
   InstanceLoad* first = nullptr;
   if (placement->colocated >= 0) {
     r.colocated = num_decode_ + placement->colocated;
     first = &view_c_[placement->colocated];
     first->load.running_requests += 1;
+    placed_e_[r.colocated].push_back(id);
   } else {
     r.prefill = placement->prefill;
     r.decode = placement->decode;
     first = &view_p_[r.prefill];
     LoadReport& d = view_d_[r.decode].load;
     d.running_requests += 1;
+    d.context_tokens += r.prompt;
     d.free_kv_blocks -= (r.prompt + block_size_) / block_size_;
+    placed_p_[r.prefill].push_back(id);
+    incoming_e_[r.decode].push_back(id);
   }
   first->load.queued_prefill_tokens += r.prompt;
   first->load.waiting_requests += 1;
@@ -498,14 +535,30 @@ void Simulation::EmitToken(int64_t id) {
   r.last_token = now_;
 }
 
-void Simulation::OnReportTick() {
-  for (size_t p = 0; p < prefill_.size(); ++p) view_p_[p].load = latest_p_[p];
-  for (size_t e = 0; e < engines_.size(); ++e) {
-    if (engines_[e].colocated)
-      view_c_[e - num_decode_].load = latest_e_[e];
-    else
-      view_d_[e].load = latest_e_[e];
+void Simulation::ApplyReport(InstanceLoad& view, const LoadReport& report, size_t taken_in,
+                             std::vector<int64_t>& placed, std::vector<int64_t>* incoming,
+                             bool colocated) {
+  view.load = report;
+  std::erase_if(placed, [&](int64_t id) {
+    return reqs_[id].arrival_index < taken_in || reqs_[id].finished;
+  });
+  for (int64_t id : placed) {
+    view.load.queued_prefill_tokens += reqs_[id].prompt;
+    view.load.waiting_requests += 1;
+    if (colocated) view.load.running_requests += 1;
   }
+  if (incoming == nullptr) return;
+  std::erase_if(*incoming, [&](int64_t id) { return reqs_[id].first_token >= 0 || reqs_[id].finished; });
+  for (int64_t id : *incoming) {
+    view.load.running_requests += 1;
+    view.load.context_tokens += reqs_[id].prompt;
+    view.load.free_kv_blocks -= (reqs_[id].prompt + block_size_) / block_size_;
+  }
+}
+
+void Simulation::OnReportTick() {
+  for (size_t p = 0; p < prefill_.size(); ++p) ApplyPrefillReport(static_cast<int>(p));
+  for (size_t e = 0; e < engines_.size(); ++e) ApplyEngineReport(static_cast<int>(e));
   // After the last arrival nobody reads the view: stop ticking so that the run ends.
   if (now_ < last_arrival_) Push(now_ + options_.load_report_interval_s, EventType::kReportTick, -1, 0);
 }
@@ -528,7 +581,8 @@ void Simulation::PublishPrefill(int pi, double seen_before) {
   r.free_kv_blocks = p.free_blocks;
   r.total_kv_blocks = p.total_blocks;
   r.prefill_seconds_per_token = p.avg_s_per_token;
-  if (options_.load_report_interval_s <= 0) view_p_[pi].load = r;
+  taken_in_p_[pi] = TakenIn(seen_before);
+  if (options_.load_report_interval_s <= 0) ApplyPrefillReport(pi);
 }
 
 void Simulation::TryPrefill(int pi) {
@@ -889,12 +943,8 @@ void Simulation::PublishEngine(int ei, double seen_before) {
   r.total_kv_blocks = e.total_blocks;
   r.prefill_seconds_per_token = e.avg_prefill_s_per_token;
   r.decode_step_seconds = e.avg_decode_step_s;
-  if (options_.load_report_interval_s <= 0) {
-    if (e.colocated)
-      view_c_[ei - num_decode_].load = r;
-    else
-      view_d_[ei].load = r;
-  }
+  taken_in_e_[ei] = TakenIn(seen_before);
+  if (options_.load_report_interval_s <= 0) ApplyEngineReport(ei);
 }
 
 // ---- the command ----

@@ -97,6 +97,7 @@ struct Encoder {
     w.F64(m.prefill_seconds_per_token);
     w.F64(m.decode_step_seconds);
     w.I64(m.context_tokens);
+    w.U64(m.last_submit_seq);
     return w.Finish(kMaxControlBodyBytes);
   }
   std::string operator()(const Submit& m) const {
@@ -105,6 +106,7 @@ struct Encoder {
     w.I32Array(m.prompt, kMaxPromptTokens);
     PutSampling(w, m.sampling);
     w.Str(m.decode_address, kMaxIdBytes);
+    w.U64(m.seq);
     return w.Finish(kMaxControlBodyBytes);
   }
   std::string operator()(const Cancel& m) const {
@@ -207,13 +209,14 @@ StatusOr<ControlMessage> DecodeControl(std::span<const uint8_t> frame) {
                 r.I32(&m.waiting_requests) && r.I32(&m.running_requests) &&
                 r.I64(&m.free_kv_blocks) && r.I64(&m.total_kv_blocks) &&
                 r.F64(&m.prefill_seconds_per_token) && r.F64(&m.decode_step_seconds) &&
-                r.I64(&m.context_tokens);
+                r.I64(&m.context_tokens) && r.U64(&m.last_submit_seq);
       return Done(r, ok, std::move(m), "control LoadReport");
     }
     case ControlType::kSubmit: {
       Submit m;
       bool ok = r.Str(&m.request_id, kMaxIdBytes) && r.I32Array(&m.prompt, kMaxPromptTokens) &&
-                GetSampling(r, &m.sampling) && r.Str(&m.decode_address, kMaxIdBytes);
+                GetSampling(r, &m.sampling) && r.Str(&m.decode_address, kMaxIdBytes) &&
+                r.U64(&m.seq);
       return Done(r, ok, std::move(m), "control Submit");
     }
     case ControlType::kCancel: {

@@ -28,7 +28,7 @@
 namespace tandem {
 
 inline constexpr uint32_t kControlMagic = 0x4C544354;  // "TCTL" as little-endian bytes
-inline constexpr uint16_t kControlVersion = 1;
+inline constexpr uint16_t kControlVersion = 2;  // 2: Submit.seq, LoadReport.last_submit_seq
 inline constexpr size_t kMaxControlBodyBytes = 32u << 20;
 inline constexpr size_t kMaxPromptTokens = 1u << 20;
 inline constexpr size_t kMaxIdBytes = 256;
@@ -70,6 +70,9 @@ struct LoadReport {
   double prefill_seconds_per_token = 0;  // recent average over prefill batches
   double decode_step_seconds = 0;        // recent average decode step time
   int64_t context_tokens = 0;            // sum of context lengths in the decode batch
+  // The highest Submit::seq this instance had taken into its queue when it computed this report:
+  // the requests the router submitted after that are not in the numbers above yet.
+  uint64_t last_submit_seq = 0;
 };
 
 struct Submit {
@@ -77,6 +80,7 @@ struct Submit {
   std::vector<int32_t> prompt;
   SamplingParams sampling;     // stop strings are the router's business and are not sent
   std::string decode_address;  // "host:port" of the chosen decode instance; empty = colocated
+  uint64_t seq = 0;            // the router's submit counter for this instance (1, 2, ...)
 };
 
 struct Cancel {

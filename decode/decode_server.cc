@@ -88,6 +88,7 @@ struct DecodeServer::Impl : public EngineSink {
   // Latest load, for the report timer.
   std::mutex load_mutex;
   LoadReport load;
+  uint64_t last_submit_seq = 0;  // engine thread: the router's last Submit taken in
 
   std::atomic<bool> draining{false};
   std::atomic<bool> stop_engine{false};
@@ -209,6 +210,7 @@ struct DecodeServer::Impl : public EngineSink {
   }
 
   void HandleSubmit(const Submit& submit) {
+    last_submit_seq = std::max(last_submit_seq, submit.seq);  // rejected ones count as seen too
     if (draining) {
       FinishError(submit.request_id, Unavailable(name + " is shutting down"), 0);
       return;
@@ -392,6 +394,7 @@ struct DecodeServer::Impl : public EngineSink {
     r.prefill_seconds_per_token = s.prefill_seconds_per_token;
     r.decode_step_seconds = s.decode_step_seconds;
     r.context_tokens = s.context_tokens;
+    r.last_submit_seq = last_submit_seq;
     running_gauge->Set(r.running_requests);
     waiting_gauge->Set(r.waiting_requests);
     usage_gauge->Set(s.total_blocks == 0 ? 0.0

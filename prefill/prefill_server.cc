@@ -99,6 +99,7 @@ struct PrefillServer::Impl {
 
   std::mutex load_mutex;
   LoadReport load;
+  uint64_t last_submit_seq = 0;  // engine thread: the router's last Submit taken in
 
   std::atomic<bool> draining{false};
   std::atomic<bool> stop_engine{false};
@@ -221,6 +222,7 @@ struct PrefillServer::Impl {
   }
 
   void HandleSubmit(Submit& submit) {
+    last_submit_seq = std::max(last_submit_seq, submit.seq);  // rejected ones count as seen too
     if (draining) return SendFinish(submit.request_id, Unavailable(name + " is shutting down"), "", 0);
     if (Status s = Validate(submit); !s.ok()) return SendFinish(submit.request_id, s, "", 0);
     auto r = std::make_unique<Request>();
@@ -416,6 +418,7 @@ struct PrefillServer::Impl {
     r.free_kv_blocks = cache->blocks().num_free();
     r.total_kv_blocks = cache->num_blocks();
     r.prefill_seconds_per_token = avg_s_per_token;
+    r.last_submit_seq = last_submit_seq;
     running_gauge->Set(static_cast<double>(held.size()));
     waiting_gauge->Set(r.waiting_requests);
     usage_gauge->Set(1.0 - static_cast<double>(r.free_kv_blocks) / r.total_kv_blocks);

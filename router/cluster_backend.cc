@@ -88,7 +88,22 @@ struct ClusterBackend::Instance {
   bool greeted = false;
   bool ever_greeted = false;
   Hello hello;
-  LoadReport load;  // the latest report plus what this router submitted since
+  LoadReport load;  // the latest report plus what this router submitted that it lacks
+  // Requests this router sent here that the latest report did not include yet (a report lags:
+  // a server computes it after each engine step, and takes in new requests only between
+  // steps). Without them every report would erase the count of what was just submitted, and
+  // during a multi-second prefill batch the router would keep placing onto a queue that looks
+  // empty. First instance: Submits with seq > the report's last_submit_seq. Decode instance:
+  // requests whose prefill has not finished (decode learns of them from prefill's KvReady,
+  // at about the time the router sees the first token).
+  struct Pending {
+    uint64_t seq = 0;  // Submit::seq; 0 for decode entries
+    std::string request_id;
+    int64_t prompt_tokens = 0;
+  };
+  uint64_t next_submit_seq = 1;
+  std::deque<Pending> unseen_submits;
+  std::vector<Pending> incoming_handoffs;
   Clock::time_point connected_at;
   Clock::time_point last_heard;
   Clock::time_point next_attempt;
@@ -283,6 +298,37 @@ int ClusterBackend::InFlight() const {
   return static_cast<int>(requests_.size());
 }
 
+// What a request adds to an instance's load until a report includes it.
+void ClusterBackend::AddSubmit(Instance& instance, int64_t prompt_tokens) {
+  instance.load.queued_prefill_tokens += prompt_tokens;
+  instance.load.waiting_requests += 1;
+  if (instance.role == InstanceRole::kColocated) instance.load.running_requests += 1;
+}
+
+void ClusterBackend::AddHandoff(Instance& instance, int64_t prompt_tokens) {
+  instance.load.running_requests += 1;
+  instance.load.context_tokens += prompt_tokens;
+  if (instance.hello.kv_block_size > 0)
+    instance.load.free_kv_blocks -=
+        (prompt_tokens + instance.hello.kv_block_size) / instance.hello.kv_block_size;
+}
+
+void ClusterBackend::ApplyReportLocked(Instance& instance, const LoadReport& report) {
+  instance.load = report;
+  auto gone = [this](const Instance::Pending& p) {
+    auto it = requests_.find(p.request_id);
+    return it == requests_.end() || it->second->finished;
+  };
+  std::erase_if(instance.unseen_submits, [&](const Instance::Pending& p) {
+    return p.seq <= report.last_submit_seq || gone(p);
+  });
+  for (const Instance::Pending& p : instance.unseen_submits) AddSubmit(instance, p.prompt_tokens);
+  std::erase_if(instance.incoming_handoffs, [&](const Instance::Pending& p) {
+    return gone(p) || requests_.at(p.request_id)->first_token;
+  });
+  for (const Instance::Pending& p : instance.incoming_handoffs) AddHandoff(instance, p.prompt_tokens);
+}
+
 Status ClusterBackend::Submit(const GenerateRequest& request,
                               std::function<void(BackendEvent)> on_event) {
   std::shared_ptr<Request> entry;
@@ -353,15 +399,13 @@ Status ClusterBackend::Submit(const GenerateRequest& request,
       message.decode_address = d_instance.hello.control_address.empty()
                                    ? d_instance.address
                                    : d_instance.hello.control_address;
-      // Until its next report, count what this router just gave the decode instance.
-      d_instance.load.running_requests += 1;
-      if (d_instance.hello.kv_block_size > 0)
-        d_instance.load.free_kv_blocks -=
-            (input.prompt_tokens + d_instance.hello.kv_block_size) / d_instance.hello.kv_block_size;
+      // Until a report includes it, count what this router just gave the decode instance.
+      AddHandoff(d_instance, input.prompt_tokens);
+      d_instance.incoming_handoffs.push_back({0, entry->id, input.prompt_tokens});
     }
-    first->load.queued_prefill_tokens += input.prompt_tokens;
-    first->load.waiting_requests += 1;
-    if (placement->colocated >= 0) first->load.running_requests += 1;
+    message.seq = first->next_submit_seq++;
+    AddSubmit(*first, input.prompt_tokens);
+    first->unseen_submits.push_back({message.seq, entry->id, input.prompt_tokens});
     target = first->connection;
     target_name = first->name;
     requests_[entry->id] = entry;
@@ -518,13 +562,15 @@ void ClusterBackend::OnMessage(size_t index, uint64_t generation, ControlMessage
         instance.ever_greeted = true;
         instance.last_heard = now;
         instance.load = LoadReport{};
+        instance.unseen_submits.clear();  // a new incarnation: the old one's requests failed
+        instance.incoming_handoffs.clear();
         instance.backoff_s = options_.backoff_initial_s;
         TANDEM_LOG(kInfo) << "instance " << instance.name << " up at " << instance.address
                           << " (" << hello->name << ", model " << hello->model << ", "
                           << hello->kv_total_blocks << " KV blocks)";
       }
     } else if (auto* report = std::get_if<LoadReport>(&message)) {
-      instance.load = *report;
+      ApplyReportLocked(instance, *report);
       instance.last_heard = now;
     } else {
       TANDEM_LOG(kDebug) << "ignoring an unexpected control message from " << instance.name;

@@ -17,6 +17,13 @@
 // instance from placement to the end, a colocated one throughout. The other instance of a
 // failed request is told to Cancel it. Every accepted request gets exactly one final event.
 //
+// Load: placement sees, per instance, its latest LoadReport plus what this router placed there
+// that the report does not include yet. Reports lag (a server computes one after each engine
+// step and takes new requests in only between steps): every Submit carries a per-instance
+// sequence number and every report the last one the instance had taken in, so the router adds
+// back exactly the Submits the report lacks; a decode instance is counted for a request from
+// placement until prefill's first token (it learns of the request from prefill's KvReady).
+//
 // Latency model: when `router.latency_model` names a file, Start() loads it (a bad file, or one
 // without an entry for a configured section's device/threads/tensor_parallel/pipeline_parallel,
 // fails Start with the file's own message) and goodput placement predicts from it (see
@@ -129,6 +136,10 @@ class ClusterBackend : public Backend {
   // Delivers queued events of `request` outside mutex_, one deliverer at a time.
   void Drain(const std::shared_ptr<Request>& request);
   // Under mutex_: ends a request with `error` (queues the event, removes it from the maps).
+  static void AddSubmit(Instance& instance, int64_t prompt_tokens);
+  static void AddHandoff(Instance& instance, int64_t prompt_tokens);
+  // The instance's load = its report + what this router sent that the report does not include.
+  void ApplyReportLocked(Instance& instance, const LoadReport& report);
   void FailLocked(const std::shared_ptr<Request>& request, const Status& error,
                   std::vector<std::shared_ptr<Request>>* to_drain);
   void SendCancelLocked(int instance, const std::string& request_id);

@@ -34,7 +34,7 @@ class FakeInstance {
       while (!quit_) {
         std::this_thread::sleep_for(100ms);
         std::lock_guard<std::mutex> lock(mutex_);
-        if (connection_ && beating_) connection_->Send(LoadReport{});
+        if (connection_ && beating_) connection_->Send(report_);
       }
     });
   }
@@ -71,6 +71,11 @@ class FakeInstance {
     Listen(port_);
   }
   void StopHeartbeat() { beating_ = false; }
+  // What the heartbeat reports from now on (default: an idle instance that took nothing in).
+  void SetReport(const LoadReport& report) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    report_ = report;
+  }
 
   void Send(const ControlMessage& m) {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -127,6 +132,7 @@ class FakeInstance {
   std::shared_ptr<ControlConnection> connection_;
   std::vector<tandem::Submit> submits_;
   std::vector<std::string> cancels_;
+  LoadReport report_;
   std::thread heartbeat_;
 };
 
@@ -352,5 +358,33 @@ TEST_CASE("cluster backend: goodput rejects with ResourceExhausted", "[cluster_b
   config.slo.ttft_s = 10;
   REQUIRE(backend.Reconfigure(config).ok());
   CHECK(backend.Submit(Request("b", 200), second.Callback()).ok());
+  backend.Stop();
+}
+
+TEST_CASE("cluster backend: a report that lags the submits does not erase them",
+          "[cluster_backend]") {
+  IoThread io;
+  FakeInstance p(io.io, InstanceRole::kPrefill, 0), d(io.io, InstanceRole::kDecode, 0);
+  ClusterConfig config = Config(p.port(), 1, d.port(), 1);
+  config.router.policy = "goodput";
+  config.slo.ttft_s = 0.15;  // 200 tokens at the default 0.5 ms/token = 0.1 s; 400 = 0.2 s
+  ClusterBackend backend(config);
+  REQUIRE(backend.Start().ok());
+  REQUIRE(WaitFor([&] { return backend.Ready(); }));
+  Events a, b;
+  REQUIRE(backend.Submit(Request("a", 200), a.Callback()).ok());
+  REQUIRE(WaitFor([&] { return p.submits().size() == 1; }));
+  CHECK(p.submits()[0].seq == 1u);
+  // The instance is busy with a long step: its heartbeats still say "idle, took in nothing"
+  // (last_submit_seq 0). The router must keep counting "a", so "b" still does not fit.
+  std::this_thread::sleep_for(350ms);
+  CHECK(backend.Submit(Request("b", 200), b.Callback()).code() == StatusCode::kResourceExhausted);
+  // Once a report has taken "a" in (and says its queue is empty again), "b" fits.
+  LoadReport took_a;
+  took_a.last_submit_seq = 1;
+  p.SetReport(took_a);
+  REQUIRE(WaitFor([&] { return backend.Submit(Request("b", 200), b.Callback()).ok(); }));
+  REQUIRE(WaitFor([&] { return p.submits().size() == 2; }));
+  CHECK(p.submits()[1].seq == 2u);
   backend.Stop();
 }

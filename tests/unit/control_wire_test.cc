@@ -12,7 +12,7 @@ namespace {
 std::vector<ControlMessage> Samples() {
   Hello hello{InstanceRole::kDecode, 42, "decode-1", "tandem-tiny", "127.0.0.1:7001",
               std::string("\x00\x01peer", 6), 16, 4096};
-  LoadReport load{42, 900, 3, 17, 1000, 4096, 1.5e-4, 0.021, 5120};
+  LoadReport load{42, 900, 3, 17, 1000, 4096, 1.5e-4, 0.021, 5120, 77};
   Submit submit;
   submit.request_id = "cmpl-1";
   submit.prompt = {1, 2, 3, 70000};
@@ -24,6 +24,7 @@ std::vector<ControlMessage> Samples() {
   submit.sampling.logprobs = true;
   submit.sampling.top_logprobs = 3;
   submit.decode_address = "127.0.0.1:7002";
+  submit.seq = 78;
   Tokens tokens{"cmpl-1", {{7, -0.5f, {{7, -0.5f}, {8, -1.25f}}}, {9, -0.1f, {}}}};
   Finish finish{"cmpl-1", "", StatusCode::kUnavailable, "decode-1 died", 12};
   KvReady ready;
@@ -55,6 +56,9 @@ TEST_CASE("control wire: every message round-trips", "[control_wire]") {
   CHECK(submit.sampling.seed == 1234u);
   CHECK(submit.sampling.top_k == 40);
   CHECK(submit.prompt == std::vector<int32_t>{1, 2, 3, 70000});
+  CHECK(submit.seq == 78u);
+  CHECK(std::get<LoadReport>(*DecodeControl(ByteSpan(EncodeControl(Samples()[1])))).last_submit_seq ==
+        77u);
 }
 
 TEST_CASE("control wire: truncated, extended and corrupted frames fail cleanly",
