@@ -172,19 +172,8 @@ struct EngineInstance {
   std::vector<int32_t> needs;
 };
 
-// Finds the latency model entry of an instance shape. A GPU config says device "cuda" while a
-// GPU latency model names the GPU ("h100"): cuda matches any non-cpu entry. threads only
-// distinguish CPU entries.
 const LatencyModel* FindEntry(const LatencyModelFile& models, const InstanceSection& s) {
-  for (const LatencyModel& m : models.entries) {
-    bool device = s.device == "cuda" ? m.device != "cpu" : m.device == s.device;
-    if (!device || m.tensor_parallel != s.tensor_parallel ||
-        m.pipeline_parallel != s.pipeline_parallel)
-      continue;
-    if (m.device == "cpu" && m.threads != s.threads) continue;
-    return &m;
-  }
-  return nullptr;
+  return models.ForInstance(s.device, s.threads, s.tensor_parallel, s.pipeline_parallel);
 }
 
 class Simulation {

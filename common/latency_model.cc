@@ -61,7 +61,19 @@ const LatencyModel* LatencyModelFile::Find(const std::string& device, int thread
   }
   return nullptr;
 }
-
+const LatencyModel* LatencyModelFile::ForInstance(const std::string& device, int threads,
+                                                  int tensor_parallel,
+                                                  int pipeline_parallel) const {
+  for (const LatencyModel& m : entries) {
+    const bool same_device = device == "cuda" ? m.device != "cpu" : m.device == device;
+    if (!same_device || m.tensor_parallel != tensor_parallel ||
+        m.pipeline_parallel != pipeline_parallel)
+      continue;
+    if (m.device == "cpu" && m.threads != threads) continue;
+    return &m;
+  }
+  return nullptr;
+}
 
 namespace {
 

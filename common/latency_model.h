@@ -92,6 +92,12 @@ struct LatencyModelFile {
   // The entry for this shape, or nullptr. device "" matches any device.
   const LatencyModel* Find(const std::string& device, int threads, int tensor_parallel = 1,
                            int pipeline_parallel = 1) const;
+  // The entry that predicts for an instance configured with this shape (a config section's
+  // device/threads/tensor_parallel/pipeline_parallel), or nullptr. A GPU instance says device
+  // "cuda" while a GPU latency model names the GPU ("h100"): "cuda" matches any non-cpu entry.
+  // threads only distinguish CPU entries. The router and the simulator both use this rule.
+  const LatencyModel* ForInstance(const std::string& device, int threads, int tensor_parallel,
+                                  int pipeline_parallel) const;
 };
 
 // Loads and validates (errors: "lm.yaml:7:9: latency_model[0].prefill.c2: must be a number").

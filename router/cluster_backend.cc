@@ -48,7 +48,7 @@ StatusOr<RouterLatencyModels> LoadRouterLatencyModels(const ClusterConfig& confi
   auto pick = [&](const InstanceSection& s, const char* section,
                   const LatencyModel** entry) -> Status {
     if (s.instances <= 0) return Status::Ok();
-    *entry = out.file->Find(s.device, s.threads, s.tensor_parallel, s.pipeline_parallel);
+    *entry = out.file->ForInstance(s.device, s.threads, s.tensor_parallel, s.pipeline_parallel);
     if (*entry == nullptr)
       return InvalidArgument(path.string() + ": router.latency_model has no entry for " +
                              section + " (device " + s.device + ", threads " +

@@ -167,6 +167,12 @@ TEST_CASE("latency model: YAML round trip is exact", "[latency_model]") {
   CHECK(back->Find("h100", 1, 4, 2) == &back->entries[1]);
   CHECK(back->Find("", 2) == &back->entries[0]);
   CHECK(back->Find("cpu", 3) == nullptr);
+  // An instance configured as device cuda uses the GPU's entry whatever its name; a CPU
+  // instance needs its thread count.
+  CHECK(back->ForInstance("cuda", 8, 4, 2) == &back->entries[1]);
+  CHECK(back->ForInstance("cuda", 1, 4, 1) == nullptr);
+  CHECK(back->ForInstance("cpu", 2, 1, 1) == &back->entries[0]);
+  CHECK(back->ForInstance("cpu", 3, 1, 1) == nullptr);
 
   test::TempDir dir;
   auto loaded = LoadLatencyModel(dir.Write("lm.yaml", text));
