@@ -6,159 +6,13 @@
 #include <set>
 #include <sstream>
 
+#include "common/yaml_fields.h"
+
 namespace tandem {
 namespace {
 
-// Collects errors while walking the YAML tree; every message names location and field.
-class Validator {
- public:
-  Validator(std::string source, std::set<std::string> overridden)
-      : source_(std::move(source)), overridden_(std::move(overridden)) {}
-
-  void Error(const YAML::Node& node, const std::string& field, const std::string& what) {
-    std::string where;
-    if (overridden_.count(field)) {
-      where = "flag --" + field;
-    } else if (node.IsDefined() && !node.Mark().is_null()) {
-      where = source_ + ":" + std::to_string(node.Mark().line + 1) + ":" +
-              std::to_string(node.Mark().column + 1);
-    } else {
-      where = source_;
-    }
-    errors_.push_back(where + ": " + field + ": " + what);
-  }
-
-  const std::vector<std::string>& errors() const { return errors_; }
-
- private:
-  std::string source_;
-  std::set<std::string> overridden_;
-  std::vector<std::string> errors_;
-};
-
-std::string Describe(const YAML::Node& node) {
-  if (node.IsScalar()) return "'" + node.Scalar() + "'";
-  if (node.IsSequence()) return "a list";
-  if (node.IsMap()) return "a mapping";
-  return "nothing";
-}
-
-// Reads the fields of one mapping; unknown keys are reported by Finish().
-class Section {
- public:
-  Section(Validator* v, YAML::Node node, std::string prefix)
-      : v_(v), node_(std::move(node)), prefix_(std::move(prefix)) {
-    if (node_.IsDefined() && !node_.IsNull() && !node_.IsMap()) {
-      v_->Error(node_, prefix_.empty() ? "<top level>" : prefix_,
-                "must be a mapping, got " + Describe(node_));
-      valid_ = false;
-    }
-  }
-  ~Section() { Finish(); }
-
-  void Int(const char* key, int* out, long min, long max) {
-    YAML::Node n = Take(key);
-    if (!n) return;
-    long value;
-    std::string text = n.IsScalar() ? n.Scalar() : "";
-    char* end = nullptr;
-    value = std::strtol(text.c_str(), &end, 10);
-    if (!n.IsScalar() || text.empty() || *end != '\0' || value < min || value > max) {
-      v_->Error(n, Field(key),
-                "must be an integer in [" + std::to_string(min) + ", " + std::to_string(max) +
-                    "], got " + Describe(n));
-      return;
-    }
-    *out = static_cast<int>(value);
-  }
-
-  void Double(const char* key, double* out, double min, double max) {
-    YAML::Node n = Take(key);
-    if (!n) return;
-    std::string text = n.IsScalar() ? n.Scalar() : "";
-    char* end = nullptr;
-    double value = std::strtod(text.c_str(), &end);
-    if (!n.IsScalar() || text.empty() || *end != '\0' || !(value >= min && value <= max)) {
-      std::ostringstream range;
-      range << "[" << min << ", " << max << "]";
-      v_->Error(n, Field(key), "must be a number in " + range.str() + ", got " + Describe(n));
-      return;
-    }
-    *out = value;
-  }
-
-  // YAML 1.2 booleans only (true/false), so that "yes" or "1" is reported, not guessed at.
-  void Bool(const char* key, bool* out) {
-    YAML::Node n = Take(key);
-    if (!n) return;
-    const std::string text = n.IsScalar() ? n.Scalar() : "";
-    if (text != "true" && text != "false") {
-      v_->Error(n, Field(key), "must be true or false, got " + Describe(n));
-      return;
-    }
-    *out = text == "true";
-  }
-
-  // `allowed` empty = any string.
-  void String(const char* key, std::string* out, std::vector<std::string> allowed = {}) {
-    YAML::Node n = Take(key);
-    if (!n) return;
-    if (!n.IsScalar()) {
-      v_->Error(n, Field(key), "must be a string, got " + Describe(n));
-      return;
-    }
-    if (!allowed.empty()) {
-      bool ok = false;
-      std::string list;
-      for (const std::string& a : allowed) {
-        ok |= a == n.Scalar();
-        list += (list.empty() ? "" : "|") + a;
-      }
-      if (!ok) {
-        v_->Error(n, Field(key), "must be one of " + list + ", got " + Describe(n));
-        return;
-      }
-    }
-    *out = n.Scalar();
-  }
-
-  // A nested mapping; the caller reads it through another Section.
-  YAML::Node Child(const char* key) {
-    YAML::Node n = Take(key);
-    return n ? n : YAML::Node();
-  }
-
-  std::string Field(const std::string& key) const {
-    return prefix_.empty() ? key : prefix_ + "." + key;
-  }
-  Validator* validator() const { return v_; }
-
- private:
-  YAML::Node Take(const char* key) {
-    seen_.insert(key);
-    if (!valid_ || !node_.IsDefined() || node_.IsNull()) return YAML::Node(YAML::NodeType::Undefined);
-    YAML::Node n = node_[key];
-    if (!n.IsDefined()) return YAML::Node(YAML::NodeType::Undefined);
-    return n;
-  }
-
-  void Finish() {
-    if (!valid_ || !node_.IsDefined() || !node_.IsMap()) return;
-    for (auto it = node_.begin(); it != node_.end(); ++it) {
-      std::string key = it->first.Scalar();
-      if (!seen_.count(key)) v_->Error(it->first, Field(key), "unknown key");
-    }
-  }
-
-  Validator* v_;
-  YAML::Node node_;
-  std::string prefix_;
-  std::set<std::string> seen_;
-  bool valid_ = true;
-};
-
-void ReadInstance(Validator* v, YAML::Node node, const std::string& name, InstanceSection* s) {
-  Section sec(v, node, name);
+void ReadInstance(YamlErrors* v, YAML::Node node, const std::string& name, InstanceSection* s) {
+  YamlFields sec(v, node, name);
   sec.Int("instances", &s->instances, 0, 1024);
   sec.Int("threads", &s->threads, 1, 1024);
   sec.String("device", &s->device, {"cpu", "cuda"});
@@ -175,10 +29,10 @@ void ReadInstance(Validator* v, YAML::Node node, const std::string& name, Instan
   sec.Int("metrics_port", &s->metrics_port, 0, 65535);
 }
 
-void ReadConfig(Validator* v, const YAML::Node& root, ClusterConfig* c) {
-  Section top(v, root, "");
+void ReadConfig(YamlErrors* v, const YAML::Node& root, ClusterConfig* c) {
+  YamlFields top(v, root, "");
   {
-    Section sec(v, top.Child("model"), "model");
+    YamlFields sec(v, top.Child("model"), "model");
     sec.String("path", &c->model.path);
     sec.String("preset", &c->model.preset, {"tiny", "small", "medium"});
     sec.String("name", &c->model.name);
@@ -187,7 +41,7 @@ void ReadConfig(Validator* v, const YAML::Node& root, ClusterConfig* c) {
     sec.Int("max_model_len", &c->model.max_model_len, 16, 1 << 20);
   }
   {
-    Section sec(v, top.Child("router"), "router");
+    YamlFields sec(v, top.Child("router"), "router");
     sec.String("host", &c->router.host);
     sec.Int("port", &c->router.port, 0, 65535);
     sec.String("policy", &c->router.policy, {"goodput", "least_loaded", "round_robin"});
@@ -202,39 +56,39 @@ void ReadConfig(Validator* v, const YAML::Node& root, ClusterConfig* c) {
   c->colocated.instances = 0;
   ReadInstance(v, top.Child("colocated"), "colocated", &c->colocated);
   {
-    Section sec(v, top.Child("slo"), "slo");
+    YamlFields sec(v, top.Child("slo"), "slo");
     sec.Double("ttft_s", &c->slo.ttft_s, 1e-6, 3600);
     sec.Double("tpot_s", &c->slo.tpot_s, 1e-6, 3600);
     sec.Double("attainment_target", &c->slo.attainment_target, 0.0, 1.0);
     YAML::Node classes = sec.Child("classes");
     if (classes && !classes.IsNull()) {
       if (!classes.IsSequence()) {
-        v->Error(classes, "slo.classes", "must be a list, got " + Describe(classes));
+        v->Add(classes, "slo.classes", "must be a list, got " + DescribeYaml(classes));
       } else {
         std::set<std::string> names;
         for (size_t i = 0; i < classes.size(); ++i) {
           std::string prefix = "slo.classes[" + std::to_string(i) + "]";
           SloClass cls{"", c->slo.ttft_s, c->slo.tpot_s};
-          Section item(v, classes[i], prefix);
+          YamlFields item(v, classes[i], prefix);
           item.String("name", &cls.name);
           item.Double("ttft_s", &cls.ttft_s, 1e-6, 3600);
           item.Double("tpot_s", &cls.tpot_s, 1e-6, 3600);
-          if (cls.name.empty()) v->Error(classes[i], prefix + ".name", "is required");
+          if (cls.name.empty()) v->Add(classes[i], prefix + ".name", "is required");
           else if (!names.insert(cls.name).second)
-            v->Error(classes[i], prefix + ".name", "duplicate class '" + cls.name + "'");
+            v->Add(classes[i], prefix + ".name", "duplicate class '" + cls.name + "'");
           c->slo.classes.push_back(cls);
         }
       }
     }
   }
   {
-    Section sec(v, top.Child("kv_cache"), "kv_cache");
+    YamlFields sec(v, top.Child("kv_cache"), "kv_cache");
     sec.Int("block_size", &c->kv_cache.block_size, 1, 1024);
     if (c->kv_cache.block_size & (c->kv_cache.block_size - 1))
-      v->Error(root["kv_cache"]["block_size"], "kv_cache.block_size", "must be a power of two");
+      v->Add(root["kv_cache"]["block_size"], "kv_cache.block_size", "must be a power of two");
   }
   {
-    Section sec(v, top.Child("transfer"), "transfer");
+    YamlFields sec(v, top.Child("transfer"), "transfer");
     sec.String("backend", &c->transfer.backend, {"ucx", "nccl", "inproc"});
     sec.String("ucx_tls", &c->transfer.ucx_tls);
     sec.Double("timeout_s", &c->transfer.timeout_s, 0.001, 3600);
@@ -242,7 +96,7 @@ void ReadConfig(Validator* v, const YAML::Node& root, ClusterConfig* c) {
     sec.Bool("layerwise", &c->transfer.layerwise);
   }
   {
-    Section sec(v, top.Child("logging"), "logging");
+    YamlFields sec(v, top.Child("logging"), "logging");
     sec.String("level", &c->logging.level, {"debug", "info", "warn", "error"});
     sec.String("format", &c->logging.format, {"text", "json"});
   }
@@ -291,24 +145,14 @@ Status ApplyOverrides(YAML::Node& root, const std::vector<std::string>& override
 
 StatusOr<ClusterConfig> ParseConfig(const std::string& yaml_text, const std::string& source_name,
                                     const std::vector<std::string>& overrides) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(yaml_text);
-  } catch (const YAML::Exception& e) {
-    return InvalidArgument(source_name + ":" + std::to_string(e.mark.line + 1) + ":" +
-                           std::to_string(e.mark.column + 1) + ": invalid YAML: " + e.msg);
-  }
+  TANDEM_ASSIGN_OR_RETURN(YAML::Node root, ParseYaml(yaml_text, source_name));
   std::set<std::string> overridden;
   TANDEM_RETURN_IF_ERROR(ApplyOverrides(root, overrides, &overridden));
   ClusterConfig config;
   config.source = source_name;
-  Validator validator(source_name, overridden);
-  ReadConfig(&validator, root, &config);
-  if (!validator.errors().empty()) {
-    std::string message;
-    for (const std::string& e : validator.errors()) message += (message.empty() ? "" : "\n") + e;
-    return InvalidArgument(message);
-  }
+  YamlErrors errors(source_name, overridden);
+  ReadConfig(&errors, root, &config);
+  TANDEM_RETURN_IF_ERROR(errors.ToStatus());
   return config;
 }
 

@@ -13,6 +13,8 @@
 #include <set>
 #include <sstream>
 
+#include "common/yaml_fields.h"
+
 namespace tandem {
 
 double LatencyModel::PrefillSeconds(std::span<const int64_t> prompt_lengths) const {
@@ -77,131 +79,14 @@ const LatencyModel* LatencyModelFile::ForInstance(const std::string& device, int
 
 namespace {
 
-// Shortest text that reads back as the same double (so a written file round-trips exactly).
-std::string FormatNumber(double value) {
-  char buffer[64];
-  auto [end, ec] = std::to_chars(buffer, buffer + sizeof buffer, value);
-  if (ec != std::errc()) return "0";
-  return std::string(buffer, end);
-}
-
 // ---- YAML reading: every error names file:line:column and the dotted field ----------------
 
-class Errors {
- public:
-  explicit Errors(std::string source) : source_(std::move(source)) {}
-  void Add(const YAML::Node& node, const std::string& field, const std::string& what) {
-    std::string where = source_;
-    if (node.IsDefined() && !node.Mark().is_null())
-      where += ":" + std::to_string(node.Mark().line + 1) + ":" +
-               std::to_string(node.Mark().column + 1);
-    list_.push_back(where + ": " + field + ": " + what);
-  }
-  const std::vector<std::string>& list() const { return list_; }
-
- private:
-  std::string source_;
-  std::vector<std::string> list_;
-};
-
-std::string Describe(const YAML::Node& node) {
-  if (node.IsScalar()) return "'" + node.Scalar() + "'";
-  if (node.IsSequence()) return "a list";
-  if (node.IsMap()) return "a mapping";
-  return "nothing";
-}
-
-// The fields of one mapping; keys never read are reported as unknown by the destructor.
-class Fields {
- public:
-  Fields(Errors* errors, YAML::Node node, std::string prefix)
-      : errors_(errors), node_(std::move(node)), prefix_(std::move(prefix)) {
-    if (!node_.IsMap()) {
-      errors_->Add(node_, prefix_, "must be a mapping, got " + Describe(node_));
-      valid_ = false;
-    }
-  }
-  ~Fields() {
-    if (!valid_) return;
-    for (auto it = node_.begin(); it != node_.end(); ++it) {
-      std::string key = it->first.Scalar();
-      if (!seen_.count(key)) errors_->Add(it->first, Field(key), "unknown key");
-    }
-  }
-  Fields(const Fields&) = delete;
-  Fields& operator=(const Fields&) = delete;
-
-  // Each reader leaves *out unchanged when the key is absent (and complains if `required`).
-  void Number(const char* key, double* out, double min, bool required = false) {
-    YAML::Node n = Take(key, required);
-    if (!n) return;
-    std::string text = n.IsScalar() ? n.Scalar() : "";
-    char* end = nullptr;
-    double value = std::strtod(text.c_str(), &end);
-    if (!n.IsScalar() || text.empty() || *end != '\0' || !std::isfinite(value) || value < min) {
-      std::string range = min == -std::numeric_limits<double>::infinity()
-                              ? "a number"
-                              : "a number >= " + FormatNumber(min);
-      errors_->Add(n, Field(key), "must be " + range + ", got " + Describe(n));
-      return;
-    }
-    *out = value;
-  }
-  void Int(const char* key, int* out, long min, long max) {
-    YAML::Node n = Take(key, false);
-    if (!n) return;
-    std::string text = n.IsScalar() ? n.Scalar() : "";
-    char* end = nullptr;
-    long value = std::strtol(text.c_str(), &end, 10);
-    if (!n.IsScalar() || text.empty() || *end != '\0' || value < min || value > max) {
-      errors_->Add(n, Field(key),
-                   "must be an integer in [" + std::to_string(min) + ", " + std::to_string(max) +
-                       "], got " + Describe(n));
-      return;
-    }
-    *out = static_cast<int>(value);
-  }
-  void String(const char* key, std::string* out) {
-    YAML::Node n = Take(key, false);
-    if (!n) return;
-    if (!n.IsScalar()) {
-      errors_->Add(n, Field(key), "must be a string, got " + Describe(n));
-      return;
-    }
-    *out = n.Scalar();
-  }
-  // A nested node, or an undefined one when absent.
-  YAML::Node Child(const char* key, bool required) { return Take(key, required); }
-
-  std::string Field(const std::string& key) const {
-    return prefix_.empty() ? key : prefix_ + "." + key;
-  }
-  bool valid() const { return valid_; }
-
- private:
-  YAML::Node Take(const char* key, bool required) {
-    seen_.insert(key);
-    if (!valid_) return YAML::Node(YAML::NodeType::Undefined);
-    YAML::Node n = node_[key];
-    if (!n.IsDefined() || n.IsNull()) {
-      if (required) errors_->Add(node_, Field(key), "is required");
-      return YAML::Node(YAML::NodeType::Undefined);
-    }
-    return n;
-  }
-
-  Errors* errors_;
-  YAML::Node node_;
-  std::string prefix_;
-  std::set<std::string> seen_;
-  bool valid_ = true;
-};
-
-void ReadEntry(Errors* errors, const YAML::Node& node, const std::string& prefix,
+void ReadEntry(YamlErrors* errors, const YAML::Node& node, const std::string& prefix,
                LatencyModel* m) {
-  Fields f(errors, node, prefix);
+  YamlFields f(errors, node, prefix, /*must_exist=*/true);
   if (!f.valid()) return;
   constexpr double kAny = -std::numeric_limits<double>::infinity();
+  constexpr double kInf = std::numeric_limits<double>::infinity();
   f.String("model", &m->model);
   f.String("device", &m->device);
   if (m->device.empty()) errors->Add(node["device"], f.Field("device"), "must not be empty");
@@ -209,25 +94,25 @@ void ReadEntry(Errors* errors, const YAML::Node& node, const std::string& prefix
   f.Int("tensor_parallel", &m->tensor_parallel, 1, 1 << 16);
   f.Int("pipeline_parallel", &m->pipeline_parallel, 1, 1 << 16);
   if (YAML::Node p = f.Child("prefill", true)) {
-    Fields pf(errors, p, f.Field("prefill"));
-    pf.Number("c1", &m->c1, kAny, true);
-    pf.Number("c2", &m->c2, kAny, true);
-    pf.Number("c3", &m->c3, kAny, true);
+    YamlFields pf(errors, p, f.Field("prefill"));
+    pf.Double("c1", &m->c1, kAny, kInf, true);
+    pf.Double("c2", &m->c2, kAny, kInf, true);
+    pf.Double("c3", &m->c3, kAny, kInf, true);
   }
   if (YAML::Node d = f.Child("decode", true)) {
-    Fields df(errors, d, f.Field("decode"));
-    df.Number("c4", &m->c4, kAny, true);
-    df.Number("c5", &m->c5, kAny, true);
-    df.Number("c6", &m->c6, kAny, true);
+    YamlFields df(errors, d, f.Field("decode"));
+    df.Double("c4", &m->c4, kAny, kInf, true);
+    df.Double("c5", &m->c5, kAny, kInf, true);
+    df.Double("c6", &m->c6, kAny, kInf, true);
   }
-  f.Number("kv_bytes_per_token", &m->kv_bytes_per_token, 0);
+  f.Double("kv_bytes_per_token", &m->kv_bytes_per_token, 0, kInf);
   f.Int("max_batch_size", &m->max_batch_size, 0, 1 << 20);
   if (YAML::Node q = f.Child("fit", false)) {
-    Fields qf(errors, q, f.Field("fit"));
-    qf.Number("prefill_r2", &m->fit.prefill_r2, kAny);
-    qf.Number("decode_r2", &m->fit.decode_r2, kAny);
-    qf.Number("prefill_max_rel_error", &m->fit.prefill_max_rel_error, 0);
-    qf.Number("decode_max_rel_error", &m->fit.decode_max_rel_error, 0);
+    YamlFields qf(errors, q, f.Field("fit"));
+    qf.Double("prefill_r2", &m->fit.prefill_r2, kAny, kInf);
+    qf.Double("decode_r2", &m->fit.decode_r2, kAny, kInf);
+    qf.Double("prefill_max_rel_error", &m->fit.prefill_max_rel_error, 0, kInf);
+    qf.Double("decode_max_rel_error", &m->fit.decode_max_rel_error, 0, kInf);
   }
 }
 
@@ -343,25 +228,19 @@ Status CheckSamples(size_t n, const auto& samples, const char* what) {
 
 StatusOr<LatencyModelFile> ParseLatencyModel(const std::string& yaml_text,
                                              const std::string& source_name) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(yaml_text);
-  } catch (const YAML::Exception& e) {
-    return InvalidArgument(source_name + ":" + std::to_string(e.mark.line + 1) + ":" +
-                           std::to_string(e.mark.column + 1) + ": invalid YAML: " + e.msg);
-  }
+  TANDEM_ASSIGN_OR_RETURN(YAML::Node root, ParseYaml(yaml_text, source_name));
   LatencyModelFile file;
   file.source = source_name;
-  Errors errors(source_name);
+  YamlErrors errors(source_name);
   if (!root.IsDefined() || root.IsNull()) {
     return InvalidArgument(source_name + ": latency_model: is required (the file is empty)");
   }
   {
-    Fields top(&errors, root, "");
+    YamlFields top(&errors, root, "");
     if (top.valid()) {
       YAML::Node list = top.Child("latency_model", true);
       if (list && !list.IsSequence()) {
-        errors.Add(list, "latency_model", "must be a list, got " + Describe(list));
+        errors.Add(list, "latency_model", "must be a list, got " + DescribeYaml(list));
       } else if (list) {
         if (list.size() == 0) errors.Add(list, "latency_model", "must have at least one entry");
         for (size_t i = 0; i < list.size(); ++i) {
@@ -378,17 +257,14 @@ StatusOr<LatencyModelFile> ParseLatencyModel(const std::string& yaml_text,
         }
       }
       if (YAML::Node t = top.Child("transfer", false)) {
-        Fields tf(&errors, t, "transfer");
-        tf.Number("latency_s", &file.transfer.latency_s, 0);
-        tf.Number("bytes_per_s", &file.transfer.bytes_per_s, 0);
+        YamlFields tf(&errors, t, "transfer");
+        constexpr double kNoMax = std::numeric_limits<double>::infinity();
+        tf.Double("latency_s", &file.transfer.latency_s, 0, kNoMax);
+        tf.Double("bytes_per_s", &file.transfer.bytes_per_s, 0, kNoMax);
       }
     }
   }
-  if (!errors.list().empty()) {
-    std::string message;
-    for (const std::string& e : errors.list()) message += (message.empty() ? "" : "\n") + e;
-    return InvalidArgument(message);
-  }
+  TANDEM_RETURN_IF_ERROR(errors.ToStatus());
   return file;
 }
 
@@ -406,7 +282,7 @@ std::string LatencyModelToYaml(const LatencyModelFile& file, const std::string& 
     std::stringstream lines(comment);
     for (std::string line; std::getline(lines, line);) out += line.empty() ? "#\n" : "# " + line + "\n";
   }
-  auto num = [](double v) { return FormatNumber(v); };
+  auto num = [](double v) { return YamlNumber(v); };  // written files round-trip exactly
   out += "latency_model:\n";
   for (const LatencyModel& m : file.entries) {
     out += "  - model: " + QuoteString(m.model) + "\n";
