@@ -11,7 +11,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 TANDEM=${TANDEM:-./build/tandem}
 OUT=perf/results
-LM=$OUT/lm-cpu-wall.yaml
+LM=$OUT/lm-cpu-wall.yaml  # what `profile` writes
+# The model the sweep's routers place with and its simulation replays with: the committed
+# profile of this machine (perf/latency/cpu-medium.yaml, made by `profile` and re-fitted).
+SWEEP_LM=${SWEEP_LM:-perf/latency/cpu-medium.yaml}
 mkdir -p "$OUT"
 step=${1:-all}
 
@@ -34,15 +37,12 @@ if [[ $step == sweep || $step == all ]]; then
   # tokens (~1.2 s of prefill on one core), chatbot ~100 in / ~60 out.
   "$TANDEM" bench sweep "${clusters[@]}" --workload summarization --max-model-len 1024 \
     --slo-ttft 8 --slo-tpot 0.05 --rates 0.15,0.2,0.3,0.4,0.5,0.6 --num-requests 30 \
-    --latency-model "$LM" --out-dir "$OUT/sweep-summarization"
+    --latency-model "$SWEEP_LM" --out-dir "$OUT/sweep-summarization"
   "$TANDEM" bench sweep "${clusters[@]}" --workload chatbot --max-model-len 1024 \
     --slo-ttft 2 --slo-tpot 0.06 --rates 0.4,0.6,0.8,1,1.2,1.6 --num-requests 40 \
-    --latency-model "$LM" --out-dir "$OUT/sweep-chatbot"
-  # The simulated curves perf/README.md shows: the same runs replayed with the committed model
-  # (decode re-fitted for relative error from the profile's recorded points).
-  for w in summarization chatbot; do
-    python3 perf/resimulate.py "$OUT/sweep-$w" perf/latency/cpu-medium.yaml --tandem "$TANDEM"
-  done
+    --latency-model "$SWEEP_LM" --out-dir "$OUT/sweep-chatbot"
+  # To replay these runs with another latency model:
+  #   python3 perf/resimulate.py "$OUT/sweep-W" OTHER.yaml --tandem "$TANDEM"
 fi
 
 if [[ $step == plan || $step == all ]]; then
