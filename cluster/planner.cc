@@ -153,7 +153,9 @@ class Planner {
 
   void SearchPhases(Plan* plan);
   void SearchUnits(Plan* plan);
-  void SearchColocated(Plan* plan);
+  // Every colocated shape alone under `scheduling` (chunked | prefill_first), best first.
+  std::vector<PlanCandidate> SearchColocated(const std::string& scheduling);
+  PlanCandidate ColocatedCluster(const std::vector<PlanCandidate>& candidates);
   ClusterConfig DisaggregatedConfig(const PlanCandidate& c) const;
   ClusterConfig ColocatedConfig(const PlanCandidate& c) const;
   double ClusterRate(const ClusterConfig& config, double estimate, int gpus);
@@ -265,25 +267,40 @@ void Planner::SearchUnits(Plan* plan) {
                    });
 }
 
-void Planner::SearchColocated(Plan* plan) {
+std::vector<PlanCandidate> Planner::SearchColocated(const std::string& scheduling) {
   size_t n = static_cast<size_t>(options_.num_requests);
+  std::vector<PlanCandidate> out;
   for (const Shape& s : shapes_) {
     ClusterConfig c = BaseConfig("round_robin");
     SetShape(&c.colocated, *s.lm, 1, options_, false);
+    c.colocated.scheduling = scheduling;
     PlanCandidate pc;
     pc.kind = "colocated";
+    pc.scheduling = scheduling;
     pc.prefill_tp = pc.decode_tp = s.lm->tensor_parallel;
     pc.prefill_pp = pc.decode_pp = s.lm->pipeline_parallel;
     pc.prefill_instances = pc.decode_instances = 1;
     pc.gpus = s.gpus();
     pc.rate = MaxRate(c, n, false, options_.slo, 1.0);
     pc.per_gpu = pc.rate / pc.gpus;
-    plan->colocated_candidates.push_back(pc);
+    out.push_back(pc);
   }
-  std::stable_sort(plan->colocated_candidates.begin(), plan->colocated_candidates.end(),
-                   [](const PlanCandidate& a, const PlanCandidate& b) {
-                     return a.per_gpu != b.per_gpu ? a.per_gpu > b.per_gpu : a.gpus < b.gpus;
-                   });
+  std::stable_sort(out.begin(), out.end(), [](const PlanCandidate& a, const PlanCandidate& b) {
+    return a.per_gpu != b.per_gpu ? a.per_gpu > b.per_gpu : a.gpus < b.gpus;
+  });
+  return out;
+}
+
+// The best colocated shape replicated over the budget, its goodput simulated whole.
+PlanCandidate Planner::ColocatedCluster(const std::vector<PlanCandidate>& candidates) {
+  const PlanCandidate& best = candidates.front();
+  PlanCandidate c = best;
+  c.prefill_instances = c.decode_instances = std::min(1024, options_.gpus / best.gpus);
+  c.gpus = c.prefill_instances * best.gpus;
+  c.rate = best.rate * c.prefill_instances;
+  if (best.rate > 0) c.rate = ClusterRate(ColocatedConfig(c), c.rate, c.gpus);
+  c.per_gpu = c.rate / std::max(1, c.gpus);
+  return c;
 }
 
 const LatencyModel* FindShape(const std::vector<Shape>& shapes, int tp, int pp) {
@@ -305,6 +322,7 @@ ClusterConfig Planner::ColocatedConfig(const PlanCandidate& c) const {
   ClusterConfig config = BaseConfig(kPlanPolicy);
   SetShape(&config.colocated, *FindShape(shapes_, c.prefill_tp, c.prefill_pp),
            c.prefill_instances, options_, false);
+  config.colocated.scheduling = c.scheduling;
   return config;
 }
 
@@ -376,7 +394,7 @@ StatusOr<Plan> Planner::Run() {
           int gpus = n_p * bp.gpus + n_d * bd.gpus;
           if (rate > pair.rate * (1 + 1e-9) || (rate >= pair.rate * (1 - 1e-9) && gpus < pair.gpus))
             pair = PlanCandidate{"disaggregated", bp.prefill_tp, bp.prefill_pp, n_p,
-                                 bd.decode_tp, bd.decode_pp, n_d, gpus, rate, rate / gpus};
+                                 bd.decode_tp, bd.decode_pp, n_d, gpus, rate, rate / gpus, ""};
         }
         if (pair.rate > 0) pairs.push_back(pair);
       }
@@ -416,25 +434,17 @@ StatusOr<Plan> Planner::Run() {
     plan.chosen.gpus = u.gpus * replicas;
     plan.chosen.rate = u.rate * replicas;
   }
-  SearchColocated(&plan);
-  PlanCandidate bc = plan.colocated_candidates.front();
-  plan.colocated = bc;
-  plan.colocated.prefill_instances = plan.colocated.decode_instances =
-      std::min(1024, options_.gpus / bc.gpus);
-  plan.colocated.gpus = plan.colocated.prefill_instances * bc.gpus;
-  plan.colocated.rate = bc.rate * plan.colocated.prefill_instances;
+  plan.colocated_candidates = SearchColocated("chunked");
+  plan.colocated_prefill_first_candidates = SearchColocated("prefill_first");
 
-  // Predicted goodput of both clusters, simulated whole as `tandem up` would run them.
+  // Predicted goodput of the clusters, simulated whole as `tandem up` would run them.
   report_interval_ = 0.1;  // the servers' load report period
   plan.config = DisaggregatedConfig(plan.chosen);
   if (!options_.high_affinity)
     plan.chosen.rate = ClusterRate(plan.config, plan.chosen.rate, plan.chosen.gpus);
   plan.chosen.per_gpu = plan.chosen.rate / std::max(1, plan.chosen.gpus);
-  if (bc.rate > 0) {
-    plan.colocated.rate = ClusterRate(ColocatedConfig(plan.colocated), plan.colocated.rate,
-                                      plan.colocated.gpus);
-  }
-  plan.colocated.per_gpu = plan.colocated.rate / std::max(1, plan.colocated.gpus);
+  plan.colocated = ColocatedCluster(plan.colocated_candidates);
+  plan.colocated_prefill_first = ColocatedCluster(plan.colocated_prefill_first_candidates);
 
   std::ostringstream y;
   y << "# written by tandem plan: " << options_.workload << " workload, SLO TTFT "
@@ -443,8 +453,9 @@ StatusOr<Plan> Planner::Run() {
     << options_.gpus_per_node << " per node, " << (options_.high_affinity ? "high" : "low")
     << " node affinity)\n"
     << "# predicted goodput " << plan.chosen.rate << " req/s (" << plan.chosen.per_gpu
-    << " per GPU); colocated " << plan.colocated.rate << " req/s (" << plan.colocated.per_gpu
-    << " per GPU)\n"
+    << " per GPU); colocated chunked " << plan.colocated.rate << " req/s ("
+    << plan.colocated.per_gpu << " per GPU), prefill_first " << plan.colocated_prefill_first.rate
+    << " req/s (" << plan.colocated_prefill_first.per_gpu << " per GPU)\n"
     << "model:\n  max_model_len: " << options_.max_model_len << "\n"
     << "router:\n  policy: " << kPlanPolicy << "\n";
   auto section = [&](const char* name, const InstanceSection& s) {
@@ -506,7 +517,8 @@ int PlanMain(const std::vector<std::string>& args) {
       "[--max-model-len L] [--num-requests N] [--out cluster.yaml]",
       "Chooses the parallelism and number of prefill and decode instances (DistServe's "
       "placement algorithms) by simulating the workload on the latency model, and compares "
-      "with the best colocated layout.");
+      "with the best colocated layout under each colocated scheduling policy (chunked, "
+      "prefill_first).");
   flags.AddString("latency-model", "", "latency model YAML with one entry per (tp, pp)");
   flags.AddString("workload", "chatbot", "chatbot|code|summarization");
   flags.AddDouble("slo-ttft", 0.25, "TTFT objective, seconds");
@@ -575,16 +587,20 @@ int PlanMain(const std::vector<std::string>& args) {
   PrintCandidates("decode instance shapes (alone, TPOT)", plan->decode_candidates, 5);
   PrintCandidates("clusters simulated whole (prefill + decode instances)", plan->pair_candidates, 6);
   PrintCandidates("node units (prefill + decode segments per node)", plan->unit_candidates, 5);
-  PrintCandidates("colocated instance shapes", plan->colocated_candidates, 5);
+  PrintCandidates("colocated instance shapes, chunked", plan->colocated_candidates, 5);
+  PrintCandidates("colocated instance shapes, prefill_first",
+                  plan->colocated_prefill_first_candidates, 5);
   const PlanCandidate& c = plan->chosen;
-  const PlanCandidate& v = plan->colocated;
   std::printf("\nchosen: %d x prefill (%s) + %d x decode (%s) on %d GPUs\n", c.prefill_instances,
               Shape2(c.prefill_tp, c.prefill_pp).c_str(), c.decode_instances,
               Shape2(c.decode_tp, c.decode_pp).c_str(), c.gpus);
-  std::printf("predicted goodput: disaggregated %.2f req/s (%.3f per GPU), colocated %d x (%s) "
-              "%.2f req/s (%.3f per GPU): %.2fx per GPU\n",
-              c.rate, c.per_gpu, v.prefill_instances, Shape2(v.prefill_tp, v.prefill_pp).c_str(),
-              v.rate, v.per_gpu, v.per_gpu > 0 ? c.per_gpu / v.per_gpu : 0.0);
+  std::printf("predicted goodput: disaggregated %.2f req/s (%.3f per GPU)\n", c.rate, c.per_gpu);
+  for (const PlanCandidate* v : {&plan->colocated, &plan->colocated_prefill_first}) {
+    std::printf("  vs colocated %-13s %d x (%s) %.2f req/s (%.3f per GPU): %.2fx per GPU\n",
+                v->scheduling.c_str(), v->prefill_instances,
+                Shape2(v->prefill_tp, v->prefill_pp).c_str(), v->rate, v->per_gpu,
+                v->per_gpu > 0 ? c.per_gpu / v->per_gpu : 0.0);
+  }
   if (!flags.GetString("out").empty()) {
     std::ofstream out(flags.GetString("out"));
     out << plan->config_yaml;

@@ -18,9 +18,12 @@
 //   tp_p GPUs and n_d decode segments of tp_d GPUs (n_p * tp_p + n_d * tp_d <= gpus_per_node);
 //   each unit is simulated whole and the best goodput per GPU (of the nodes it occupies) is
 //   replicated over the budget.
-//   colocated (the vLLM-like baseline): the best shape of a colocated instance by the same
+//   colocated (the vLLM-like baseline), under both policies of colocated.scheduling
+//   (decode/colocated_scheduler.h): chunked (prompt chunks ride in decode steps, vLLM today) and
+//   prefill_first (whole prompts in steps that pause every decode, vLLM 2023: the baseline
+//   DistServe measured against). For each, the best shape of a colocated instance by the same
 //   search, replicated over the budget.
-// The chosen layouts are then simulated whole (router goodput policy, as `tandem up` would run
+// The chosen layouts (the disaggregated one and both colocated ones) are then simulated whole (router goodput policy, as `tandem up` would run
 // them) to predict cluster goodput: the highest rate meeting `target` attainment.
 //
 // Pure computation on the calling thread; deterministic.
@@ -66,6 +69,7 @@ struct PlanCandidate {
   int gpus = 0;             // GPUs the candidate occupies
   double rate = 0;          // req/s at the target attainment
   double per_gpu = 0;       // rate / gpus
+  std::string scheduling;   // colocated: "chunked" | "prefill_first"
 };
 
 struct Plan {
@@ -73,10 +77,12 @@ struct Plan {
   std::vector<PlanCandidate> decode_candidates;
   std::vector<PlanCandidate> pair_candidates;     // high affinity: clusters simulated whole
   std::vector<PlanCandidate> unit_candidates;     // low affinity
-  std::vector<PlanCandidate> colocated_candidates;
+  std::vector<PlanCandidate> colocated_candidates;                // chunked, best first
+  std::vector<PlanCandidate> colocated_prefill_first_candidates;  // prefill_first, best first
   PlanCandidate chosen;     // the disaggregated cluster
-  PlanCandidate colocated;  // the colocated cluster on the same budget
-  ClusterConfig config;     // the chosen layout, loadable by `tandem up`
+  PlanCandidate colocated;  // the colocated cluster on the same budget, chunked
+  PlanCandidate colocated_prefill_first;  // the same, prefill_first (its own best shape)
+  ClusterConfig config;     // the chosen (disaggregated) layout, loadable by `tandem up`
   std::string config_yaml;
   int simulations = 0;
 };

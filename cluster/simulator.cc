@@ -27,9 +27,11 @@
 //              between steps AdmitPulls (the real function; none while preempted requests
 //              wait) starts pulls that take TransferModel::Seconds(prompt blocks * block_size *
 //              kv_bytes_per_token); a pulled request joins the running batch; every step is
-//              ScheduleStep (the real function, with recompute preemption); queued pulls older
-//              than prefill.kv_hold_timeout_s - 1 fail as on the server.
-//   colocated  the same engine with requests added from scratch (vLLM-style mixed steps).
+//              ScheduleEngineStep (the real function, with recompute preemption); queued pulls
+//              older than prefill.kv_hold_timeout_s - 1 fail as on the server.
+//   colocated  the same engine with requests added from scratch, under colocated.scheduling:
+//              chunked (vLLM-style mixed steps) or prefill_first (whole prompts in prefill-only
+//              steps that pause the decodes; vLLM 2023), decode/colocated_scheduler.h.
 // Step times: prefill batches LatencyModel::PrefillSeconds, engine steps MixedStepSeconds
 // (= DecodeStepSeconds when no prefill chunk is in the step; the context of a decoding
 // sequence is its prompt + generated tokens). Requests are ignore_eos: exactly max_tokens
@@ -326,7 +328,8 @@ Status Simulation::Setup() {
       e.colocated = true;
       e.lm = cm;
       e.pp = std::max(1, cs.pipeline_parallel);
-      e.limits = StepLimits{cs.token_budget, cs.max_batch_size, block_size_};
+      e.limits = StepLimits{cs.token_budget, cs.max_batch_size, block_size_,
+                            StepPolicyFromConfig(cs.scheduling)};
       e.total_blocks = e.free_blocks = ResolveBlocks(cs);
       e.lanes.resize(e.pp);
       engines_.push_back(std::move(e));
@@ -819,13 +822,13 @@ bool Simulation::StartStep(int ei, int li) {
     const Req& r = reqs_[id];
     e.running_state.push_back({r.num_tokens, r.num_computed, r.num_blocks});
   }
-  // ScheduleStep stops at the batch limit: a prefix of the waiting queue is enough.
+  // Both policies stop at the batch limit: a prefix of the waiting queue is enough.
   for (int64_t id : lane.waiting) {
     if (static_cast<int32_t>(e.waiting_state.size()) >= e.limits.max_batch_size) break;
     const Req& r = reqs_[id];
     e.waiting_state.push_back({r.num_tokens, r.num_computed, r.num_blocks});
   }
-  StepPlan plan = ScheduleStep(e.running_state, e.waiting_state, e.limits, e.free_blocks);
+  StepPlan plan = ScheduleEngineStep(e.running_state, e.waiting_state, e.limits, e.free_blocks);
   if (!plan.preempted.empty()) {
     std::vector<size_t> victims = plan.preempted;
     std::sort(victims.begin(), victims.end());

@@ -1,8 +1,8 @@
 // A discrete-event simulator of a Tandem cluster: the router's placement policy in front of
 // prefill, decode and colocated instances, each running the same scheduling rules as the real
 // servers (prefill: FCFS batches by token budget; decode: continuous batching with a KV block
-// pool and back-pressure on pulls; colocated: the vLLM-style mixed steps of
-// decode/colocated_scheduler.h), with step times from a latency model (common/latency_model.h)
+// pool and back-pressure on pulls; colocated: colocated.scheduling's policy of
+// decode/colocated_scheduler.h, chunked mixed steps or prefill-first), with step times from a latency model (common/latency_model.h)
 // and KV transfer time from its transfer model.
 //
 // It answers "what would this cluster do with this workload" without running it: the bench

@@ -44,7 +44,11 @@ StatusOr<std::unique_ptr<BatchEngine>> BatchEngine::Create(const Model& model,
   std::unique_ptr<BatchEngine> engine(new BatchEngine(model, options));
   ForwardOptions fo;
   fo.num_threads = options.threads;
-  fo.max_batch_tokens = options.token_budget;
+  // prefill_first runs a prompt (or a preempted sequence's recompute) whole, even past the
+  // budget: up to max_model_len tokens in one pass.
+  fo.max_batch_tokens = options.policy == StepPolicy::kPrefillFirst
+                            ? std::max(options.token_budget, options.max_model_len)
+                            : options.token_budget;
   fo.max_batch_sequences = options.max_batch_size;
   TANDEM_ASSIGN_OR_RETURN(engine->forward_, CpuForward::Create(model, fo));
   const KvLayout layout = engine->forward_->MakeKvLayout(options.block_size);
@@ -154,9 +158,10 @@ bool BatchEngine::Step(EngineSink& sink) {
   for (auto& r : waiting_)
     waiting_state_.push_back({static_cast<int32_t>(r->tokens.size()), r->num_computed,
                               static_cast<int32_t>(r->blocks.size())});
-  StepLimits limits{options_.token_budget, options_.max_batch_size, options_.block_size};
-  StepPlan plan = ScheduleStep(running_state_, waiting_state_, limits,
-                               cache_->blocks().num_free());
+  StepLimits limits{options_.token_budget, options_.max_batch_size, options_.block_size,
+                    options_.policy};
+  StepPlan plan = ScheduleEngineStep(running_state_, waiting_state_, limits,
+                                     cache_->blocks().num_free());
 
   // Preempt (recompute): free the victims' blocks and put them back at the front of the
   // waiting queue, oldest first, so that they are the next to be admitted.

@@ -41,6 +41,8 @@ struct BatchEngineOptions {
   int max_batch_size = 64;
   int token_budget = 2048;
   int max_model_len = 4096;
+  // Colocated: chunked prompts in decode steps, or whole prompts first (decode/colocated_scheduler.h).
+  StepPolicy policy = StepPolicy::kChunked;
   MetricsRegistry* metrics = nullptr;  // not owned; may be null
   // Where the KV pool lives (a transport allocated it); empty: the engine allocates it.
   KvPoolMemory kv_memory;

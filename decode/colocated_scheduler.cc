@@ -11,6 +11,10 @@ int32_t BlocksFor(int64_t tokens, int32_t block_size) {
 
 }  // namespace
 
+StepPolicy StepPolicyFromConfig(const std::string& scheduling) {
+  return scheduling == "prefill_first" ? StepPolicy::kPrefillFirst : StepPolicy::kChunked;
+}
+
 StepPlan ScheduleStep(std::span<const SeqState> running, std::span<const SeqState> waiting,
                       const StepLimits& limits, int32_t free_blocks) {
   StepPlan plan;
@@ -54,6 +58,41 @@ StepPlan ScheduleStep(std::span<const SeqState> running, std::span<const SeqStat
     plan.scheduled.push_back({true, j, n, need});
   }
   return plan;
+}
+
+StepPlan SchedulePrefillFirstStep(std::span<const SeqState> running,
+                                  std::span<const SeqState> waiting, const StepLimits& limits,
+                                  int32_t free_blocks) {
+  // Blocks the running sequences take in their next decode step stay free for it.
+  int32_t reserved = 0;
+  for (const SeqState& s : running)
+    reserved += std::max(0, BlocksFor(s.num_computed + 1, limits.block_size) - s.num_blocks);
+  int32_t available = free_blocks - reserved;
+  int32_t budget = limits.token_budget;
+  int32_t slots = limits.max_batch_size - static_cast<int32_t>(running.size());
+  StepPlan plan;
+  for (size_t j = 0; j < waiting.size(); ++j) {
+    if (slots <= 0) break;
+    const SeqState& s = waiting[j];
+    const int32_t n = s.num_tokens - s.num_computed;  // the whole prompt, never a chunk
+    if (n <= 0) continue;
+    if (n > budget && !plan.scheduled.empty()) break;  // alone, it may exceed the budget
+    const int32_t need = std::max(0, BlocksFor(s.num_tokens, limits.block_size) - s.num_blocks);
+    if (need > available) break;
+    available -= need;
+    budget = std::max(0, budget - n);
+    slots -= 1;
+    plan.scheduled.push_back({true, j, n, need});
+  }
+  if (!plan.scheduled.empty()) return plan;
+  return ScheduleStep(running, {}, limits, free_blocks);
+}
+
+StepPlan ScheduleEngineStep(std::span<const SeqState> running, std::span<const SeqState> waiting,
+                            const StepLimits& limits, int32_t free_blocks) {
+  return limits.policy == StepPolicy::kPrefillFirst
+             ? SchedulePrefillFirstStep(running, waiting, limits, free_blocks)
+             : ScheduleStep(running, waiting, limits, free_blocks);
 }
 
 }  // namespace tandem

@@ -460,6 +460,7 @@ StatusOr<std::unique_ptr<DecodeServer>> DecodeServer::Start(const InstanceOption
   eo.block_size = options.config.kv_cache.block_size;
   eo.max_batch_size = section.max_batch_size;
   eo.token_budget = section.token_budget;
+  if (colocated) eo.policy = StepPolicyFromConfig(section.scheduling);
   eo.max_model_len = options.config.model.max_model_len;
   eo.kv_blocks = section.kv_blocks > 0
                      ? section.kv_blocks

@@ -48,7 +48,8 @@ fi
 if [[ $step == plan || $step == all ]]; then
   # OPT-13B chatbot on 16 GPUs: DistServe's SLOs (TTFT 0.25 s, TPOT 0.1 s) on the H100 and A100
   # models, both affinities; then tighter SLOs on the H100 (the A100 SLOs scaled by the H100's
-  # speed-up, and a tight TPOT).
+  # speed-up, and a tight TPOT). Each plan compares with the colocated baseline under both
+  # colocated.scheduling policies (chunked, prefill_first).
   mkdir -p "$OUT/plan"
   for spec in "h100 0.25 0.1 high" "h100 0.25 0.1 low" "a100 0.25 0.1 high" "a100 0.25 0.1 low" \
               "h100 0.08 0.06 high" "h100 0.25 0.05 high" "h100 0.25 0.03 high"; do

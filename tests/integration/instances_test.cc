@@ -374,8 +374,14 @@ TEST_CASE("instances: prefill + decode stream the engine-alone tokens; decode ki
 
 TEST_CASE("instances: colocated streams the engine-alone tokens under preemption; kill -9",
           "[instances]") {
+  // Both colocated policies: chunked prompts in decode steps, and prefill_first (whole prompts,
+  // two of them longer than the 24-token budget, which then run alone).
+  const std::string scheduling = GENERATE(as<std::string>{}, "chunked", "prefill_first");
+  INFO("colocated.scheduling " << scheduling);
   Cluster cluster;
-  Child colocated(cluster.Args("colocated"), cluster.Log("colocated"));
+  std::vector<std::string> args = cluster.Args("colocated");
+  args.push_back("--colocated.scheduling=" + scheduling);
+  Child colocated(args, cluster.Log("colocated"));
   FakeRouter router;
   const int c = router.Connect(cluster.colocated_port);
   Inbox& inbox = router.inbox;

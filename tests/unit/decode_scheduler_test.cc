@@ -1,5 +1,6 @@
 // Decode admission (blocks, watermark, batch slots) and step scheduling with preemption, as plain
-// functions of state.
+// functions of state: the chunked policy (ScheduleStep) and the prefill-first one
+// (SchedulePrefillFirstStep).
 #include "decode/decode_scheduler.h"
 
 #include <catch2/catch.hpp>
@@ -92,6 +93,107 @@ TEST_CASE("step: max_batch_size and budget cap the batch", "[decode_scheduler]")
   std::vector<SeqState> running(5, SeqState{10, 9, 1});
   CHECK(ScheduleStep(running, {}, StepLimits{50, 3, 16}, 10).scheduled.size() == 3);
   CHECK(ScheduleStep(running, {}, StepLimits{2, 8, 16}, 10).scheduled.size() == 2);
+}
+
+// ---- prefill_first ----
+
+StepLimits PrefillFirst(int32_t budget, int32_t max_batch_size) {
+  return StepLimits{budget, max_batch_size, 16, StepPolicy::kPrefillFirst};
+}
+
+TEST_CASE("prefill_first: waiting prompts run whole, alone, FCFS; running ones pause",
+          "[decode_scheduler]") {
+  std::vector<SeqState> running = {{33, 32, 3}, {10, 9, 1}};  // decoding
+  std::vector<SeqState> waiting = {{40, 0, 0}, {40, 0, 0}, {40, 0, 0}};
+  StepPlan plan = SchedulePrefillFirstStep(running, waiting, PrefillFirst(100, 8), 100);
+  CHECK(plan.preempted.empty());
+  REQUIRE(plan.scheduled.size() == 2);  // 80 of 100 tokens; the third would need 40 more
+  for (size_t k = 0; k < plan.scheduled.size(); ++k) {
+    CHECK(plan.scheduled[k].from_waiting);
+    CHECK(plan.scheduled[k].index == k);
+    CHECK(plan.scheduled[k].num_tokens == 40);  // never a chunk
+    CHECK(plan.scheduled[k].new_blocks == 3);
+  }
+  // The chunked policy would have decoded both running sequences and chunked the third prompt.
+  CHECK(ScheduleStep(running, waiting, PrefillFirst(100, 8), 100).scheduled.size() == 5);
+}
+
+TEST_CASE("prefill_first: batch slots count the running sequences", "[decode_scheduler]") {
+  std::vector<SeqState> running = {{10, 9, 1}, {10, 9, 1}};
+  std::vector<SeqState> waiting = {{5, 0, 0}, {5, 0, 0}};
+  StepPlan plan = SchedulePrefillFirstStep(running, waiting, PrefillFirst(100, 3), 100);
+  REQUIRE(plan.scheduled.size() == 1);
+  CHECK(plan.scheduled[0].from_waiting);
+  // No slot at all: the step decodes.
+  plan = SchedulePrefillFirstStep(running, waiting, PrefillFirst(100, 2), 100);
+  REQUIRE(plan.scheduled.size() == 2);
+  for (const auto& s : plan.scheduled) CHECK_FALSE(s.from_waiting);
+}
+
+TEST_CASE("prefill_first: a prompt larger than the budget runs alone", "[decode_scheduler]") {
+  std::vector<SeqState> big_first = {{60, 0, 0}, {5, 0, 0}};
+  StepPlan plan = SchedulePrefillFirstStep({}, big_first, PrefillFirst(50, 8), 100);
+  REQUIRE(plan.scheduled.size() == 1);
+  CHECK(plan.scheduled[0].num_tokens == 60);
+  CHECK(plan.scheduled[0].new_blocks == 4);
+  // Behind a smaller one it waits for the next step (FCFS: nothing overtakes it either).
+  std::vector<SeqState> big_second = {{5, 0, 0}, {60, 0, 0}, {5, 0, 0}};
+  plan = SchedulePrefillFirstStep({}, big_second, PrefillFirst(50, 8), 100);
+  REQUIRE(plan.scheduled.size() == 1);
+  CHECK(plan.scheduled[0].index == 0);
+  CHECK(plan.scheduled[0].num_tokens == 5);
+}
+
+TEST_CASE("prefill_first: nothing waiting, or the first prompt does not fit: a decode step",
+          "[decode_scheduler]") {
+  std::vector<SeqState> running = {{33, 32, 2}, {10, 9, 1}};
+  StepPlan plan = SchedulePrefillFirstStep(running, {}, PrefillFirst(100, 8), 10);
+  REQUIRE(plan.scheduled.size() == 2);
+  CHECK(plan.scheduled[0].num_tokens == 1);
+  CHECK(plan.scheduled[0].new_blocks == 1);
+  // The first waiting prompt needs 4 blocks, 3 are free (one of them kept for running[0]'s next
+  // token): decode; the small prompt behind it does not overtake.
+  std::vector<SeqState> waiting = {{50, 0, 0}, {5, 0, 0}};
+  plan = SchedulePrefillFirstStep(running, waiting, PrefillFirst(100, 8), 3);
+  REQUIRE(plan.scheduled.size() == 2);
+  for (const auto& s : plan.scheduled) CHECK_FALSE(s.from_waiting);
+  // With 5 free, the prompt fits beside that block.
+  plan = SchedulePrefillFirstStep(running, waiting, PrefillFirst(100, 8), 5);
+  REQUIRE(plan.scheduled.size() == 1);
+  CHECK(plan.scheduled[0].from_waiting);
+  CHECK(plan.scheduled[0].num_tokens == 50);
+}
+
+TEST_CASE("prefill_first: the pool running out preempts the youngest; it recomputes whole",
+          "[decode_scheduler]") {
+  // Three decoding sequences at a block boundary, one free block, a prompt that cannot fit.
+  std::vector<SeqState> running = {{33, 32, 2}, {33, 32, 2}, {33, 32, 2}};
+  std::vector<SeqState> waiting = {{20, 0, 0}};
+  StepPlan plan = SchedulePrefillFirstStep(running, waiting, PrefillFirst(100, 8), 1);
+  REQUIRE(plan.preempted.size() == 1);
+  CHECK(plan.preempted[0] == 2);
+  REQUIRE(plan.scheduled.size() == 2);
+  for (const auto& s : plan.scheduled) CHECK_FALSE(s.from_waiting);
+  // The victim waits at the front with nothing computed: its prompt + generated tokens come
+  // back as one whole prompt once the blocks are there (2 running need 0 more blocks now).
+  std::vector<SeqState> after = {{34, 33, 3}, {34, 33, 3}};
+  std::vector<SeqState> queue = {{33, 0, 0}, {20, 0, 0}};
+  plan = SchedulePrefillFirstStep(after, queue, PrefillFirst(100, 8), 3);
+  REQUIRE(plan.scheduled.size() == 1);
+  CHECK(plan.scheduled[0].index == 0);
+  CHECK(plan.scheduled[0].num_tokens == 33);
+  CHECK(plan.scheduled[0].new_blocks == 3);
+}
+
+TEST_CASE("ScheduleEngineStep follows the policy; config names map to policies",
+          "[decode_scheduler]") {
+  CHECK(StepPolicyFromConfig("chunked") == StepPolicy::kChunked);
+  CHECK(StepPolicyFromConfig("prefill_first") == StepPolicy::kPrefillFirst);
+  std::vector<SeqState> running = {{10, 9, 1}};
+  std::vector<SeqState> waiting = {{5, 0, 0}};
+  StepLimits chunked{100, 8, 16};
+  CHECK(ScheduleEngineStep(running, waiting, chunked, 10).scheduled.size() == 2);
+  CHECK(ScheduleEngineStep(running, waiting, PrefillFirst(100, 8), 10).scheduled.size() == 1);
 }
 
 }  // namespace

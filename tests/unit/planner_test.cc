@@ -46,6 +46,21 @@ TEST_CASE("the planner picks the shape that is super-linear for prefill and writ
   CHECK(plan->chosen.gpus <= 4);
   CHECK(plan->chosen.rate > 0);
   CHECK(plan->colocated.rate > 0);
+  // The colocated baseline under both scheduling policies, each with its own best shape over
+  // every shape searched, replicated within the budget.
+  CHECK(plan->colocated.scheduling == "chunked");
+  CHECK(plan->colocated_prefill_first.scheduling == "prefill_first");
+  CHECK(plan->colocated_prefill_first.rate > 0);
+  REQUIRE(plan->colocated_prefill_first_candidates.size() == plan->colocated_candidates.size());
+  for (const PlanCandidate& c : plan->colocated_prefill_first_candidates)
+    CHECK(c.scheduling == "prefill_first");
+  for (const PlanCandidate* v : {&plan->colocated, &plan->colocated_prefill_first}) {
+    CHECK(v->kind == "colocated");
+    CHECK(v->gpus <= 4);
+    CHECK(v->gpus == v->prefill_instances * v->prefill_tp * v->prefill_pp);
+  }
+  CHECK(plan->colocated_prefill_first.prefill_tp ==
+        plan->colocated_prefill_first_candidates.front().prefill_tp);
   auto config = ParseConfig(plan->config_yaml, "plan.yaml");
   REQUIRE(config.ok());
   CHECK(config->prefill.tensor_parallel == 2);
@@ -62,6 +77,7 @@ TEST_CASE("the planner picks the shape that is super-linear for prefill and writ
     CHECK(low->chosen.prefill_tp == 2);
     CHECK(low->chosen.gpus <= 4);
     CHECK(ParseConfig(low->config_yaml, "plan.yaml").ok());
+    CHECK(low->colocated_prefill_first.rate > 0);
   }
 }
 

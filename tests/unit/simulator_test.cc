@@ -133,6 +133,35 @@ TEST_CASE("colocated: a prompt arriving mid-decode slows the running request", "
   CHECK(mixed->outcomes[1].ok);
 }
 
+TEST_CASE("colocated prefill_first: a prompt pauses the running request for its whole prefill",
+          "[simulator]") {
+  ClusterConfig c;
+  c.router.policy = "least_loaded";
+  c.prefill.instances = 0;
+  c.decode.instances = 0;
+  c.colocated.instances = 1;
+  c.colocated.token_budget = 512;  // the 1000-token prompt exceeds it: it runs alone, whole
+  c.colocated.scheduling = "prefill_first";
+  auto alone = Simulate(c, Model(), {Request(0, 0, 10, 50)});
+  auto mixed = Simulate(c, Model(), {Request(0, 0, 10, 50), Request(1, 0.2, 1000, 2)});
+  REQUIRE(alone.ok());
+  REQUIRE(mixed.ok());
+  CHECK(alone->outcomes[0].ttft_s == Approx(0.02));
+  CHECK(alone->outcomes[0].tpot_s == Approx(0.021));
+  REQUIRE(mixed->outcomes[1].ok);
+  // Request 0 waits out one prefill-only step of 1000 tokens (0.01 + 1.0 s), then shares one
+  // decode step with request 1's second token (+0.001 s).
+  CHECK(mixed->outcomes[0].e2e_s == Approx(alone->outcomes[0].e2e_s + 1.01 + 0.001));
+  // Request 1's first token: the decode step in flight at 0.2 s ends, then its prefill step.
+  CHECK(mixed->outcomes[1].ttft_s < 1.01 + 0.021 + 1e-9);
+  CHECK(mixed->outcomes[1].ttft_s >= 1.01);
+  // Under chunked it rides in two mixed steps of at most 512 tokens instead.
+  c.colocated.scheduling = "chunked";
+  auto chunked = Simulate(c, Model(), {Request(0, 0, 10, 50), Request(1, 0.2, 1000, 2)});
+  REQUIRE(chunked.ok());
+  CHECK(chunked->outcomes[1].ttft_s > mixed->outcomes[1].ttft_s);
+}
+
 TEST_CASE("the simulation is deterministic", "[simulator]") {
   ClusterConfig c = Disaggregated("goodput");
   c.prefill.instances = 2;
