@@ -501,7 +501,9 @@ struct DecodeServer::Impl : public EngineSink {
         static_cast<int64_t>(std::max(0.0, options.config.prefill.kv_hold_timeout_s - 1.0) * 1000));
     const auto now = Clock::now();
     for (auto it = pull_queue.begin(); it != pull_queue.end();) {
-      if (now - it->arrived < limit) {
+      // Prefill's hold starts when it sends the first token (KvReady, or KvProgress after a
+      // layer-wise pass); until then, conservatively, when KvReady came.
+      if (now - it->first_token_at < limit) {
         ++it;
         continue;
       }
@@ -616,6 +618,8 @@ StatusOr<std::unique_ptr<DecodeServer>> DecodeServer::Start(const InstanceOption
                      : ((options.config.model.max_model_len + eo.block_size - 1) / eo.block_size) *
                            section.max_batch_size;
   eo.metrics = impl.metrics.get();
+  // A request joins the batch only once every layer was announced: the pull ends within the
+  // transfer timeout, and the step's wait for a layer a little later.
   eo.kv_wait_timeout = std::chrono::milliseconds(
       static_cast<int64_t>((options.config.transfer.timeout_s + 1.0) * 1000));
   impl.layerwise = !colocated && options.config.transfer.layerwise &&
@@ -628,6 +632,9 @@ StatusOr<std::unique_ptr<DecodeServer>> DecodeServer::Start(const InstanceOption
     po.backend = t.backend;
     po.ucx_tls = t.ucx_tls;
     po.timeout_s = t.timeout_s;
+    // Prefill computes the layers it announces; it frees a request's KV after
+    // prefill.kv_hold_timeout_s anyway, so that bounds the wait for the next layer.
+    po.layer_wait_timeout_s = std::max(t.timeout_s, options.config.prefill.kv_hold_timeout_s);
     po.max_inflight = static_cast<size_t>(t.max_inflight);
     po.metrics = impl.metrics.get();
     const ModelConfig& mc = impl.model->config();

@@ -10,6 +10,11 @@
 namespace tandem {
 namespace {
 
+std::chrono::milliseconds LayerWait(const KvPullOptions& o) {
+  const double s = o.layer_wait_timeout_s > 0 ? o.layer_wait_timeout_s : o.timeout_s;
+  return std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
+}
+
 uint32_t Layers(int32_t n) { return n < 0 ? kAllLayers : static_cast<uint32_t>(n); }
 
 class Link : public KvPullLink {
@@ -60,13 +65,12 @@ StatusOr<std::unique_ptr<KvPullLink>> KvPullLink::Create(void* base, size_t byte
     uo.tls = options.ucx_tls;
     uo.timeout = std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1000));
     uo.max_inflight_gets = options.max_inflight;
+    uo.layer_wait_timeout = LayerWait(options);
     uo.metrics = options.metrics;
     TANDEM_ASSIGN_OR_RETURN(puller, CreateUcxPuller(region, uo));
   } else if (options.backend == "inproc") {
-    TANDEM_ASSIGN_OR_RETURN(
-        puller, CreateInProcessPuller(region, options.metrics,
-                                      std::chrono::milliseconds(
-                                          static_cast<int64_t>(options.timeout_s * 1000))));
+    TANDEM_ASSIGN_OR_RETURN(puller,
+                            CreateInProcessPuller(region, options.metrics, LayerWait(options)));
   } else {
     return InvalidArgument("transfer.backend '" + options.backend + "' is not supported on CPU");
   }
@@ -86,6 +90,7 @@ StatusOr<std::unique_ptr<KvPullLink>> KvPullLink::CreateWithPool(size_t bytes,
   uo.tls = options.ucx_tls;
   uo.timeout = std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1000));
   uo.max_inflight_gets = options.max_inflight;
+  uo.layer_wait_timeout = LayerWait(options);
   uo.metrics = options.metrics;
   TANDEM_ASSIGN_OR_RETURN(std::shared_ptr<UcxPool> pool, AllocateUcxPool(bytes, uo));
   TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<KvPuller> puller, CreateUcxPuller(pool, uo));

@@ -30,6 +30,8 @@ struct KvPullOptions {
   std::string backend = "ucx";  // ucx|inproc
   std::string ucx_tls = "tcp";
   double timeout_s = 5;
+  // Layer-wise: the longest wait for prefill to announce the next layer (0 = timeout_s).
+  double layer_wait_timeout_s = 0;
   size_t max_inflight = 64;
   MetricsRegistry* metrics = nullptr;  // not owned
 };
@@ -57,7 +59,7 @@ class KvPullLink {
   // (the UCX puller issues its gets in layer order): an engine could start layer l of the first
   // decode step then. It runs on the transport's thread, before on_done.
   // layers_available (layer-wise streaming, negative = all): only layers below it are read
-  // until SetLayersAvailable raises it; the pull's timeout restarts at each raise.
+  // until SetLayersAvailable raises it (timeouts: kvtransfer/transfer.h KvPuller::Pull).
   virtual Status Pull(const std::string& descriptor_blob, const PullRanges& local,
                       std::function<void(const std::string&, const Status&)> on_done,
                       std::function<void(uint32_t layer)> on_layer = nullptr,

@@ -295,7 +295,7 @@ class InProcessPuller final : public KvPuller {
       for (auto& p : candidates) {
         std::lock_guard<std::mutex> pull_lock(p->mutex);
         if (!p->finished && now >= p->deadline) {
-          Finish(*p, DeadlineExceeded("pull of " + p->request_id + " not done within " +
+          Finish(*p, DeadlineExceeded("pull of " + p->request_id + ": no layer announced within " +
                                       std::to_string(timeout_.count()) + " ms"));
         }
       }

@@ -97,9 +97,11 @@ class KvPuller {
   // connected), InvalidArgument (ranges out of bounds, layer sizes differ), FailedPrecondition
   // (request id already being pulled, puller stopping). Otherwise on_done runs exactly once.
   // Only layers [0, layers_available) are read until SetLayersAvailable raises the count.
-  // Timeout (the backend's): counted from the start of the pull and restarted whenever
-  // SetLayersAvailable raises the count, so a publisher still computing its layers does not
-  // time the pull out, but one that stops announcing them does.
+  // Timeouts (the backend's): moving the available bytes is bounded by the transfer timeout,
+  // counted from the start and restarted whenever SetLayersAvailable raises the count; the wait
+  // for the next layer to be announced (every available one landed) does not count there and
+  // has a bound of its own (the publisher computing a layer may take longer than moving it),
+  // so a publisher that stops announcing layers fails the pull with DeadlineExceeded.
   virtual Status Pull(const KvDescriptor& descriptor, LayerRanges local, PullCallbacks callbacks,
                       uint32_t layers_available = kAllLayers) = 0;
 

@@ -714,6 +714,11 @@ class UcxPuller final : public KvPuller {
     }
   }
 
+  std::chrono::milliseconds LayerWait() const {
+    return options_.layer_wait_timeout.count() > 0 ? options_.layer_wait_timeout
+                                                   : options_.timeout;
+  }
+
   bool Blocked(const PullState* p) const {
     return p->pieces[p->next].layer >= p->layers_available;
   }
@@ -840,10 +845,19 @@ class UcxPuller final : public KvPuller {
     next_timeout_check_ = now + std::chrono::milliseconds(2);
     for (auto& [p, owned] : pulls_) {
       if (p->finishing) continue;
-      if (!p->timed_out && now >= p->deadline) {
+      // Moving bytes is bounded by `timeout` (from the start or the last raise); waiting, with
+      // every available layer landed, for the publisher to announce the next one by
+      // layer_wait_timeout.
+      const auto limit = p->starved_since ? *p->starved_since + LayerWait() : p->deadline;
+      if (!p->timed_out && now >= limit) {
         p->timed_out = true;
         p->grace_deadline = now + kCancelGrace;
-        if (!p->error) {
+        if (!p->error && p->starved_since) {
+          p->error = DeadlineExceeded("pull of " + p->request_id + ": no layer announced within " +
+                                      std::to_string(LayerWait().count()) + " ms (" +
+                                      std::to_string(p->layers_available) + " of " +
+                                      std::to_string(p->layer_remaining.size()) + " layers)");
+        } else if (!p->error) {
           p->error = DeadlineExceeded("pull of " + p->request_id + " not done within " +
                                       std::to_string(options_.timeout.count()) + " ms (" +
                                       std::to_string(p->completed) + " of " +

@@ -381,6 +381,10 @@ struct PrefillServer::Impl {
   // The blocks stay held until decode's KvReleased or the transport's release either way.
   void FinishAnnounced(Request& r, const TokenRecord& first, bool finished) {
     r.blocks.clear();  // owned by `held` (or freed already if decode gave up)
+    // The hold runs from now, as for a handoff after the pass: a long pass must not eat it.
+    if (auto it = held.find(r.submit.request_id); it != held.end())
+      it->second.deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(
+                                               section->kv_hold_timeout_s * 1000));
     KvProgress progress;
     progress.request_id = r.submit.request_id;
     progress.layers_ready = kAllLayersReady;

@@ -47,16 +47,20 @@ struct Backend {
   std::unique_ptr<KvPuller> puller;
 };
 
+// layer_wait: the longest wait for the next layer to be announced (0: timeout).
 Backend MakeBackend(const std::string& name, MemoryRegion src, MemoryRegion dst,
-                    MetricsRegistry* metrics, std::chrono::milliseconds timeout = 5000ms) {
+                    MetricsRegistry* metrics, std::chrono::milliseconds timeout = 5000ms,
+                    std::chrono::milliseconds layer_wait = 0ms) {
   Backend b;
   if (name == "inprocess") {
     b.publisher = std::move(CreateInProcessPublisher(src)).value();
-    b.puller = std::move(CreateInProcessPuller(dst, metrics, timeout)).value();
+    b.puller = std::move(
+        CreateInProcessPuller(dst, metrics, layer_wait.count() > 0 ? layer_wait : timeout)).value();
   } else {
     UcxOptions options;
     options.tls = name == "ucx-sm" ? "sm,self" : "tcp";
     options.timeout = timeout;
+    options.layer_wait_timeout = layer_wait;
     options.metrics = metrics;
     auto pub = CreateUcxPublisher(src, options);
     REQUIRE(pub.ok());
@@ -217,9 +221,10 @@ TEST_CASE("kvtransfer streams layers as they become available", "[kvtransfer]") 
   std::mt19937_64 rng(7);
   for (auto& b : src) b = static_cast<uint8_t>(rng() | 1);  // never zero
   MetricsRegistry metrics;
-  // The timeout (1 s) is shorter than the whole stream (4 x 0.4 s): it restarts at each raise.
+  // Each layer is announced 0.4 s after the last: longer than the transfer timeout (0.3 s),
+  // which does not count the wait for layers, shorter than the wait allowed for one (1 s).
   Backend backend =
-      MakeBackend(name, {src.data(), kBytes}, {dst.data(), kBytes}, &metrics, 1000ms);
+      MakeBackend(name, {src.data(), kBytes}, {dst.data(), kBytes}, &metrics, 300ms, 1000ms);
   REQUIRE(backend.puller->Connect(backend.publisher->peer_info()).ok());
   Stream stream;
   std::atomic<int> released_ok{0};
