@@ -82,8 +82,8 @@ struct TransferSection {
   int max_inflight = 64;
   // Stream the KV layer by layer: prefill announces a request's KV before its last forward pass
   // and publishes each layer as it is computed; decode pulls layer l as soon as it is published
-  // and starts its first step on layer 0 while later layers still arrive.
-  bool layerwise = false;
+  // and starts its first step on layer 0 while later layers still arrive. Ignored by nccl.
+  bool layerwise = true;
 };
 
 struct LoggingSection {

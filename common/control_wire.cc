@@ -66,6 +66,28 @@ bool GetToken(WireReader& r, TokenRecord* t) {
   return true;
 }
 
+constexpr int32_t kMaxLayersOnWire = 1 << 16;
+
+void PutOptionalToken(WireWriter& w, const std::optional<TokenRecord>& t) {
+  w.U8(t.has_value());
+  if (t) PutToken(w, *t);
+}
+
+bool GetOptionalToken(WireReader& r, std::optional<TokenRecord>* t) {
+  bool present = false;
+  if (!r.Bool(&present)) return false;
+  t->reset();
+  if (!present) return true;
+  TokenRecord token;
+  if (!GetToken(r, &token)) return false;
+  *t = std::move(token);
+  return true;
+}
+
+bool ValidLayersReady(int32_t n) {
+  return n == kAllLayersReady || (n >= 0 && n <= kMaxLayersOnWire);
+}
+
 bool GetCode(WireReader& r, StatusCode* code) {
   uint8_t c = 0;
   if (!r.U8(&c) || c > static_cast<uint8_t>(StatusCode::kInternal)) return false;
@@ -135,7 +157,9 @@ struct Encoder {
     WireWriter w = Start(ControlType::kKvReady);
     w.Str(m.request_id, kMaxIdBytes);
     w.I32Array(m.prompt, kMaxPromptTokens);
-    PutToken(w, m.first_token);
+    PutOptionalToken(w, m.first_token);
+    TANDEM_CHECK(ValidLayersReady(m.layers_ready), "KvReady layers_ready out of range");
+    w.I32(m.layers_ready);
     PutSampling(w, m.sampling);
     w.Str(m.kv_descriptor, kMaxBlobBytes);
     w.Str(m.kv_peer_info, kMaxBlobBytes);
@@ -146,6 +170,15 @@ struct Encoder {
     w.Str(m.request_id, kMaxIdBytes);
     w.U8(static_cast<uint8_t>(m.code));
     w.Str(m.message, kMaxMessageBytes);
+    return w.Finish(kMaxControlBodyBytes);
+  }
+  std::string operator()(const KvProgress& m) const {
+    WireWriter w = Start(ControlType::kKvProgress);
+    w.Str(m.request_id, kMaxIdBytes);
+    TANDEM_CHECK(ValidLayersReady(m.layers_ready), "KvProgress layers_ready out of range");
+    w.I32(m.layers_ready);
+    PutOptionalToken(w, m.first_token);
+    w.U8(m.finished);
     return w.Finish(kMaxControlBodyBytes);
   }
   static WireWriter Start(ControlType type) {
@@ -244,7 +277,8 @@ StatusOr<ControlMessage> DecodeControl(std::span<const uint8_t> frame) {
     case ControlType::kKvReady: {
       KvReady m;
       bool ok = r.Str(&m.request_id, kMaxIdBytes) && r.I32Array(&m.prompt, kMaxPromptTokens) &&
-                GetToken(r, &m.first_token) && GetSampling(r, &m.sampling) &&
+                GetOptionalToken(r, &m.first_token) && r.I32(&m.layers_ready) &&
+                ValidLayersReady(m.layers_ready) && GetSampling(r, &m.sampling) &&
                 r.Str(&m.kv_descriptor, kMaxBlobBytes) && r.Str(&m.kv_peer_info, kMaxBlobBytes);
       return Done(r, ok, std::move(m), "control KvReady");
     }
@@ -253,6 +287,13 @@ StatusOr<ControlMessage> DecodeControl(std::span<const uint8_t> frame) {
       bool ok = r.Str(&m.request_id, kMaxIdBytes) && GetCode(r, &m.code) &&
                 r.Str(&m.message, kMaxMessageBytes);
       return Done(r, ok, std::move(m), "control KvReleased");
+    }
+    case ControlType::kKvProgress: {
+      KvProgress m;
+      bool ok = r.Str(&m.request_id, kMaxIdBytes) && r.I32(&m.layers_ready) &&
+                ValidLayersReady(m.layers_ready) && GetOptionalToken(r, &m.first_token) &&
+                r.Bool(&m.finished);
+      return Done(r, ok, std::move(m), "control KvProgress");
     }
   }
   return InvalidArgument("control: unknown message type " + std::to_string(h.type));

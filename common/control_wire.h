@@ -5,7 +5,9 @@
 // Who sends what:
 //   instance -> router   Hello (on connect), LoadReport (heartbeat), Tokens, Finish
 //   router -> instance   Submit, Cancel
-//   prefill -> decode    Hello, KvReady (the request, its first token and where its KV is)
+//   prefill -> decode    Hello, KvReady (the request, its first token and where its KV is),
+//                        KvProgress (layer-wise streaming: more layers computed, the first
+//                        token, or the request ended at its first token)
 //   decode -> prefill    KvReleased (pulled or abandoned: the prefill side frees its blocks)
 //   router -> decode     Cancel (stop string hit, client gone)
 //
@@ -16,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -28,7 +31,9 @@
 namespace tandem {
 
 inline constexpr uint32_t kControlMagic = 0x4C544354;  // "TCTL" as little-endian bytes
-inline constexpr uint16_t kControlVersion = 2;  // 2: Submit.seq, LoadReport.last_submit_seq
+// 2: Submit.seq and LoadReport.last_submit_seq; 3: KvReady carries layers_ready and an optional
+// first token, KvProgress.
+inline constexpr uint16_t kControlVersion = 3;
 inline constexpr size_t kMaxControlBodyBytes = 32u << 20;
 inline constexpr size_t kMaxPromptTokens = 1u << 20;
 inline constexpr size_t kMaxIdBytes = 256;
@@ -43,6 +48,7 @@ enum class ControlType : uint16_t {
   kFinish = 6,
   kKvReady = 7,
   kKvReleased = 8,
+  kKvProgress = 9,
 };
 
 enum class InstanceRole : uint8_t { kRouter = 0, kPrefill = 1, kDecode = 2, kColocated = 3 };
@@ -109,12 +115,19 @@ struct Finish {
   Status ToStatus() const { return code == StatusCode::kOk ? Status() : Status(code, message); }
 };
 
+// KvReady/KvProgress layers_ready value: every layer of the published blocks is computed.
+inline constexpr int32_t kAllLayersReady = -1;
+
 // Prefill -> decode: continue this request. The first token was sampled (and streamed) by
 // prefill; decode continues the same sampler stream (same seed, next position).
+// Layer-wise streaming (transfer.layerwise): prefill sends KvReady before its forward pass, with
+// layers_ready 0 and no first token; KvProgress messages follow. Otherwise layers_ready is
+// kAllLayersReady and the first token is set. layers_ready is kAllLayersReady or in [0, 65536].
 struct KvReady {
   std::string request_id;
   std::vector<int32_t> prompt;
-  TokenRecord first_token;
+  std::optional<TokenRecord> first_token;
+  int32_t layers_ready = kAllLayersReady;  // layers [0, layers_ready) may be pulled now
   SamplingParams sampling;
   std::string kv_descriptor;  // kvtransfer KvDescriptor blob
   std::string kv_peer_info;   // kvtransfer PeerInfo blob of the prefill instance
@@ -126,8 +139,20 @@ struct KvReleased {
   std::string message;
 };
 
-using ControlMessage =
-    std::variant<Hello, LoadReport, Submit, Cancel, Tokens, Finish, KvReady, KvReleased>;
+// Prefill -> decode, after a layer-wise KvReady: layers [0, layers_ready) of the request's
+// published blocks are computed (never lower than an earlier message said); first_token once
+// sampled. `finished`: the request ended at its first token (prefill sends Finish to the router);
+// decode drops it without a Finish and releases the KV once its pull is over. Prefill sends the
+// first token or finished only after every layer is ready.
+struct KvProgress {
+  std::string request_id;
+  int32_t layers_ready = kAllLayersReady;
+  std::optional<TokenRecord> first_token;
+  bool finished = false;
+};
+
+using ControlMessage = std::variant<Hello, LoadReport, Submit, Cancel, Tokens, Finish, KvReady,
+                                    KvReleased, KvProgress>;
 
 // Encodes one frame. Aborts (TANDEM_CHECK) on values over the limits.
 std::string EncodeControl(const ControlMessage& message);

@@ -530,7 +530,8 @@ void CpuForward::Attention(int layer, std::span<const SequenceInput> batch, KvCa
 }
 
 StatusOr<std::span<const float>> CpuForward::Forward(std::span<const SequenceInput> batch,
-                                                     KvCache& cache, LogitsMode mode) {
+                                                     KvCache& cache, LogitsMode mode,
+                                                     const ForwardHooks* hooks) {
   TANDEM_RETURN_IF_ERROR(Validate(batch, cache));
   const ModelConfig& c = model_.config();
   const KvLayout& layout = cache.layout();
@@ -574,6 +575,7 @@ StatusOr<std::span<const float>> CpuForward::Forward(std::span<const SequenceInp
   float* qkv = qkv_.get();
   for (int layer = 0; layer < c.num_layers; ++layer) {
     const LayerWeights& w = model_.layer(layer);
+    if (hooks != nullptr && hooks->before_layer) hooks->before_layer(layer);
     // Attention block.
     for (int t = 0; t < num_tokens; ++t)
       RmsNorm(x + static_cast<size_t>(t) * h, w.input_norm, h, eps, xn + static_cast<size_t>(t) * h);
@@ -599,6 +601,8 @@ StatusOr<std::span<const float>> CpuForward::Forward(std::span<const SequenceInp
       }
     }
     Attention(layer, batch, cache);
+    // Every K/V of this layer is written (above) and read (Attention): the cache's layer is done.
+    if (hooks != nullptr && hooks->after_layer) hooks->after_layer(layer);
     Linear(attn_.get(), num_tokens, q_dim, w.o_proj, h, x, 1.0f);  // residual add via beta = 1
     if (w.o_bias != nullptr) {
       for (int t = 0; t < num_tokens; ++t)

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -46,6 +47,17 @@ struct ForwardOptions {
 
 enum class LogitsMode { kLastToken, kAllTokens };
 
+// Optional per-layer hooks for one Forward call, run on the calling thread (layer-wise KV
+// streaming: decode waits for a pulled layer, prefill announces a computed one).
+//   before_layer(l): before layer l reads or writes any KV of the cache.
+//   after_layer(l):  after layer l's K/V of every token of the batch are in the cache.
+// Both run for l = 0, 1, ..., num_layers - 1 in order; either may be empty. They must not call
+// back into this CpuForward. They run only when Validate passed.
+struct ForwardHooks {
+  std::function<void(int layer)> before_layer;
+  std::function<void(int layer)> after_layer;
+};
+
 class CpuForward {
  public:
   // InvalidArgument when the options or the model's shape are out of range (head_dim > 256).
@@ -65,8 +77,10 @@ class CpuForward {
   // token id outside the vocabulary, a block table that does not cover the positions or names a
   // block outside the pool, a cache whose layout does not match the model; TooLarge when the
   // batch exceeds max_batch_tokens or max_batch_sequences.
+  // `hooks` (optional, not kept) see ForwardHooks; they do not change the result.
   StatusOr<std::span<const float>> Forward(std::span<const SequenceInput> batch, KvCache& cache,
-                                           LogitsMode mode = LogitsMode::kLastToken);
+                                           LogitsMode mode = LogitsMode::kLastToken,
+                                           const ForwardHooks* hooks = nullptr);
 
   const Model& model() const { return model_; }
   int num_threads() const { return pool_.num_threads(); }

@@ -20,6 +20,45 @@ int32_t BlocksFor(int64_t tokens, int32_t block_size) {
 
 }  // namespace
 
+void KvArrival::LayerLanded(uint32_t layer) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    landed_ = std::max(landed_, static_cast<int>(layer) + 1);
+  }
+  cv_.notify_all();
+}
+
+void KvArrival::Done(const Status& status) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    done_ = true;
+    ok_ = status.ok();
+    if (ok_) landed_ = num_layers_;
+  }
+  cv_.notify_all();
+}
+
+bool KvArrival::WaitLayer(int layer, Clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  cv_.wait_until(lock, deadline, [&] { return landed_ > layer || done_; });
+  return landed_ > layer;
+}
+
+bool KvArrival::WaitDone(Clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  return cv_.wait_until(lock, deadline, [&] { return done_; });
+}
+
+bool KvArrival::ended() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return done_;
+}
+
+bool KvArrival::complete() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return done_ && ok_;
+}
+
 BatchEngine::BatchEngine(const Model& model, const BatchEngineOptions& options)
     : model_(model), options_(options), workspace_(model.config().vocab_size) {
   for (int id : model.config().eos_token_ids) eos_ids_.push_back(id);
@@ -96,7 +135,7 @@ void BatchEngine::AddNew(const std::string& id, std::vector<int32_t> prompt,
 
 void BatchEngine::AddPulled(const std::string& id, std::vector<int32_t> prompt,
                             int32_t first_token, const SamplingParams& sampling,
-                            std::vector<int32_t> blocks) {
+                            std::vector<int32_t> blocks, std::shared_ptr<KvArrival> arrival) {
   TANDEM_CHECK(sampling.seed.has_value(), "a pulled request continues a seeded stream");
   auto r = std::make_unique<Request>();
   r->id = id;
@@ -106,6 +145,7 @@ void BatchEngine::AddPulled(const std::string& id, std::vector<int32_t> prompt,
   r->tokens.reserve(r->tokens.size() + sampling.max_tokens);
   r->tokens.push_back(first_token);
   r->blocks = std::move(blocks);
+  r->arrival = std::move(arrival);
   r->sampler = std::make_unique<Sampler>(sampling, &workspace_, r->prompt_len);
   r->stop = std::make_unique<StopChecker>(sampling, eos_ids_);
   StopUpdate first = r->stop->Append(first_token, "");
@@ -113,10 +153,34 @@ void BatchEngine::AddPulled(const std::string& id, std::vector<int32_t> prompt,
   running_.push_back(std::move(r));
 }
 
+void BatchEngine::WaitArrivalEnded(Request& r) {
+  if (r.arrival == nullptr) return;
+  const auto bound = options_.kv_wait_timeout + std::chrono::seconds(5);
+  // The transport promises on_done within its timeout; a pull still running past that would
+  // write into blocks that are reused once freed.
+  TANDEM_CHECK(r.arrival->WaitDone(KvArrival::Clock::now() + bound),
+               "request " + r.id + ": its KV pull did not end in time");
+  r.arrival.reset();
+}
+
+bool BatchEngine::Remove(const std::string& id, std::vector<int32_t>* blocks) {
+  for (auto* queue : {&running_, &waiting_}) {
+    for (auto it = queue->begin(); it != queue->end(); ++it) {
+      if ((*it)->id != id) continue;
+      *blocks = std::move((*it)->blocks);
+      queue->erase(it);
+      return true;
+    }
+  }
+  return false;
+}
+
 bool BatchEngine::Cancel(const std::string& id) {
   for (auto* queue : {&running_, &waiting_}) {
     for (auto it = queue->begin(); it != queue->end(); ++it) {
       if ((*it)->id != id) continue;
+      TANDEM_CHECK((*it)->arrival == nullptr || (*it)->arrival->ended(),
+                   "Cancel of a request whose KV is still arriving");
       cache_->blocks().Free((*it)->blocks);
       queue->erase(it);
       return true;
@@ -128,6 +192,7 @@ bool BatchEngine::Cancel(const std::string& id) {
 void BatchEngine::FailAll(const Status& status, EngineSink& sink) {
   for (auto* queue : {&running_, &waiting_}) {
     for (auto& r : *queue) {
+      WaitArrivalEnded(*r);
       cache_->blocks().Free(r->blocks);
       r->blocks.clear();
       Finish f;
@@ -150,6 +215,8 @@ void BatchEngine::FinishRequest(Request& r, Finish finish, EngineSink& sink) {
 bool BatchEngine::Step(EngineSink& sink) {
   if (idle()) return false;
   const auto t0 = Clock::now();
+  for (auto& r : running_)
+    if (r->arrival != nullptr && r->arrival->complete()) r->arrival.reset();
   running_state_.clear();
   waiting_state_.clear();
   for (auto& r : running_)
@@ -171,6 +238,7 @@ bool BatchEngine::Step(EngineSink& sink) {
     for (auto it = victims.rbegin(); it != victims.rend(); ++it) {
       auto& r = running_[*it];
       TANDEM_LOG_REQ(kInfo, r->id) << "preempted (recompute " << r->tokens.size() << " tokens)";
+      WaitArrivalEnded(*r);  // nothing may write into freed blocks
       cache_->blocks().Free(r->blocks);
       r->blocks.clear();
       r->num_computed = 0;
@@ -208,13 +276,34 @@ bool BatchEngine::Step(EngineSink& sink) {
                        r->num_computed, r->blocks});
     batch_.push_back(r);
   }
-  StatusOr<std::span<const float>> logits = forward_->Forward(inputs_, *cache_);
+  // Layer-wise: before layer l, wait until layer l of every request whose KV is still arriving
+  // has landed; a request whose layer does not come has its output discarded.
+  landed_.assign(batch_.size(), 1);
+  bool arriving = false;
+  for (Request* r : batch_) arriving = arriving || r->arrival != nullptr;
+  ForwardHooks hooks;
+  if (arriving) {
+    hooks.before_layer = [this](int layer) {
+      for (size_t i = 0; i < batch_.size(); ++i) {
+        const std::shared_ptr<KvArrival>& arrival = batch_[i]->arrival;
+        if (arrival == nullptr || !landed_[i]) continue;
+        if (!arrival->WaitLayer(layer, KvArrival::Clock::now() + options_.kv_wait_timeout))
+          landed_[i] = 0;
+      }
+    };
+  }
+  StatusOr<std::span<const float>> logits =
+      forward_->Forward(inputs_, *cache_, LogitsMode::kLastToken, arriving ? &hooks : nullptr);
   TANDEM_CHECK(logits.ok(), "forward of a scheduled batch failed: " + logits.status().ToString());
   const size_t vocab = static_cast<size_t>(model_.config().vocab_size);
 
   std::vector<std::string> finished;
   for (size_t i = 0; i < batch_.size(); ++i) {
     Request& r = *batch_[i];
+    if (!landed_[i]) {
+      TANDEM_LOG_REQ(kInfo, r.id) << "KV did not arrive in time for this step; output discarded";
+      continue;
+    }
     r.num_computed += static_cast<int32_t>(inputs_[i].tokens.size());
     if (r.num_computed < static_cast<int32_t>(r.tokens.size())) continue;  // mid-prompt chunk
     SampleResult sample = r.sampler->Sample(logits->subspan(i * vocab, vocab), r.tokens);

@@ -11,9 +11,11 @@
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -26,6 +28,32 @@
 #include "decode/colocated_scheduler.h"
 
 namespace tandem {
+
+// The arrival of one request's pulled KV, layer by layer (layer-wise streaming): the
+// transport's thread reports it, the engine thread waits for it in the forward pass's
+// before_layer hook. Thread-safe.
+class KvArrival {
+ public:
+  using Clock = std::chrono::steady_clock;
+  explicit KvArrival(int num_layers) : num_layers_(num_layers) {}
+  void LayerLanded(uint32_t layer);  // the pull's on_layer (layers land in order)
+  void Done(const Status& status);   // the pull's on_done: nothing writes the blocks any more
+  // Until layer `layer` has landed (true) or the pull ended without it or `deadline` passed
+  // (false).
+  bool WaitLayer(int layer, Clock::time_point deadline);
+  // Until the pull ended (true) or `deadline` passed (false).
+  bool WaitDone(Clock::time_point deadline);
+  bool ended() const;
+  bool complete() const;  // ended OK: every layer is in
+
+ private:
+  const int num_layers_;
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  int landed_ = 0;
+  bool done_ = false;
+  bool ok_ = false;
+};
 
 class EngineSink {
  public:
@@ -44,6 +72,9 @@ struct BatchEngineOptions {
   // Colocated: chunked prompts in decode steps, or whole prompts first (decode/colocated_scheduler.h).
   StepPolicy policy = StepPolicy::kChunked;
   MetricsRegistry* metrics = nullptr;  // not owned; may be null
+  // Layer-wise: how long a step waits for one layer of a request whose KV is still arriving
+  // (the transfer timeout plus a margin: the pull itself fails first).
+  std::chrono::milliseconds kv_wait_timeout{6000};
   // Where the KV pool lives (a transport allocated it); empty: the engine allocates it.
   KvPoolMemory kv_memory;
 };
@@ -72,10 +103,20 @@ class BatchEngine {
   void AddNew(const std::string& id, std::vector<int32_t> prompt, const SamplingParams& sampling);
   // Adds a request whose prompt KV is in `blocks` (which it now owns) and whose first token was
   // already sampled and streamed elsewhere. sampling.seed must be set.
+  // `arrival` (layer-wise streaming): the KV is still being pulled into `blocks`; the request
+  // joins the batch now and each step waits, layer by layer, until the layer it is about to
+  // use has landed. A step in which a layer did not land (the pull failed or is too slow)
+  // discards that request's output (it is recomputed next step). Its blocks are never freed
+  // before the pull ended (preemption and FailAll wait for it, bounded).
   void AddPulled(const std::string& id, std::vector<int32_t> prompt, int32_t first_token,
-                 const SamplingParams& sampling, std::vector<int32_t> blocks);
-  // Frees the request now. False when unknown. No OnFinish is sent.
+                 const SamplingParams& sampling, std::vector<int32_t> blocks,
+                 std::shared_ptr<KvArrival> arrival = nullptr);
+  // Frees the request now. False when unknown. No OnFinish is sent. Not for a request whose
+  // KV is still arriving (use Remove).
   bool Cancel(const std::string& id);
+  // Removes the request without freeing its blocks, which go to *blocks (the caller frees them
+  // once nothing writes them any more). False when unknown. No OnFinish is sent.
+  bool Remove(const std::string& id, std::vector<int32_t>* blocks);
   // Ends every request with `status` through the sink.
   void FailAll(const Status& status, EngineSink& sink);
 
@@ -96,7 +137,10 @@ class BatchEngine {
     std::vector<int32_t> blocks;
     std::unique_ptr<Sampler> sampler;
     std::unique_ptr<StopChecker> stop;
+    std::shared_ptr<KvArrival> arrival;  // set while its pulled KV is still arriving
   };
+  // Blocks until r's KV stopped arriving (bounded by kv_wait_timeout); then r.arrival is reset.
+  void WaitArrivalEnded(Request& r);
   BatchEngine(const Model& model, const BatchEngineOptions& options);
   void FinishRequest(Request& r, Finish finish, EngineSink& sink);
 
@@ -112,6 +156,7 @@ class BatchEngine {
   std::vector<SeqState> running_state_, waiting_state_;
   std::vector<SequenceInput> inputs_;
   std::vector<Request*> batch_;
+  std::vector<char> landed_;  // per batch entry: every layer it used had arrived
   double avg_decode_step_s_ = 0;
   double avg_prefill_s_per_token_ = 0;
   Histogram* step_seconds_ = nullptr;

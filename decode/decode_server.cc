@@ -97,13 +97,19 @@ struct DecodeServer::Impl : public EngineSink {
 
   // Engine-thread state.
   struct PendingPull {
-    KvReady ready;
+    KvReady ready;  // ready.layers_ready and ready.first_token follow KvProgress
     uint64_t prefill_conn = 0;
     std::weak_ptr<ControlConnection> prefill;
     int32_t blocks_needed = 0;
-    std::vector<int32_t> blocks;  // while pulling
-    bool cancelled = false;
+    std::vector<int32_t> blocks;  // while pulling and not in the engine
+    bool cancelled = false;       // no Finish is due any more; free the blocks when the pull ends
     Clock::time_point arrived;
+    Clock::time_point first_token_at;  // when this instance learned the first token
+    // Layer-wise: the request joined the engine (which owns the blocks) before its pull ended.
+    std::shared_ptr<KvArrival> arrival;
+    bool in_engine = false;
+    bool pulled = false;        // the pull ended OK before the first token was known
+    bool prefill_gone = false;  // its prefill connection closed
   };
   std::deque<PendingPull> pull_queue;
   std::map<std::string, PendingPull> pulling;
@@ -111,6 +117,8 @@ struct DecodeServer::Impl : public EngineSink {
   Gauge* running_gauge = nullptr;
   Gauge* waiting_gauge = nullptr;
   Gauge* usage_gauge = nullptr;
+  Histogram* handoff_wait = nullptr;
+  bool layerwise = false;  // transfer.layerwise: a request may join the batch mid-pull
 
   bool colocated() const { return options.role == InstanceRole::kColocated; }
 
@@ -241,12 +249,15 @@ struct DecodeServer::Impl : public EngineSink {
       return reject(InvalidArgument("request id already on this instance"));
     if (Status s = engine->Validate(ready.prompt, ready.sampling); !s.ok()) return reject(s);
     if (!ready.sampling.seed) return reject(InvalidArgument("KvReady without a sampling seed"));
+    if (ready.layers_ready > engine->layout().num_layers)
+      return reject(InvalidArgument("KvReady announces more layers than the model has"));
     if (Status s = puller->Prepare(ready.kv_peer_info, ready.kv_descriptor,
                                    engine->layout().num_layers);
         !s.ok())
       return reject(s);
     const int32_t bs = options.config.kv_cache.block_size;
     p.arrived = Clock::now();
+    p.first_token_at = p.arrived;
     p.blocks_needed = BlocksForPull(static_cast<int32_t>(ready.prompt.size()), bs);
     p.ready = std::move(ready);
     pull_queue.push_back(std::move(p));
@@ -272,37 +283,158 @@ struct DecodeServer::Impl : public EngineSink {
       }
     }
     const std::string descriptor = p.ready.kv_descriptor;
-    pulling.emplace(id, std::move(p));
-    Status started = puller->Pull(descriptor, local, [this](const std::string& request_id,
-                                                            const Status& status) {
-      Post(PullDoneEvent{request_id, status});
-    });
-    if (!started.ok()) Post(PullDoneEvent{id, started});
+    const int32_t layers_ready = p.ready.layers_ready;
+    std::function<void(uint32_t)> on_layer;
+    if (layerwise) {
+      p.arrival = std::make_shared<KvArrival>(layout.num_layers);
+      on_layer = [arrival = p.arrival](uint32_t layer) { arrival->LayerLanded(layer); };
+    }
+    auto& entry = pulling.emplace(id, std::move(p)).first->second;
+    Status started = puller->Pull(
+        descriptor, local,
+        [this, arrival = entry.arrival](const std::string& request_id, const Status& status) {
+          if (arrival) arrival->Done(status);
+          Post(PullDoneEvent{request_id, status});
+        },
+        std::move(on_layer), layers_ready);
+    if (!started.ok()) {
+      if (entry.arrival) entry.arrival->Done(started);
+      Post(PullDoneEvent{id, started});
+      return;
+    }
+    if (layerwise && entry.ready.first_token) JoinEngine(id, entry);
+  }
+
+  // Layer-wise: the request's first token is known and its pull is in flight: it joins the
+  // batch now (the engine owns the blocks; each step waits for the layers it uses).
+  void JoinEngine(const std::string& id, PendingPull& p) {
+    engine->AddPulled(id, p.ready.prompt, p.ready.first_token->token_id, p.ready.sampling,
+                      std::move(p.blocks), p.arrival);
+    p.blocks.clear();
+    p.in_engine = true;
+  }
+
+  // The pull ended OK and the first token is known: the request continues in the engine.
+  void KvComplete(const std::string& id, PendingPull& p) {
+    if (handoff_wait != nullptr)
+      handoff_wait->Observe(std::chrono::duration<double>(Clock::now() - p.first_token_at).count());
+    if (!p.in_engine)
+      engine->AddPulled(id, std::move(p.ready.prompt), p.ready.first_token->token_id,
+                        p.ready.sampling, std::move(p.blocks));
+  }
+
+  // Layer-wise: prefill computed more layers, sampled the first token, or ended the request at
+  // its first token (then prefill sent the Finish; this instance only releases the KV).
+  void HandleKvProgress(const KvProgress& m) {
+    for (auto it = pull_queue.begin(); it != pull_queue.end(); ++it) {
+      if (it->ready.request_id != m.request_id) continue;
+      if (m.finished) {
+        SendReleased(it->prefill, m.request_id, Cancelled("finished at its first token"));
+        pull_queue.erase(it);
+        return;
+      }
+      RaiseLayers(*it, m);
+      return;
+    }
+    auto it = pulling.find(m.request_id);
+    if (it == pulling.end()) return;  // failed or cancelled here already
+    PendingPull& p = it->second;
+    const bool knew_first = p.ready.first_token.has_value();
+    if (RaiseLayers(p, m)) {
+      Status s = puller->SetLayersAvailable(m.request_id, p.ready.layers_ready);
+      static_cast<void>(s);  // NotFound: the pull ended meanwhile (its PullDoneEvent is queued)
+    }
+    if (m.finished) {
+      if (p.in_engine) {  // not possible: prefill sends the first token only once
+        std::vector<int32_t> blocks;
+        if (engine->Remove(m.request_id, &blocks)) p.blocks = std::move(blocks);
+        p.in_engine = false;
+      }
+      p.cancelled = true;
+      if (p.pulled) {
+        engine->cache().blocks().Free(p.blocks);
+        SendReleased(p.prefill, m.request_id, Status());
+        pulling.erase(it);
+      }
+      return;
+    }
+    if (knew_first || !p.ready.first_token || p.cancelled) return;
+    if (p.pulled) {
+      KvComplete(m.request_id, p);
+      pulling.erase(it);
+    } else {
+      JoinEngine(m.request_id, p);
+    }
+  }
+
+  // Applies a KvProgress to a pending request; true when more layers became available.
+  static bool RaiseLayers(PendingPull& p, const KvProgress& m) {
+    if (m.first_token && !p.ready.first_token) {
+      p.ready.first_token = m.first_token;
+      p.first_token_at = Clock::now();
+    }
+    const int32_t before = p.ready.layers_ready;
+    if (before == kAllLayersReady) return false;
+    if (m.layers_ready == kAllLayersReady || m.layers_ready > before) {
+      p.ready.layers_ready = m.layers_ready;
+      return true;
+    }
+    return false;
   }
 
   void HandlePullDone(const PullDoneEvent& done) {
     auto it = pulling.find(done.request_id);
     if (it == pulling.end()) return;
-    PendingPull p = std::move(it->second);
-    pulling.erase(it);
+    PendingPull& p = it->second;
     if (p.cancelled) {
       engine->cache().blocks().Free(p.blocks);
+      if (p.arrival) SendReleased(p.prefill, done.request_id, done.status);
+      pulling.erase(it);
       return;
     }
     if (!done.status.ok()) {
       TANDEM_LOG_REQ(kWarn, done.request_id) << "KV pull failed: " << done.status.ToString();
+      // on_done ran: nothing writes the blocks any more, in the engine or not.
+      if (p.in_engine) engine->Cancel(done.request_id);
       engine->cache().blocks().Free(p.blocks);
       FinishError(done.request_id, done.status.WithContext("KV pull"), 1);
       SendReleased(p.prefill, done.request_id, done.status);
+      pulling.erase(it);
       return;
     }
     SendReleased(p.prefill, done.request_id, Status());
-    engine->AddPulled(p.ready.request_id, std::move(p.ready.prompt), p.ready.first_token.token_id,
-                      p.ready.sampling, std::move(p.blocks));
+    if (!p.ready.first_token) {
+      if (p.prefill_gone) {  // the first token will never come
+        engine->cache().blocks().Free(p.blocks);
+        FinishError(done.request_id, Unavailable("prefill instance disconnected"), 1);
+        pulling.erase(it);
+        return;
+      }
+      p.pulled = true;  // waits for the first token in KvProgress
+      return;
+    }
+    KvComplete(done.request_id, p);
+    pulling.erase(it);
   }
 
   void HandleCancel(const std::string& id) {
     const Status cancelled = Cancelled("cancelled");
+    if (auto it = pulling.find(id); it != pulling.end() && !it->second.cancelled &&
+                                    (it->second.in_engine || it->second.pulled)) {
+      PendingPull& p = it->second;
+      FinishError(id, cancelled, 1);
+      if (p.pulled) {  // pulled, waiting for its first token
+        engine->cache().blocks().Free(p.blocks);
+        pulling.erase(it);
+        return;
+      }
+      // In the batch while its KV arrives: the blocks are freed when the pull has ended.
+      std::vector<int32_t> blocks;
+      if (engine->Remove(id, &blocks)) p.blocks = std::move(blocks);
+      p.in_engine = false;
+      p.cancelled = true;
+      return;
+    }
     if (engine->Cancel(id)) {
       FinishError(id, cancelled, 0);
       return;
@@ -322,6 +454,23 @@ struct DecodeServer::Impl : public EngineSink {
   }
 
   void HandleClosed(uint64_t conn_id) {
+    // Layer-wise requests without their first token cannot continue: a finished pull fails
+    // now, one in flight when it ends (it fails, or completes with no first token to come).
+    for (auto it = pulling.begin(); it != pulling.end();) {
+      PendingPull& p = it->second;
+      if (p.prefill_conn != conn_id || p.ready.first_token || p.cancelled) {
+        ++it;
+        continue;
+      }
+      p.prefill_gone = true;
+      if (!p.pulled) {
+        ++it;
+        continue;
+      }
+      engine->cache().blocks().Free(p.blocks);
+      FinishError(it->first, Unavailable("prefill instance disconnected"), 1);
+      it = pulling.erase(it);
+    }
     // KV still queued behind a prefill instance that went away cannot be pulled any more.
     for (auto it = pull_queue.begin(); it != pull_queue.end();) {
       if (it->prefill_conn == conn_id) {
@@ -338,6 +487,7 @@ struct DecodeServer::Impl : public EngineSink {
       if (auto* s = std::get_if<Submit>(&m->message)) return HandleSubmit(*s);
       if (auto* r = std::get_if<KvReady>(&m->message)) return HandleKvReady(*m, *r);
       if (auto* c = std::get_if<Cancel>(&m->message)) return HandleCancel(c->request_id);
+      if (auto* k = std::get_if<KvProgress>(&m->message)) return HandleKvProgress(*k);
       TANDEM_LOG(kDebug) << "ignoring unexpected control message";
       return;
     }
@@ -353,7 +503,9 @@ struct DecodeServer::Impl : public EngineSink {
         static_cast<int64_t>(std::max(0.0, options.config.prefill.kv_hold_timeout_s - 1.0) * 1000));
     const auto now = Clock::now();
     for (auto it = pull_queue.begin(); it != pull_queue.end();) {
-      if (now - it->arrived < limit) {
+      // Prefill's hold starts when it sends the first token (KvReady, or KvProgress after a
+      // layer-wise pass); until then, conservatively, when KvReady came.
+      if (now - it->first_token_at < limit) {
         ++it;
         continue;
       }
@@ -373,8 +525,9 @@ struct DecodeServer::Impl : public EngineSink {
     std::vector<int32_t> needs;
     for (auto& p : pull_queue) needs.push_back(p.blocks_needed);
     PullLimits limits{stats.total_blocks, section->kv_usage_watermark, section->max_batch_size};
-    size_t n = AdmitPulls(needs, limits, stats.free_blocks,
-                          stats.running + static_cast<int32_t>(pulling.size()));
+    int32_t pulling_outside = 0;  // pulls whose request is not in the running batch yet
+    for (auto& [id, p] : pulling) pulling_outside += p.in_engine ? 0 : 1;
+    size_t n = AdmitPulls(needs, limits, stats.free_blocks, stats.running + pulling_outside);
     for (size_t i = 0; i < n; ++i) {
       PendingPull p = std::move(pull_queue.front());
       pull_queue.pop_front();
@@ -387,7 +540,9 @@ struct DecodeServer::Impl : public EngineSink {
     LoadReport r;
     r.instance_id = instance_id;
     r.queued_prefill_tokens = s.waiting_prompt_tokens;
-    r.waiting_requests = s.waiting + static_cast<int32_t>(pull_queue.size() + pulling.size());
+    int32_t pulling_outside = 0;  // requests in the batch while their KV arrives count there
+    for (auto& [id, p] : pulling) pulling_outside += p.in_engine ? 0 : 1;
+    r.waiting_requests = s.waiting + static_cast<int32_t>(pull_queue.size()) + pulling_outside;
     r.running_requests = s.running;
     r.free_kv_blocks = s.free_blocks;
     r.total_kv_blocks = s.total_blocks;
@@ -432,7 +587,7 @@ struct DecodeServer::Impl : public EngineSink {
     }
     pull_queue.clear();
     for (auto& [id, p] : pulling)
-      if (!p.cancelled) FinishError(id, gone, 1);
+      if (!p.cancelled && !p.in_engine) FinishError(id, gone, 1);  // FailAll told the others
     PublishLoad();
   }
 };
@@ -467,6 +622,12 @@ StatusOr<std::unique_ptr<DecodeServer>> DecodeServer::Start(const InstanceOption
                      : ((options.config.model.max_model_len + eo.block_size - 1) / eo.block_size) *
                            section.max_batch_size;
   eo.metrics = impl.metrics.get();
+  // A request joins the batch only once every layer was announced: the pull ends within the
+  // transfer timeout, and the step's wait for a layer a little later.
+  eo.kv_wait_timeout = std::chrono::milliseconds(
+      static_cast<int64_t>((options.config.transfer.timeout_s + 1.0) * 1000));
+  impl.layerwise = !colocated && options.config.transfer.layerwise &&
+                   options.config.transfer.backend != "nccl";
   if (!colocated) {
     // The transport provides the pool's memory (UCX-allocated for ucx: shared-memory RMA needs
     // it); the layout is the one CpuForward::MakeKvLayout gives, checked by KvCache::Create.
@@ -475,6 +636,9 @@ StatusOr<std::unique_ptr<DecodeServer>> DecodeServer::Start(const InstanceOption
     po.backend = t.backend;
     po.ucx_tls = t.ucx_tls;
     po.timeout_s = t.timeout_s;
+    // Prefill computes the layers it announces; it frees a request's KV after
+    // prefill.kv_hold_timeout_s anyway, so that bounds the wait for the next layer.
+    po.layer_wait_timeout_s = std::max(t.timeout_s, options.config.prefill.kv_hold_timeout_s);
     po.max_inflight = static_cast<size_t>(t.max_inflight);
     po.metrics = impl.metrics.get();
     const ModelConfig& mc = impl.model->config();
@@ -490,6 +654,14 @@ StatusOr<std::unique_ptr<DecodeServer>> DecodeServer::Start(const InstanceOption
                                               "Requests waiting (queued, preempted or pulling).").Get();
   impl.usage_gauge = &impl.metrics->AddGauge("tandem_kv_cache_usage_ratio",
                                             "Fraction of KV blocks in use.").Get();
+  if (!colocated) {
+    impl.handoff_wait = &impl.metrics
+                             ->AddHistogram("tandem_kv_handoff_wait_seconds",
+                                            "From learning a request's first token to having all "
+                                            "of its KV (queueing for blocks included).",
+                                            {}, LatencyBuckets())
+                             .Get();
+  }
 
   impl.work = std::make_unique<
       boost::asio::executor_work_guard<boost::asio::io_context::executor_type>>(

@@ -9,6 +9,15 @@
 // KvReleased with it. A request that waited in the pull queue for prefill.kv_hold_timeout_s
 // (less 1 s) fails with DeadlineExceeded instead: prefill has freed (and may reuse) those
 // blocks by then. Submit to a decode instance is refused (FailedPrecondition). Colocated: Submit (empty decode_address) is prefilled and decoded here.
+// transfer.layerwise: KvReady may come before prefill computed the KV (layers_ready 0, no first
+// token). The pull starts as usual with the layers available then; each KvProgress raises them
+// (KvPullLink::SetLayersAvailable). Once the first token is known the request joins the running
+// batch even though its pull is not over: each step's before_layer(l) waits (bounded by
+// transfer.timeout_s + 1 s) until layer l has landed (decode/batch_engine.h KvArrival). If the
+// pull fails meanwhile, that step discards the request's output, and the request is failed and
+// its blocks freed only after the pull's on_done. KvProgress{finished}: prefill ended the request
+// at its first token; it is dropped without a Finish, its KV released when the pull is over.
+// tandem_kv_handoff_wait_seconds: from learning the first token to having all of the KV.
 // Tokens and Finish go to the router connection (the latest that said Hello as router);
 // LoadReport goes to every router connection every 100 ms.
 //

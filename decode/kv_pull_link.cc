@@ -10,6 +10,13 @@
 namespace tandem {
 namespace {
 
+std::chrono::milliseconds LayerWait(const KvPullOptions& o) {
+  const double s = o.layer_wait_timeout_s > 0 ? o.layer_wait_timeout_s : o.timeout_s;
+  return std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
+}
+
+uint32_t Layers(int32_t n) { return n < 0 ? kAllLayers : static_cast<uint32_t>(n); }
+
 class Link : public KvPullLink {
  public:
   explicit Link(std::unique_ptr<KvPuller> puller) : puller_(std::move(puller)) {}
@@ -28,7 +35,7 @@ class Link : public KvPullLink {
 
   Status Pull(const std::string& descriptor_blob, const PullRanges& local,
               std::function<void(const std::string&, const Status&)> on_done,
-              std::function<void(uint32_t layer)> on_layer) override {
+              std::function<void(uint32_t layer)> on_layer, int32_t layers_available) override {
     TANDEM_ASSIGN_OR_RETURN(KvDescriptor desc, DecodeKvDescriptor(AsBytes(descriptor_blob)));
     LayerRanges layers(local.size());
     for (size_t l = 0; l < local.size(); ++l)
@@ -36,7 +43,11 @@ class Link : public KvPullLink {
     PullCallbacks callbacks;
     callbacks.on_done = std::move(on_done);
     callbacks.on_layer = std::move(on_layer);
-    return puller_->Pull(desc, std::move(layers), std::move(callbacks));
+    return puller_->Pull(desc, std::move(layers), std::move(callbacks), Layers(layers_available));
+  }
+
+  Status SetLayersAvailable(const std::string& request_id, int32_t layers) override {
+    return puller_->SetLayersAvailable(request_id, Layers(layers));
   }
 
  private:
@@ -54,10 +65,12 @@ StatusOr<std::unique_ptr<KvPullLink>> KvPullLink::Create(void* base, size_t byte
     uo.tls = options.ucx_tls;
     uo.timeout = std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1000));
     uo.max_inflight_gets = options.max_inflight;
+    uo.layer_wait_timeout = LayerWait(options);
     uo.metrics = options.metrics;
     TANDEM_ASSIGN_OR_RETURN(puller, CreateUcxPuller(region, uo));
   } else if (options.backend == "inproc") {
-    TANDEM_ASSIGN_OR_RETURN(puller, CreateInProcessPuller(region, options.metrics));
+    TANDEM_ASSIGN_OR_RETURN(puller,
+                            CreateInProcessPuller(region, options.metrics, LayerWait(options)));
   } else {
     return InvalidArgument("transfer.backend '" + options.backend + "' is not supported on CPU");
   }
@@ -77,6 +90,7 @@ StatusOr<std::unique_ptr<KvPullLink>> KvPullLink::CreateWithPool(size_t bytes,
   uo.tls = options.ucx_tls;
   uo.timeout = std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1000));
   uo.max_inflight_gets = options.max_inflight;
+  uo.layer_wait_timeout = LayerWait(options);
   uo.metrics = options.metrics;
   TANDEM_ASSIGN_OR_RETURN(std::shared_ptr<UcxPool> pool, AllocateUcxPool(bytes, uo));
   TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<KvPuller> puller, CreateUcxPuller(pool, uo));

@@ -30,6 +30,8 @@ struct KvPullOptions {
   std::string backend = "ucx";  // ucx|inproc
   std::string ucx_tls = "tcp";
   double timeout_s = 5;
+  // Layer-wise: the longest wait for prefill to announce the next layer (0 = timeout_s).
+  double layer_wait_timeout_s = 0;
   size_t max_inflight = 64;
   MetricsRegistry* metrics = nullptr;  // not owned
 };
@@ -56,9 +58,15 @@ class KvPullLink {
   // runs once per layer, in layer order 0, 1, ..., when every byte of that layer is in `local`
   // (the UCX puller issues its gets in layer order): an engine could start layer l of the first
   // decode step then. It runs on the transport's thread, before on_done.
+  // layers_available (layer-wise streaming, negative = all): only layers below it are read
+  // until SetLayersAvailable raises it (timeouts: kvtransfer/transfer.h KvPuller::Pull).
   virtual Status Pull(const std::string& descriptor_blob, const PullRanges& local,
                       std::function<void(const std::string&, const Status&)> on_done,
-                      std::function<void(uint32_t layer)> on_layer = nullptr) = 0;
+                      std::function<void(uint32_t layer)> on_layer = nullptr,
+                      int32_t layers_available = -1) = 0;
+  // Raises the layers of a pull in flight that may be read (negative = all). NotFound when the
+  // pull is over.
+  virtual Status SetLayersAvailable(const std::string& request_id, int32_t layers) = 0;
 };
 
 }  // namespace tandem

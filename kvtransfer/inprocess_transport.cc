@@ -1,11 +1,14 @@
 #include "kvtransfer/inprocess_transport.h"
 
+#include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <random>
 #include <set>
+#include <thread>
 
 namespace tandem {
 namespace {
@@ -104,8 +107,28 @@ class InProcessPublisher final : public KvPublisher {
 
 class InProcessPuller final : public KvPuller {
  public:
-  InProcessPuller(MemoryRegion region, MetricsRegistry* metrics)
-      : region_(region), metrics_(metrics) {}
+  InProcessPuller(MemoryRegion region, MetricsRegistry* metrics, std::chrono::milliseconds timeout)
+      : region_(region), metrics_(metrics), timeout_(timeout) {
+    watchdog_ = std::thread([this] { Watch(); });
+  }
+
+  ~InProcessPuller() override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    watchdog_cv_.notify_all();
+    watchdog_.join();
+    std::vector<std::shared_ptr<Pending>> left;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (auto& [id, p] : pending_) left.push_back(p);
+    }
+    for (auto& p : left) {
+      std::lock_guard<std::mutex> lock(p->mutex);
+      Finish(*p, Cancelled("puller shut down"));
+    }
+  }
 
   Status Connect(const PeerInfo& info) override {
     if (info.transport != "inprocess") {
@@ -120,11 +143,13 @@ class InProcessPuller final : public KvPuller {
     return Status();
   }
 
-  Status Pull(const KvDescriptor& d, LayerRanges local, PullCallbacks callbacks) override {
+  Status Pull(const KvDescriptor& d, LayerRanges local, PullCallbacks callbacks,
+              uint32_t layers_available) override {
     if (!callbacks.on_done) return InvalidArgument("Pull needs an on_done callback");
     std::shared_ptr<PublisherCore> core;
     {
       std::lock_guard<std::mutex> lock(mutex_);
+      if (stopping_) return FailedPrecondition("puller is stopping");
       auto it = peers_.find(d.instance_id);
       if (it == peers_.end()) return NotFound("publisher not connected");
       core = it->second.lock();
@@ -138,46 +163,40 @@ class InProcessPuller final : public KvPuller {
     }
     TANDEM_ASSIGN_OR_RETURN(auto pieces, PlanCopies(d.layers, core->info.region_bytes, local,
                                                     region_.bytes));
+    auto pull = std::make_shared<Pending>();
+    pull->request_id = d.request_id;
+    pull->instance_id = d.instance_id;
+    pull->total_bytes = d.total_bytes;
+    pull->num_layers = static_cast<uint32_t>(d.layers.size());
+    pull->core = std::move(core);
+    pull->pieces = std::move(pieces);
+    pull->callbacks = std::move(callbacks);
+    pull->deadline = Clock::now() + timeout_;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (!active_.insert(d.request_id).second) {
         return FailedPrecondition("request " + d.request_id + " is already pulling");
       }
+      pending_[d.request_id] = pull;
     }
     metrics_.Started();
-    auto start = Clock::now();
-    Status status;
-    std::vector<uint32_t> layers_done;
-    {
-      std::lock_guard<std::mutex> lock(core->mutex);
-      if (!core->alive) {
-        status = Unavailable("publisher shut down");
-      } else {
-        for (const CopyPiece& p : pieces) {
-          std::memcpy(static_cast<char*>(region_.base) + p.local_offset,
-                      static_cast<const char*>(core->region.base) + p.remote_offset, p.length);
-        }
-      }
-    }
-    if (status.ok() && callbacks.on_layer) {
-      for (uint32_t l = 0; l < d.layers.size(); ++l) callbacks.on_layer(l);
-    }
-    double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    if (status.ok()) {
-      metrics_.Succeeded(seconds, d.total_bytes);
-    } else {
-      metrics_.Failed(seconds, TransferMetrics::ReasonFor(status));
-    }
+    std::lock_guard<std::mutex> lock(pull->mutex);
+    Advance(*pull, layers_available);
+    return Status();
+  }
+
+  Status SetLayersAvailable(const std::string& request_id, uint32_t layers) override {
+    std::shared_ptr<Pending> pull;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      active_.erase(d.request_id);
+      auto it = pending_.find(request_id);
+      if (it == pending_.end()) return NotFound("request " + request_id + " is not pulling");
+      pull = it->second;
     }
-    if (status.ok()) {
-      TransferResult result{d.instance_id, d.request_id, StatusCode::kOk, "", d.total_bytes};
-      Status s = ReleaseLease(*core, result);
-      static_cast<void>(s);  // NotFound: the publisher already released it (shut down)
-    }
-    callbacks.on_done(d.request_id, status);
+    std::lock_guard<std::mutex> lock(pull->mutex);
+    if (pull->finished || layers <= pull->available) return Status();
+    pull->deadline = Clock::now() + timeout_;
+    Advance(*pull, layers);
     return Status();
   }
 
@@ -187,11 +206,113 @@ class InProcessPuller final : public KvPuller {
   }
 
  private:
+  // One pull; its mutex serializes the copies and callbacks of SetLayersAvailable callers and
+  // the watchdog.
+  struct Pending {
+    std::mutex mutex;
+    std::string request_id;
+    uint64_t instance_id = 0;
+    uint64_t total_bytes = 0;
+    uint32_t num_layers = 0;
+    std::shared_ptr<PublisherCore> core;
+    std::vector<CopyPiece> pieces;  // in layer order
+    size_t next = 0;                // next piece to copy
+    uint32_t available = 0;
+    uint32_t layers_reported = 0;
+    PullCallbacks callbacks;
+    Clock::time_point deadline;
+    Clock::duration busy{0};  // time spent copying: tandem_kv_transfer_seconds
+    bool finished = false;
+  };
+
+  // Copies the pieces of layers below `available`, reports finished layers, finishes the pull
+  // when every piece is in. pull.mutex held.
+  void Advance(Pending& pull, uint32_t available) {
+    pull.available = std::max(pull.available, available);
+    const auto start = Clock::now();
+    Status status;
+    {
+      std::lock_guard<std::mutex> lock(pull.core->mutex);
+      if (!pull.core->alive) {
+        status = Unavailable("publisher shut down");
+      } else {
+        for (; pull.next < pull.pieces.size() && pull.pieces[pull.next].layer < pull.available;
+             ++pull.next) {
+          const CopyPiece& p = pull.pieces[pull.next];
+          std::memcpy(static_cast<char*>(region_.base) + p.local_offset,
+                      static_cast<const char*>(pull.core->region.base) + p.remote_offset,
+                      p.length);
+        }
+      }
+    }
+    pull.busy += Clock::now() - start;
+    if (!status.ok()) return Finish(pull, status);
+    // Layer l is complete when no piece of it is left to copy.
+    const uint32_t complete = pull.next == pull.pieces.size()
+                                  ? pull.num_layers
+                                  : std::min(pull.available, pull.pieces[pull.next].layer);
+    for (; pull.layers_reported < complete; ++pull.layers_reported) {
+      if (pull.callbacks.on_layer) pull.callbacks.on_layer(pull.layers_reported);
+    }
+    if (pull.next == pull.pieces.size()) Finish(pull, Status());
+  }
+
+  // Ends a pull once (pull.mutex held): metrics, the publisher's lease, on_done.
+  void Finish(Pending& pull, const Status& status) {
+    if (pull.finished) return;
+    pull.finished = true;
+    const double seconds = std::chrono::duration<double>(pull.busy).count();
+    if (status.ok()) {
+      metrics_.Succeeded(seconds, pull.total_bytes);
+    } else {
+      metrics_.Failed(seconds, TransferMetrics::ReasonFor(status));
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      active_.erase(pull.request_id);
+      pending_.erase(pull.request_id);
+    }
+    // The publisher learns the outcome as it would from UCX's result message (a publisher
+    // that shut down has released everything already).
+    if (status.code() != StatusCode::kUnavailable) {
+      TransferResult result{pull.instance_id, pull.request_id, status.code(), status.message(),
+                            status.ok() ? pull.total_bytes : 0};
+      Status s = ReleaseLease(*pull.core, result);
+      static_cast<void>(s);  // NotFound: the publisher already released it
+    }
+    pull.callbacks.on_done(pull.request_id, status);
+  }
+
+  // Fails pulls whose next layer was not announced within the timeout.
+  void Watch() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!stopping_) {
+      watchdog_cv_.wait_for(lock, std::chrono::milliseconds(10));
+      std::vector<std::shared_ptr<Pending>> candidates;
+      for (auto& [id, p] : pending_) candidates.push_back(p);
+      lock.unlock();
+      const auto now = Clock::now();
+      for (auto& p : candidates) {
+        std::lock_guard<std::mutex> pull_lock(p->mutex);
+        if (!p->finished && now >= p->deadline) {
+          Finish(*p, DeadlineExceeded("pull of " + p->request_id + ": no layer announced within " +
+                                      std::to_string(timeout_.count()) + " ms"));
+        }
+      }
+      lock.lock();
+    }
+  }
+
   MemoryRegion region_;
   TransferMetrics metrics_;
+  std::chrono::milliseconds timeout_;
   mutable std::mutex mutex_;
   std::map<uint64_t, std::weak_ptr<PublisherCore>> peers_;
   std::set<std::string> active_;
+  std::map<std::string, std::shared_ptr<Pending>> pending_;
+  bool stopping_ = false;
+  std::condition_variable watchdog_cv_;
+  std::thread watchdog_;
 };
 
 }  // namespace
@@ -202,9 +323,10 @@ StatusOr<std::unique_ptr<KvPublisher>> CreateInProcessPublisher(MemoryRegion reg
 }
 
 StatusOr<std::unique_ptr<KvPuller>> CreateInProcessPuller(MemoryRegion region,
-                                                          MetricsRegistry* metrics) {
+                                                          MetricsRegistry* metrics,
+                                                          std::chrono::milliseconds timeout) {
   if (region.base == nullptr || region.bytes == 0) return InvalidArgument("empty region");
-  return std::unique_ptr<KvPuller>(new InProcessPuller(region, metrics));
+  return std::unique_ptr<KvPuller>(new InProcessPuller(region, metrics, timeout));
 }
 
 }  // namespace tandem

@@ -56,7 +56,8 @@ TransferMetrics::TransferMetrics(MetricsRegistry* registry) {
   if (registry == nullptr) return;
   seconds_ = &registry
                   ->AddHistogram("tandem_kv_transfer_seconds",
-                                 "Time to pull one request's KV, start to last byte or failure",
+                                 "Time to pull one request's KV, start to last byte or failure "
+                                 "(layer-wise: less the time spent waiting for layers to be computed)",
                                  {}, LatencyBuckets())
                   .Get();
   bytes_ = &registry->AddCounter("tandem_kv_transfer_bytes_total", "KV bytes pulled").Get();

@@ -13,6 +13,11 @@
 //                                              on_layer(0), on_layer(1), ... on_done(status)
 //   on_release(status) ◀── TransferResult ──   (sent by the puller itself)
 //
+// Layer-wise streaming: a publisher may publish a request whose later layers are not computed
+// yet. The puller then starts the pull with the number of layers available now and raises it
+// with SetLayersAvailable as the publisher announces more (over the control plane: the puller
+// has no other channel to the publisher); it never reads layer l before l < available.
+//
 // Per layer, the publisher's ranges and the puller's ranges are two views of one byte stream:
 // they must have the same total length, but may be cut differently (see PlanCopies).
 //
@@ -75,6 +80,9 @@ class KvPublisher {
   virtual size_t published_count() const = 0;
 };
 
+// Pull/SetLayersAvailable: every layer of the descriptor may be read.
+inline constexpr uint32_t kAllLayers = UINT32_MAX;
+
 class KvPuller {
  public:
   virtual ~KvPuller() = default;
@@ -88,8 +96,19 @@ class KvPuller {
   // without calling any callback when the request cannot start: NotFound (publisher not
   // connected), InvalidArgument (ranges out of bounds, layer sizes differ), FailedPrecondition
   // (request id already being pulled, puller stopping). Otherwise on_done runs exactly once.
-  virtual Status Pull(const KvDescriptor& descriptor, LayerRanges local,
-                      PullCallbacks callbacks) = 0;
+  // Only layers [0, layers_available) are read until SetLayersAvailable raises the count.
+  // Timeouts (the backend's): moving the available bytes is bounded by the transfer timeout,
+  // counted from the start and restarted whenever SetLayersAvailable raises the count; the wait
+  // for the next layer to be announced (every available one landed) does not count there and
+  // has a bound of its own (the publisher computing a layer may take longer than moving it),
+  // so a publisher that stops announcing layers fails the pull with DeadlineExceeded.
+  virtual Status Pull(const KvDescriptor& descriptor, LayerRanges local, PullCallbacks callbacks,
+                      uint32_t layers_available = kAllLayers) = 0;
+
+  // Raises the layers of a pull in flight that may be read (a lower value than before is
+  // ignored; kAllLayers: all). NotFound when the request is not being pulled (done already).
+  // FailedPrecondition when the backend cannot stream (NCCL).
+  virtual Status SetLayersAvailable(const std::string& request_id, uint32_t layers) = 0;
 
   // Pulls started and not yet done.
   virtual size_t inflight_count() const = 0;
@@ -117,6 +136,8 @@ class TransferMetrics {
  public:
   explicit TransferMetrics(MetricsRegistry* registry);  // nullptr: metrics off
   void Started();
+  // seconds: the time the pull could move bytes (for a layer-wise pull, less the time it
+  // waited with every available layer landed and none more announced).
   void Succeeded(double seconds, uint64_t bytes);
   // reason: "timeout", "peer_unavailable", "transport", "cancelled", "invalid"
   void Failed(double seconds, std::string_view reason);

@@ -522,8 +522,8 @@ class UcxPuller final : public KvPuller {
     return result.get();
   }
 
-  Status Pull(const KvDescriptor& descriptor, LayerRanges local,
-              PullCallbacks callbacks) override {
+  Status Pull(const KvDescriptor& descriptor, LayerRanges local, PullCallbacks callbacks,
+              uint32_t layers_available) override {
     if (!callbacks.on_done) return InvalidArgument("Pull needs an on_done callback");
     uint64_t remote_bytes = 0;
     {
@@ -551,6 +551,7 @@ class UcxPuller final : public KvPuller {
     pull->layer_remaining.assign(descriptor.layers.size(), 0);
     for (const CopyPiece& p : pull->pieces) ++pull->layer_remaining[p.layer];
     pull->bytes = descriptor.total_bytes;
+    pull->layers_available = layers_available;
     pull->start = Clock::now();
     pull->deadline = pull->start + options_.timeout;
     {
@@ -561,6 +562,15 @@ class UcxPuller final : public KvPuller {
     }
     metrics_.Started();
     worker_->Post([this, p = pull.release()] { StartPull(std::unique_ptr<PullState>(p)); });
+    return Status();
+  }
+
+  Status SetLayersAvailable(const std::string& request_id, uint32_t layers) override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!active_.count(request_id)) return NotFound("request " + request_id + " is not pulling");
+    }
+    worker_->Post([this, request_id, layers] { RaiseLayers(request_id, layers); });
     return Status();
   }
 
@@ -585,11 +595,16 @@ class UcxPuller final : public KvPuller {
     std::vector<GetOp> ops;  // one per piece, never resized after start (ops point here)
     std::vector<size_t> layer_remaining;
     uint32_t layers_reported = 0;
+    uint32_t layers_available = kAllLayers;  // pieces of later layers wait
     size_t next = 0;         // next piece to issue
     size_t completed = 0;    // pieces landed
     size_t outstanding = 0;  // gets in flight
     uint64_t bytes = 0;
     Clock::time_point start, deadline, grace_deadline;
+    // Layer-wise: since when every available piece has landed and no more were announced
+    // (not in tandem_kv_transfer_seconds), and the total of such waits.
+    std::optional<Clock::time_point> starved_since;
+    Clock::duration starved{0};
     bool timed_out = false;
     bool finishing = false;
     std::optional<Status> error;
@@ -676,11 +691,48 @@ class UcxPuller final : public KvPuller {
     IssueGets();
   }
 
+  // Raises a pull's available layers (progress thread); a pull waiting for them is ready again.
+  // The timeout restarts: it bounds the wait for the publisher's next layer, not its compute.
+  void RaiseLayers(const std::string& request_id, uint32_t layers) {
+    for (auto& [p, owned] : pulls_) {
+      if (p->request_id != request_id || p->finishing || p->timed_out) continue;
+      if (layers <= p->layers_available) return;
+      p->layers_available = layers;
+      const auto now = Clock::now();
+      p->deadline = now + options_.timeout;
+      if (p->starved_since) {
+        p->starved += now - *p->starved_since;
+        p->starved_since.reset();
+      }
+      if (!p->error) {
+        ReportLayers(p);
+        ready_.push_back(p);
+      }
+      MaybeFinish(p);
+      IssueGets();
+      return;
+    }
+  }
+
+  std::chrono::milliseconds LayerWait() const {
+    return options_.layer_wait_timeout.count() > 0 ? options_.layer_wait_timeout
+                                                   : options_.timeout;
+  }
+
+  bool Blocked(const PullState* p) const {
+    return p->pieces[p->next].layer >= p->layers_available;
+  }
+
   void IssueGets() {
     while (inflight_gets_ < options_.max_inflight_gets && !ready_.empty()) {
       PullState* p = ready_.front();
       if (p->error || p->next == p->pieces.size()) {
         ready_.pop_front();
+        continue;
+      }
+      if (Blocked(p)) {  // RaiseLayers makes it ready again
+        ready_.pop_front();
+        if (p->outstanding == 0 && !p->starved_since) p->starved_since = Clock::now();
         continue;
       }
       Peer* peer = peers_.at(p->instance_id).get();
@@ -727,6 +779,8 @@ class UcxPuller final : public KvPuller {
       ++p->completed;
       --p->layer_remaining[op->layer];
       if (!p->error) ReportLayers(p);
+      if (p->outstanding == 0 && p->next < p->pieces.size() && Blocked(p) && !p->starved_since)
+        p->starved_since = Clock::now();
     } else if (!p->error) {
       p->error = p->timed_out && status == UCS_ERR_CANCELED
                      ? DeadlineExceeded("pull of " + p->request_id + " timed out")
@@ -737,6 +791,7 @@ class UcxPuller final : public KvPuller {
 
   void ReportLayers(PullState* p) {
     while (p->layers_reported < p->layer_remaining.size() &&
+           p->layers_reported < p->layers_available &&
            p->layer_remaining[p->layers_reported] == 0) {
       uint32_t layer = p->layers_reported++;
       if (p->callbacks.on_layer) p->callbacks.on_layer(layer);
@@ -790,10 +845,19 @@ class UcxPuller final : public KvPuller {
     next_timeout_check_ = now + std::chrono::milliseconds(2);
     for (auto& [p, owned] : pulls_) {
       if (p->finishing) continue;
-      if (!p->timed_out && now >= p->deadline) {
+      // Moving bytes is bounded by `timeout` (from the start or the last raise); waiting, with
+      // every available layer landed, for the publisher to announce the next one by
+      // layer_wait_timeout.
+      const auto limit = p->starved_since ? *p->starved_since + LayerWait() : p->deadline;
+      if (!p->timed_out && now >= limit) {
         p->timed_out = true;
         p->grace_deadline = now + kCancelGrace;
-        if (!p->error) {
+        if (!p->error && p->starved_since) {
+          p->error = DeadlineExceeded("pull of " + p->request_id + ": no layer announced within " +
+                                      std::to_string(LayerWait().count()) + " ms (" +
+                                      std::to_string(p->layers_available) + " of " +
+                                      std::to_string(p->layer_remaining.size()) + " layers)");
+        } else if (!p->error) {
           p->error = DeadlineExceeded("pull of " + p->request_id + " not done within " +
                                       std::to_string(options_.timeout.count()) + " ms (" +
                                       std::to_string(p->completed) + " of " +
@@ -824,7 +888,10 @@ class UcxPuller final : public KvPuller {
       pulls_.erase(p);
       std::erase(ready_, p);
       Status status = p->error ? *p->error : Status();
-      double seconds = std::chrono::duration<double>(Clock::now() - p->start).count();
+      const auto end = Clock::now();
+      const auto starved = p->starved + (p->starved_since ? end - *p->starved_since
+                                                           : Clock::duration{0});
+      double seconds = std::chrono::duration<double>(end - p->start - starved).count();
       if (status.ok()) {
         metrics_.Succeeded(seconds, p->bytes);
       } else {

@@ -30,8 +30,13 @@ struct UcxOptions {
   // UCX_TLS for this instance ("tcp", "sm", "tcp,sm,self", ...); empty keeps UCX's default
   // (which honours the UCX_TLS environment variable).
   std::string tls = "tcp";
-  // A pull not finished in this time fails with DeadlineExceeded.
+  // A pull not finished in this time fails with DeadlineExceeded. Layer-wise pulls: counted
+  // from the start and from each SetLayersAvailable that raised the layers, and not while the
+  // pull waits, every available layer landed, for the next one to be announced.
   std::chrono::milliseconds timeout{5000};
+  // Layer-wise pulls: the longest wait for the next layer to be announced (the publisher is
+  // still computing it) before the pull fails with DeadlineExceeded; 0 = `timeout`.
+  std::chrono::milliseconds layer_wait_timeout{0};
   // Publisher: a published request nobody reported on within this time is released with
   // DeadlineExceeded (the puller died or gave up without saying so).
   std::chrono::milliseconds lease_timeout{60000};

@@ -111,6 +111,10 @@ struct PrefillServer::Impl {
     Submit submit;
     int32_t num_computed = 0;
     std::vector<int32_t> blocks;
+    // Layer-wise: KvReady went out before the last chunk's forward pass; `held` owns the blocks
+    // from then on (r.blocks still names them for the pass). Set only on success.
+    ConnPtr announced_to;
+    Status announce_error;  // the announcement failed: fail the request after the pass
   };
   struct Held {
     std::vector<int32_t> blocks;
@@ -123,6 +127,7 @@ struct PrefillServer::Impl {
   double avg_s_per_token = 0;
   std::vector<PrefillItem> items;
   std::vector<SequenceInput> inputs;
+  bool layerwise = false;  // transfer.layerwise (not over NCCL: it cannot stream)
 
   // ---- io side ----
   void Post(Event event) {
@@ -292,6 +297,21 @@ struct PrefillServer::Impl {
     return std::pair<uint64_t, ConnPtr>{id, conn};
   }
 
+  // Publishes the request's blocks (every layer) for one pull; returns the descriptor blob.
+  StatusOr<std::string> PublishBlocks(const std::string& id, const std::vector<int32_t>& blocks) {
+    const KvLayout& layout = cache->layout();
+    const std::byte* base = cache->data();
+    PublishRanges ranges(layout.num_layers);
+    for (int l = 0; l < layout.num_layers; ++l)
+      for (int32_t b : blocks) {
+        const auto* at = reinterpret_cast<const std::byte*>(cache->BlockData(l, b));
+        ranges[l].push_back({static_cast<uint64_t>(at - base), layout.block_bytes()});
+      }
+    return publisher->Publish(id, ranges, [this](const std::string& request_id, const Status& status) {
+      Post(ReleasedEvent{request_id, status});
+    });
+  }
+
   // The request's first token is sampled and it continues: publish its KV and tell decode.
   void HandOff(Request& r, const TokenRecord& first, const SamplingParams& sampling) {
     const std::string id = r.submit.request_id;
@@ -305,18 +325,7 @@ struct PrefillServer::Impl {
     if (!conn.ok())
       return fail(Unavailable("decode instance " + r.submit.decode_address +
                               " unreachable: " + conn.status().message()));
-    const KvLayout& layout = cache->layout();
-    const std::byte* base = cache->data();
-    PublishRanges ranges(layout.num_layers);
-    for (int l = 0; l < layout.num_layers; ++l)
-      for (int32_t b : r.blocks) {
-        const auto* at = reinterpret_cast<const std::byte*>(cache->BlockData(l, b));
-        ranges[l].push_back({static_cast<uint64_t>(at - base), layout.block_bytes()});
-      }
-    StatusOr<std::string> desc = publisher->Publish(
-        id, ranges, [this](const std::string& request_id, const Status& status) {
-          Post(ReleasedEvent{request_id, status});
-        });
+    StatusOr<std::string> desc = PublishBlocks(id, r.blocks);
     if (!desc.ok()) return fail(desc.status().WithContext("publishing the KV"));
     Held h;
     h.blocks = std::move(r.blocks);
@@ -333,6 +342,58 @@ struct PrefillServer::Impl {
     ready.kv_peer_info = peer_info_blob;
     if (!conn->second->Send(ready))
       FreeHeld(id, Unavailable("decode connection closed"), true);  // decode's Finish is lost too
+  }
+
+  // Layer-wise: publishes the request's blocks (its last prompt chunk is about to be computed)
+  // and sends KvReady with no layer ready and no first token. On success `held` owns the blocks
+  // and KvProgress messages follow; on error nothing is held (r.blocks still owns the blocks).
+  Status Announce(Request& r) {
+    const std::string& id = r.submit.request_id;
+    StatusOr<std::pair<uint64_t, ConnPtr>> conn = DecodeConnection(r.submit.decode_address);
+    if (!conn.ok())
+      return Unavailable("decode instance " + r.submit.decode_address +
+                         " unreachable: " + conn.status().message());
+    // Decode continues prefill's sampler stream, so an unseeded request gets its seed now.
+    if (!r.submit.sampling.seed) r.submit.sampling.seed = RandomId();
+    StatusOr<std::string> desc = PublishBlocks(id, r.blocks);
+    if (!desc.ok()) return desc.status().WithContext("publishing the KV");
+    Held h;
+    h.blocks = r.blocks;
+    h.decode_conn = conn->first;
+    h.deadline = Clock::now() + std::chrono::milliseconds(
+                                    static_cast<int64_t>(section->kv_hold_timeout_s * 1000));
+    held[id] = std::move(h);
+    KvReady ready;
+    ready.request_id = id;
+    ready.prompt = r.submit.prompt;
+    ready.layers_ready = 0;
+    ready.sampling = r.submit.sampling;
+    ready.kv_descriptor = std::move(*desc);
+    ready.kv_peer_info = peer_info_blob;
+    if (!conn->second->Send(ready)) {
+      held.erase(id);  // the blocks stay with the request, freed after the pass
+      publisher->Release(id, Unavailable("decode connection closed"));
+      return Unavailable("decode connection closed");
+    }
+    r.announced_to = conn->second;
+    return Status();
+  }
+
+  // After the pass of an announced request: its first token (or that it ended there) to decode.
+  // The blocks stay held until decode's KvReleased or the transport's release either way.
+  void FinishAnnounced(Request& r, const TokenRecord& first, bool finished) {
+    r.blocks.clear();  // owned by `held` (or freed already if decode gave up)
+    // The hold runs from now, as for a handoff after the pass: a long pass must not eat it.
+    if (auto it = held.find(r.submit.request_id); it != held.end())
+      it->second.deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(
+                                               section->kv_hold_timeout_s * 1000));
+    KvProgress progress;
+    progress.request_id = r.submit.request_id;
+    progress.layers_ready = kAllLayersReady;
+    progress.first_token = first;
+    progress.finished = finished;
+    if (!r.announced_to->Send(progress))
+      FreeHeld(r.submit.request_id, Unavailable("decode connection closed"), true);
   }
 
   bool Step() {
@@ -356,7 +417,30 @@ struct PrefillServer::Impl {
                         r.num_computed, r.blocks});
       tokens += c.num_tokens;
     }
-    StatusOr<std::span<const float>> logits = forward->Forward(inputs, *cache);
+    // Layer-wise: requests whose last chunk is in this pass are announced now, and each layer
+    // is announced to their decode instances as soon as the pass has written it.
+    std::vector<Request*> announced;
+    if (layerwise) {
+      for (const PrefillChunk& c : batch) {
+        Request& r = *queue[c.index];
+        if (r.num_computed + c.num_tokens < static_cast<int32_t>(r.submit.prompt.size())) continue;
+        r.announce_error = Announce(r);
+        if (r.announce_error.ok()) announced.push_back(&r);
+      }
+    }
+    ForwardHooks hooks;
+    if (!announced.empty()) {
+      hooks.after_layer = [&announced](int layer) {
+        for (Request* r : announced) {
+          KvProgress progress;
+          progress.request_id = r->submit.request_id;
+          progress.layers_ready = layer + 1;
+          r->announced_to->Send(progress);  // a closed connection is handled after the pass
+        }
+      };
+    }
+    StatusOr<std::span<const float>> logits =
+        forward->Forward(inputs, *cache, LogitsMode::kLastToken, announced.empty() ? nullptr : &hooks);
     TANDEM_CHECK(logits.ok(), "forward of a scheduled batch failed: " + logits.status().ToString());
     const size_t vocab = static_cast<size_t>(model->config().vocab_size);
     std::vector<size_t> done;
@@ -365,6 +449,13 @@ struct PrefillServer::Impl {
       r.num_computed += batch[i].num_tokens;
       if (r.num_computed < static_cast<int32_t>(r.submit.prompt.size())) continue;
       done.push_back(batch[i].index);
+      if (!r.announce_error.ok()) {  // as a failed HandOff, before the first token went out
+        handoff_failures->Inc();
+        cache->blocks().Free(r.blocks);
+        r.blocks.clear();
+        SendFinish(r.submit.request_id, r.announce_error, "", 0);
+        continue;
+      }
       Sampler sampler(r.submit.sampling, workspace.get(), r.submit.prompt.size());
       SampleResult sample = sampler.Sample(logits->subspan(i * vocab, vocab), r.submit.prompt);
       TokenRecord first;
@@ -377,6 +468,12 @@ struct PrefillServer::Impl {
       if (ConnPtr router = Router()) router->Send(out);
       StopChecker stop(r.submit.sampling, eos_ids);
       StopUpdate update = stop.Append(sample.token_id, "");
+      if (r.announced_to) {
+        if (update.finished())
+          SendFinish(r.submit.request_id, Status(), std::string(FinishReasonName(update.finish_reason)), 1);
+        FinishAnnounced(r, first, update.finished());
+        continue;
+      }
       if (update.finished()) {
         cache->blocks().Free(r.blocks);
         r.blocks.clear();
@@ -511,6 +608,7 @@ StatusOr<std::unique_ptr<PrefillServer>> PrefillServer::Start(const PrefillOptio
                                                         &kv_memory));
   TANDEM_ASSIGN_OR_RETURN(impl.cache, KvCache::Create(kv_layout, kv_blocks, std::move(kv_memory)));
   impl.peer_info_blob = impl.publisher->peer_info_blob();
+  impl.layerwise = t.layerwise && t.backend != "nccl";
 
   impl.work = std::make_unique<
       boost::asio::executor_work_guard<boost::asio::io_context::executor_type>>(

@@ -11,6 +11,15 @@
 // TransferResult), Cancel, loss of that decode connection, or prefill.kv_hold_timeout_s.
 // After a handoff, the request's Finish is the decode instance's to send.
 //
+// transfer.layerwise (not over NCCL): the handoff starts before the pass that computes a
+// request's last prompt chunk. Its blocks are published and KvReady (no layer ready, no first
+// token; the sampling seed fixed now) goes to decode; the pass's after_layer hook sends
+// KvProgress{layers_ready = l + 1} for each layer, so decode pulls layer l while prefill computes
+// layer l + 1. After sampling, KvProgress carries the first token, or `finished` when the request
+// ended there (prefill then sends the Finish; decode releases the KV once its pull is over).
+// Announcing can fail (decode unreachable, publish error): the request then fails with that
+// error after the pass, before any token went out.
+//
 // Threads: Asio threads run the connections and the LoadReport timer (100 ms); one engine thread
 // owns the queue, the KV pool and every request; the KV publisher's progress thread and the Asio
 // threads reach it through an inbox keyed by request id. Connecting to a decode instance happens

@@ -613,8 +613,12 @@ class NcclPuller final : public KvPuller {
     return Status();
   }
 
-  Status Pull(const KvDescriptor& descriptor, LayerRanges local,
-              PullCallbacks callbacks) override {
+  // NCCL is push-based (the publisher sends once the pull is matched): no layer-wise streaming.
+  Status Pull(const KvDescriptor& descriptor, LayerRanges local, PullCallbacks callbacks,
+              uint32_t layers_available) override {
+    if (layers_available != kAllLayers && layers_available < descriptor.layers.size()) {
+      return FailedPrecondition("NCCL transfers cannot stream layers (transfer.layerwise)");
+    }
     uint64_t peer_region_bytes = 0;
     {
       std::lock_guard<std::mutex> lock(state_->mutex);
@@ -698,6 +702,10 @@ class NcclPuller final : public KvPuller {
       return posted;
     }
     return Status();
+  }
+
+  Status SetLayersAvailable(const std::string&, uint32_t) override {
+    return FailedPrecondition("NCCL transfers cannot stream layers (transfer.layerwise)");
   }
 
   size_t inflight_count() const override {

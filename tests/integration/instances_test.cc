@@ -235,11 +235,12 @@ struct Cluster {
   int metrics_port = FreePort();
   int colocated_metrics_port = FreePort();
 
-  // decode_extra: YAML lines for the decode section (after port).
+  // decode_extra: YAML lines for the decode section (after port). layerwise: transfer.layerwise.
   explicit Cluster(const std::string& decode_extra =
                        // A small decode pool with a low watermark: a second request waits in
                        // the pull queue (prefill keeps holding its KV) while the first one runs.
-                       "  kv_blocks: 12\n  kv_usage_watermark: 0.1\n") {
+                       "  kv_blocks: 12\n  kv_usage_watermark: 0.1\n",
+                   bool layerwise = true) {
     dir = fs::temp_directory_path() / ("tandem-instances-" + std::to_string(getpid()));
     fs::remove_all(dir);
     fs::create_directories(dir);
@@ -255,7 +256,8 @@ struct Cluster {
         << "colocated:\n  port: " << colocated_port << "\n  kv_blocks: 6\n  token_budget: 24\n"
         << "  metrics_port: " << colocated_metrics_port << "\n"
         << "kv_cache:\n  block_size: 16\n"
-        << "transfer:\n  backend: ucx\n  ucx_tls: tcp\n  timeout_s: 5\n";
+        << "transfer:\n  backend: ucx\n  ucx_tls: tcp\n  timeout_s: 5\n"
+        << "  layerwise: " << (layerwise ? "true" : "false") << "\n";
   }
   ~Cluster() {
     std::error_code ec;
@@ -286,7 +288,9 @@ Submit Greedy(const std::string& id, std::vector<int32_t> prompt, int max_tokens
 
 TEST_CASE("instances: prefill + decode stream the engine-alone tokens; decode kill frees prefill",
           "[instances]") {
-  Cluster cluster;
+  const bool layerwise = GENERATE(false, true);
+  INFO("transfer.layerwise " << layerwise);
+  Cluster cluster("  kv_blocks: 12\n  kv_usage_watermark: 0.1\n", layerwise);
   Child prefill(cluster.Args("prefill"), cluster.Log("prefill"));
   Child decode(cluster.Args("decode"), cluster.Log("decode"));
   FakeRouter router;
@@ -330,6 +334,18 @@ TEST_CASE("instances: prefill + decode stream the engine-alone tokens; decode ki
     REQUIRE(inbox.finishes[id].size() == 1);
     CHECK(inbox.finishes[id][0].code == StatusCode::kOk);
     CHECK(inbox.finishes[id][0].completion_tokens == static_cast<int32_t>(expected.size()));
+  }
+  // A request that ends at its first token: prefill finishes it (layer-wise, after it has
+  // announced the KV to decode, which pulls it and drops it without a Finish of its own).
+  router.Send(p, Greedy("one", Prompt(30, 3), 1, decode_address));
+  REQUIRE(inbox.WaitFor(20s, [&] { return !inbox.finishes["one"].empty(); }));
+  std::this_thread::sleep_for(300ms);
+  {
+    std::lock_guard<std::mutex> lock(inbox.mutex);
+    REQUIRE(inbox.finishes["one"].size() == 1);
+    CHECK(inbox.finishes["one"][0].code == StatusCode::kOk);
+    CHECK(inbox.finishes["one"][0].completion_tokens == 1);
+    CHECK(inbox.tokens["one"].size() == 1);
   }
   // Every block is back on both sides.
   REQUIRE(inbox.WaitFor(5s, [&] {
@@ -457,9 +473,12 @@ TEST_CASE("instances: colocated streams the engine-alone tokens under preemption
 TEST_CASE("instances: decode preempts and recomputes when its pool runs out, tokens unchanged",
           "[instances]") {
   // Eight decode blocks for four requests that grow to four blocks each.
+  const bool layerwise = GENERATE(false, true);
+  INFO("transfer.layerwise " << layerwise);
   const int decode_metrics_port = FreePort();
   Cluster cluster("  kv_blocks: 8\n  kv_usage_watermark: 1.0\n  metrics_port: " +
-                  std::to_string(decode_metrics_port) + "\n");
+                      std::to_string(decode_metrics_port) + "\n",
+                  layerwise);
   Child prefill(cluster.Args("prefill"), cluster.Log("prefill"));
   Child decode(cluster.Args("decode"), cluster.Log("decode"));
   FakeRouter router;
@@ -504,6 +523,9 @@ TEST_CASE("instances: decode preempts and recomputes when its pool runs out, tok
     CHECK(std::stod(metrics.substr(at + name.size())) > 0);
     CHECK(metrics.find("tandem_kv_transfer_bytes_total") != std::string::npos);
     CHECK(metrics.find("tandem_decode_step_seconds_bucket") != std::string::npos);
+    // One handoff wait per request, layer-wise or not.
+    CHECK(metrics.find("tandem_kv_handoff_wait_seconds_count{role=\"decode\",model=\"model\"} " +
+                       std::to_string(lengths.size())) != std::string::npos);
   }
   // SIGTERM mid-stream: decode drains (the request completes), then exits 0.
   Submit last = Greedy("drained", Prompt(10, 5), 60, decode_address);

@@ -554,5 +554,87 @@ TEST_CASE("kvtransfer fails fast when the publisher hangs or dies and reconnects
   CHECK(text.find("tandem_kv_transfers_inflight 0") != std::string::npos);
 }
 
+TEST_CASE("kvtransfer streams layers from another process as they are announced",
+          "[kvtransfer]") {
+  // The child publishes every layer at once; here the puller is told layer by layer (as the
+  // decode server is by prefill's KvProgress) and must read no layer before it is announced.
+  std::string mode = GENERATE(as<std::string>{}, "tcp", "sm");
+  INFO("mode " << mode);
+  constexpr size_t kBlockBytes = 4096;
+  constexpr uint32_t kRequestBlocks = 16;
+  Child child(mode, kBlockBytes, mode == "sm");
+  BlockPool pool(kBlockBytes, 5);
+  MetricsRegistry metrics;
+  UcxOptions options;
+  options.tls = mode;
+  options.timeout = 1000ms;
+  options.layer_wait_timeout = 1000ms;
+  options.metrics = &metrics;
+  auto created = CreateUcxPuller(pool.region(), options);
+  REQUIRE(created.ok());
+  KvPuller& puller = **created;
+  REQUIRE(puller.Connect(child.info()).ok());
+  auto layer_sums_match = [&](const Published& p, const std::vector<uint32_t>& local,
+                              uint32_t l) {
+    for (size_t i = 0; i < local.size(); ++i)
+      if (Checksum(pool.Data(l, local[i]), kBlockBytes) != p.sums[l * local.size() + i])
+        return false;
+    return true;
+  };
+  {
+    Published p = RequestPublish(child, 1, kRequestBlocks);
+    std::vector<uint32_t> local = pool.Allocate(kRequestBlocks);
+    for (uint32_t l = 0; l < kLayers; ++l)
+      for (uint32_t b : local) std::memset(pool.Data(l, b), 0, kBlockBytes);
+    std::mutex mutex;
+    std::vector<uint32_t> order;
+    PullWaiter waiter;
+    PullCallbacks cb = waiter.callbacks();
+    auto count = cb.on_layer;
+    cb.on_layer = [&, count](uint32_t layer) {
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        order.push_back(layer);
+      }
+      count(layer);
+    };
+    REQUIRE(puller.Pull(p.descriptor, pool.Ranges(local), std::move(cb), 0).ok());
+    for (uint32_t available = 1; available <= kLayers; ++available) {
+      std::this_thread::sleep_for(600ms);  // the wait for layers is bounded per layer
+      CHECK(waiter.layers_done() == available - 1);
+      for (uint32_t l = available - 1; l < kLayers; ++l) CHECK_FALSE(layer_sums_match(p, local, l));
+      REQUIRE(puller.SetLayersAvailable(p.descriptor.request_id, available).ok());
+      for (int i = 0; i < 500 && waiter.layers_done() < available; ++i)
+        std::this_thread::sleep_for(10ms);
+      REQUIRE(waiter.layers_done() == available);
+      for (uint32_t l = 0; l < available; ++l) CHECK(layer_sums_match(p, local, l));
+    }
+    REQUIRE(waiter.Wait(5s).ok());
+    CHECK(order == std::vector<uint32_t>{0, 1});
+    pool.Free(local);
+  }
+  {
+    // The publisher never announces a layer: the pull fails by the timeout, both sides free.
+    Published p = RequestPublish(child, 2, kRequestBlocks);
+    std::vector<uint32_t> local = pool.Allocate(kRequestBlocks);
+    PullWaiter waiter;
+    auto start = Clock::now();
+    REQUIRE(puller.Pull(p.descriptor, pool.Ranges(local), waiter.callbacks(), 0).ok());
+    Status s = waiter.Wait(10s);
+    double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    CHECK(s.code() == StatusCode::kDeadlineExceeded);
+    CHECK(waiter.layers_done() == 0);
+    pool.Free(local);
+    WARN(mode << ": no layer announced, the pull failed after " << seconds << " s (timeout 1 s)");
+  }
+  CHECK(pool.free_count() == kBlocks);
+  CHECK(puller.inflight_count() == 0);
+  CHECK(ChildFreeCount(child) == kBlocks);  // the child's lease was released by the result
+  std::string text = metrics.Render();
+  CHECK(text.find("tandem_kv_transfer_failures_total{reason=\"timeout\"} 1") != std::string::npos);
+  CHECK(text.find("tandem_kv_transfers_inflight 0") != std::string::npos);
+  CHECK(child.Quit() == 0);
+}
+
 }  // namespace
 }  // namespace tandem

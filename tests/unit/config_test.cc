@@ -22,6 +22,7 @@ TEST_CASE("config: an empty file gives the documented defaults", "[config]") {
   CHECK(config->router.policy == "goodput");
   CHECK(config->kv_cache.block_size == 16);
   CHECK(config->transfer.timeout_s == 5.0);
+  CHECK(config->transfer.layerwise);
   CHECK(config->colocated.instances == 0);
   CHECK(config->prefill.instances == 1);
 }
@@ -57,7 +58,7 @@ kv_cache:
 transfer:
   backend: inproc
   timeout_s: 2.5
-  layerwise: true
+  layerwise: false
 colocated:
   scheduling: prefill_first
 logging:
@@ -78,7 +79,7 @@ logging:
   CHECK(config->slo.classes[1].tpot_s == Approx(1.0));
   CHECK(config->kv_cache.block_size == 32);
   CHECK(config->transfer.backend == "inproc");
-  CHECK(config->transfer.layerwise);
+  CHECK_FALSE(config->transfer.layerwise);  // the default is true
   CHECK(config->colocated.scheduling == "prefill_first");
   CHECK(config->prefill.scheduling == "chunked");
   CHECK(config->logging.format == "json");

@@ -34,8 +34,16 @@ std::vector<ControlMessage> Samples() {
   ready.sampling.temperature = 0;
   ready.kv_descriptor = "descriptor-bytes";
   ready.kv_peer_info = "peer-bytes";
+  KvReady early = ready;  // layer-wise: before prefill's forward pass
+  early.request_id = "cmpl-3";
+  early.first_token.reset();
+  early.layers_ready = 0;
+  KvProgress progress{"cmpl-3", 5, std::nullopt, false};
+  KvProgress last{"cmpl-3", kAllLayersReady, TokenRecord{12, -0.3f, {{12, -0.3f}}}, false};
+  KvProgress ended{"cmpl-4", 32, TokenRecord{2, -0.01f, {}}, true};
   return {hello, load, submit, Cancel{"cmpl-1"}, tokens, finish, ready,
-          KvReleased{"cmpl-2", StatusCode::kDeadlineExceeded, "pull timed out"}};
+          KvReleased{"cmpl-2", StatusCode::kDeadlineExceeded, "pull timed out"},
+          early, progress, last, ended};
 }
 
 }  // namespace
@@ -59,6 +67,33 @@ TEST_CASE("control wire: every message round-trips", "[control_wire]") {
   CHECK(submit.seq == 78u);
   CHECK(std::get<LoadReport>(*DecodeControl(ByteSpan(EncodeControl(Samples()[1])))).last_submit_seq ==
         77u);
+  KvReady early = std::get<KvReady>(*DecodeControl(ByteSpan(EncodeControl(Samples()[8]))));
+  CHECK_FALSE(early.first_token.has_value());
+  CHECK(early.layers_ready == 0);
+  KvProgress ended = std::get<KvProgress>(*DecodeControl(ByteSpan(EncodeControl(Samples()[11]))));
+  CHECK(ended.finished);
+  REQUIRE(ended.first_token.has_value());
+  CHECK(ended.first_token->token_id == 2);
+  CHECK(ended.layers_ready == 32);
+}
+
+TEST_CASE("control wire: layers_ready out of range and bad flags are refused",
+          "[control_wire]") {
+  KvProgress p{"r", 3, std::nullopt, false};
+  std::string frame = EncodeControl(p);
+  // Body: u32 id length, id "r", i32 layers_ready, u8 has_token, u8 finished.
+  const size_t at = 12 + 4 + 1;
+  std::string negative = frame;
+  negative[at] = static_cast<char>(0xfe);  // -2
+  negative[at + 1] = negative[at + 2] = negative[at + 3] = static_cast<char>(0xff);
+  CHECK_FALSE(DecodeControl(ByteSpan(negative)).ok());
+  std::string flag = frame;
+  flag[at + 5] = 2;  // finished must be 0 or 1
+  CHECK_FALSE(DecodeControl(ByteSpan(flag)).ok());
+  std::string token_flag = frame;
+  token_flag[at + 4] = 1;  // claims a token that is not there
+  CHECK_FALSE(DecodeControl(ByteSpan(token_flag)).ok());
+  CHECK(DecodeControl(ByteSpan(frame)).ok());
 }
 
 TEST_CASE("control wire: truncated, extended and corrupted frames fail cleanly",
@@ -93,7 +128,7 @@ TEST_CASE("control wire: random bytes and forged lengths never crash", "[control
       std::string header = EncodeControl(Cancel{"x"}).substr(0, 12);
       header[8] = static_cast<char>(bytes.size() - 12);
       header[9] = header[10] = header[11] = 0;
-      header[6] = static_cast<char>(1 + rng() % 8);
+      header[6] = static_cast<char>(1 + rng() % 9);
       bytes.replace(0, 12, header);
     }
     (void)DecodeControl(ByteSpan(bytes));

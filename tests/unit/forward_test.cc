@@ -294,3 +294,81 @@ TEST_CASE("bad batches are errors and leave the cache alone", "[forward]") {
 
 }  // namespace
 }  // namespace tandem
+
+namespace tandem {
+namespace {
+
+TEST_CASE("layer hooks run in order and change nothing", "[forward]") {
+  test::TempDir dir;
+  auto model = TinyModel(dir, ModelFamily::kLlama);
+  const int layers = model->config().num_layers;
+  auto prompt = Prompt(40, 9);
+  auto engine = CpuForward::Create(*model, ForwardOptions{});
+  REQUIRE(engine.ok());
+  // Two fresh caches (zeroed), one pass each: without hooks and with them.
+  auto plain = KvCache::Create((*engine)->MakeKvLayout(16), 8);
+  auto hooked = KvCache::Create((*engine)->MakeKvLayout(16), 8);
+  REQUIRE(plain.ok());
+  REQUIRE(hooked.ok());
+  std::vector<int32_t> table, table2;
+  REQUIRE((*plain)->blocks().Allocate(4, &table).ok());
+  REQUIRE((*hooked)->blocks().Allocate(4, &table2).ok());
+  REQUIRE(table == table2);
+  SequenceInput seq{prompt, 0, table};
+  auto expected = (*engine)->Forward({&seq, 1}, **plain);
+  REQUIRE(expected.ok());
+  std::vector<float> want(expected->begin(), expected->end());
+
+  const KvLayout& layout = (*hooked)->layout();
+  auto layer_bytes = [&](KvCache& cache, int layer) {
+    std::vector<char> out;
+    for (int32_t b : table) {
+      const char* p = reinterpret_cast<const char*>(cache.BlockData(layer, b));
+      out.insert(out.end(), p, p + layout.block_bytes());
+    }
+    return out;
+  };
+  std::vector<int> order;
+  std::vector<std::vector<char>> at_after(layers);
+  bool untouched_before = true;
+  ForwardHooks hooks;
+  hooks.before_layer = [&](int l) {
+    order.push_back(l);
+    for (char c : layer_bytes(**hooked, l)) untouched_before = untouched_before && c == 0;
+  };
+  hooks.after_layer = [&](int l) {
+    order.push_back(1000 + l);
+    at_after[l] = layer_bytes(**hooked, l);
+  };
+  auto got = (*engine)->Forward({&seq, 1}, **hooked, LogitsMode::kLastToken, &hooks);
+  REQUIRE(got.ok());
+  std::vector<int> want_order;
+  for (int l = 0; l < layers; ++l) {
+    want_order.push_back(l);
+    want_order.push_back(1000 + l);
+  }
+  CHECK(order == want_order);
+  CHECK(untouched_before);
+  // Bit-identical logits, and each layer's KV was final when after_layer ran.
+  REQUIRE(got->size() == want.size());
+  CHECK(std::equal(got->begin(), got->end(), want.begin()));
+  for (int l = 0; l < layers; ++l) {
+    CHECK(at_after[l] == layer_bytes(**hooked, l));
+    CHECK(at_after[l] == layer_bytes(**plain, l));
+  }
+  // A decode step with hooks equals one without.
+  int32_t token = Argmax(want);
+  SequenceInput step{{&token, 1}, static_cast<int32_t>(prompt.size()), table};
+  auto a = (*engine)->Forward({&step, 1}, **plain);
+  REQUIRE(a.ok());
+  std::vector<float> step_plain(a->begin(), a->end());
+  order.clear();
+  hooks.before_layer = [&](int l) { order.push_back(l); };
+  auto b = (*engine)->Forward({&step, 1}, **hooked, LogitsMode::kLastToken, &hooks);
+  REQUIRE(b.ok());
+  CHECK(std::equal(b->begin(), b->end(), step_plain.begin()));
+  CHECK(order.size() == static_cast<size_t>(2 * layers));
+}
+
+}  // namespace
+}  // namespace tandem

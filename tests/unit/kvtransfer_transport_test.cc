@@ -2,7 +2,11 @@
 // memory, all in one process. Same seeded requests, every byte compared.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <mutex>
+#include <thread>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -43,16 +47,20 @@ struct Backend {
   std::unique_ptr<KvPuller> puller;
 };
 
+// layer_wait: the longest wait for the next layer to be announced (0: timeout).
 Backend MakeBackend(const std::string& name, MemoryRegion src, MemoryRegion dst,
-                    MetricsRegistry* metrics) {
+                    MetricsRegistry* metrics, std::chrono::milliseconds timeout = 5000ms,
+                    std::chrono::milliseconds layer_wait = 0ms) {
   Backend b;
   if (name == "inprocess") {
     b.publisher = std::move(CreateInProcessPublisher(src)).value();
-    b.puller = std::move(CreateInProcessPuller(dst, metrics)).value();
+    b.puller = std::move(
+        CreateInProcessPuller(dst, metrics, layer_wait.count() > 0 ? layer_wait : timeout)).value();
   } else {
     UcxOptions options;
     options.tls = name == "ucx-sm" ? "sm,self" : "tcp";
-    options.timeout = 5000ms;
+    options.timeout = timeout;
+    options.layer_wait_timeout = layer_wait;
     options.metrics = metrics;
     auto pub = CreateUcxPublisher(src, options);
     REQUIRE(pub.ok());
@@ -157,6 +165,133 @@ TEST_CASE("kvtransfer pull errors are reported without callbacks", "[kvtransfer]
   PeerInfo wrong = b.publisher->peer_info();
   wrong.transport = "nccl";
   CHECK(b.puller->Connect(wrong).code() == StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace tandem
+
+namespace tandem {
+namespace {
+
+// Layer-wise streaming: kLayers layers of kLayerBytes, remote at l * kLayerBytes, local at
+// kLocalBase + l * kLayerBytes (cut in two ranges per layer, to differ from the remote cut).
+constexpr uint32_t kStreamLayers = 4;
+constexpr uint64_t kLayerBytes = 64 << 10;
+constexpr uint64_t kLocalBase = 512 << 10;
+
+struct Stream {
+  LayerRanges remote, local;
+  std::mutex mutex;
+  std::vector<uint32_t> order;  // on_layer calls
+  PullWaiter waiter;
+  PullCallbacks Callbacks() {
+    PullCallbacks cb = waiter.callbacks();
+    auto count = cb.on_layer;
+    cb.on_layer = [this, count](uint32_t layer) {
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        order.push_back(layer);
+      }
+      count(layer);
+    };
+    return cb;
+  }
+  Stream() {
+    for (uint32_t l = 0; l < kStreamLayers; ++l) {
+      remote.push_back({{l * kLayerBytes, kLayerBytes}});
+      local.push_back({{kLocalBase + l * kLayerBytes, 1000},
+                       {kLocalBase + l * kLayerBytes + 1000, kLayerBytes - 1000}});
+    }
+  }
+};
+
+bool LayerEquals(const std::vector<uint8_t>& src, const std::vector<uint8_t>& dst, uint32_t l) {
+  return std::memcmp(&src[l * kLayerBytes], &dst[kLocalBase + l * kLayerBytes], kLayerBytes) == 0;
+}
+bool LayerZero(const std::vector<uint8_t>& dst, uint32_t l) {
+  const uint8_t* p = &dst[kLocalBase + l * kLayerBytes];
+  return std::all_of(p, p + kLayerBytes, [](uint8_t b) { return b == 0; });
+}
+
+TEST_CASE("kvtransfer streams layers as they become available", "[kvtransfer]") {
+  auto name = GENERATE(as<std::string>{}, "inprocess", "ucx-tcp", "ucx-sm");
+  INFO("backend " << name);
+  constexpr size_t kBytes = 1 << 20;
+  std::vector<uint8_t> src(kBytes), dst(kBytes, 0);
+  std::mt19937_64 rng(7);
+  for (auto& b : src) b = static_cast<uint8_t>(rng() | 1);  // never zero
+  MetricsRegistry metrics;
+  // Each layer is announced 0.4 s after the last: longer than the transfer timeout (0.3 s),
+  // which does not count the wait for layers, shorter than the wait allowed for one (1 s).
+  Backend backend =
+      MakeBackend(name, {src.data(), kBytes}, {dst.data(), kBytes}, &metrics, 300ms, 1000ms);
+  REQUIRE(backend.puller->Connect(backend.publisher->peer_info()).ok());
+  Stream stream;
+  std::atomic<int> released_ok{0};
+  auto d = backend.publisher->Publish("stream", stream.remote, [&](const std::string&, const Status& s) {
+    if (s.ok()) released_ok++;
+  });
+  REQUIRE(d.ok());
+  REQUIRE(backend.puller->Pull(*d, stream.local, stream.Callbacks(), 0).ok());
+  for (uint32_t available = 1; available <= kStreamLayers; ++available) {
+    std::this_thread::sleep_for(400ms);
+    // Nothing beyond what was announced has been read.
+    CHECK(stream.waiter.layers_done() == available - 1);
+    for (uint32_t l = available - 1; l < kStreamLayers; ++l) CHECK(LayerZero(dst, l));
+    REQUIRE(backend.puller->SetLayersAvailable("stream", available).ok());
+    for (int i = 0; i < 500 && stream.waiter.layers_done() < available; ++i)
+      std::this_thread::sleep_for(10ms);
+    REQUIRE(stream.waiter.layers_done() == available);
+    for (uint32_t l = 0; l < available; ++l) CHECK(LayerEquals(src, dst, l));
+  }
+  REQUIRE(stream.waiter.Wait(5000ms).ok());
+  CHECK(stream.order == std::vector<uint32_t>{0, 1, 2, 3});
+  for (int i = 0; i < 500 && released_ok < 1; ++i) std::this_thread::sleep_for(10ms);
+  CHECK(released_ok == 1);
+  CHECK(backend.publisher->published_count() == 0);
+  CHECK(backend.puller->inflight_count() == 0);
+  CHECK(backend.puller->SetLayersAvailable("stream", kAllLayers).code() == StatusCode::kNotFound);
+  // The seconds exclude the 1.6 s spent waiting for layers.
+  std::string text = metrics.Render();
+  CHECK(text.find("tandem_kv_transfer_seconds_count 1") != std::string::npos);
+  CHECK(text.find("tandem_kv_transfer_seconds_bucket{le=\"1\"} 1") != std::string::npos);
+}
+
+TEST_CASE("kvtransfer pull whose layers never come fails within the timeout", "[kvtransfer]") {
+  auto name = GENERATE(as<std::string>{}, "inprocess", "ucx-tcp", "ucx-sm");
+  INFO("backend " << name);
+  constexpr size_t kBytes = 1 << 20;
+  std::vector<uint8_t> src(kBytes, 1), dst(kBytes, 0);
+  MetricsRegistry metrics;
+  Backend backend =
+      MakeBackend(name, {src.data(), kBytes}, {dst.data(), kBytes}, &metrics, 300ms);
+  REQUIRE(backend.puller->Connect(backend.publisher->peer_info()).ok());
+  Stream stream;
+  std::atomic<int> released{0};
+  Status release_status;
+  auto d = backend.publisher->Publish("never", stream.remote, [&](const std::string&, const Status& s) {
+    release_status = s;
+    released++;
+  });
+  REQUIRE(d.ok());
+  const auto start = std::chrono::steady_clock::now();
+  // One layer is there, the rest never is.
+  REQUIRE(backend.puller->Pull(*d, stream.local, stream.Callbacks(), 1).ok());
+  Status s = stream.waiter.Wait(5000ms);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  CHECK(s.code() == StatusCode::kDeadlineExceeded);
+  CHECK(stream.waiter.layers_done() == 1);
+  for (uint32_t l = 1; l < kStreamLayers; ++l) CHECK(LayerZero(dst, l));
+  // Both sides release: the puller at on_done, the publisher on the puller's result.
+  for (int i = 0; i < 500 && released < 1; ++i) std::this_thread::sleep_for(10ms);
+  CHECK(released == 1);
+  CHECK(release_status.code() == StatusCode::kDeadlineExceeded);
+  CHECK(backend.publisher->published_count() == 0);
+  CHECK(backend.puller->inflight_count() == 0);
+  CHECK(metrics.Render().find("tandem_kv_transfer_failures_total{reason=\"timeout\"} 1") !=
+        std::string::npos);
+  WARN(name << ": a pull with no new layer failed after " << seconds << " s (timeout 0.3 s)");
 }
 
 }  // namespace
