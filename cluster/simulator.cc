@@ -26,7 +26,8 @@
 //   decode     decode/decode_server.cc + decode/batch_engine.cc: KvReady joins the pull queue;
 //              between steps AdmitPulls (the real function; none while preempted requests
 //              wait) starts pulls that take TransferModel::Seconds(prompt blocks * block_size *
-//              kv_bytes_per_token); a pulled request joins the running batch; every step is
+//              kv_bytes_per_token; with transfer.layerwise, less the last prefill pass, which
+//              the layer stream overlaps); a pulled request joins the running batch; every step is
 //              ScheduleEngineStep (the real function, with recompute preemption); queued pulls
 //              older than prefill.kv_hold_timeout_s - 1 fail as on the server.
 //   colocated  the same engine with requests added from scratch, under colocated.scheduling:
@@ -111,6 +112,7 @@ struct Req {
   // engine side
   int32_t num_tokens = 0, num_computed = 0, num_blocks = 0;
   double pull_arrived = 0;  // KvReady reached the decode instance
+  double last_pass_s = 0;   // the prefill pass that computed the prompt's last chunk
   // outcome
   int32_t generated = 0;
   double first_token = -1;
@@ -664,6 +666,7 @@ void Simulation::OnPrefillDone(int pi) {
   }
   for (int64_t id : done) {
     Req& r = reqs_[id];
+    r.last_pass_s = b.seconds;
     EmitToken(id);
     view_p_[pi].load.waiting_requests = std::max(view_p_[pi].load.waiting_requests - 1, 0);
     if (r.generated >= r.max_tokens) {
@@ -685,7 +688,14 @@ double Simulation::TransferSeconds(int64_t id) const {
   const LatencyModel* lm = prefill_[r.prefill].lm;
   double bytes = static_cast<double>(BlocksFor(r.prompt, block_size_)) * block_size_ *
                  lm->kv_bytes_per_token;
-  return models_.transfer.Seconds(bytes);
+  double seconds = models_.transfer.Seconds(bytes);
+  // transfer.layerwise: the layers stream while prefill's last pass computes them, so a pull
+  // that starts as the request is handed off has only what that pass did not cover left.
+  const bool layerwise = config_.transfer.layerwise && config_.transfer.backend != "nccl";
+  if (layerwise && now_ <= r.pull_arrived)
+    seconds = models_.transfer.latency_s +
+              std::max(0.0, seconds - models_.transfer.latency_s - r.last_pass_s);
+  return seconds;
 }
 
 void Simulation::HandOff(int64_t id) {

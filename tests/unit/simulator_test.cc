@@ -58,11 +58,18 @@ TEST_CASE("one request on an idle 1P1D cluster: TTFT is the prefill, TPOT the de
   }
   SECTION("the KV transfer sits between the first and second tokens") {
     // 100 tokens = 7 blocks of 16 = 112 tokens x 1000 bytes at 1 MB/s + 5 ms.
-    auto r = Simulate(Disaggregated(), Model(0.005, 1e6), {Request(0, 0, 100, 5)});
+    ClusterConfig c = Disaggregated();
+    c.transfer.layerwise = false;
+    auto r = Simulate(c, Model(0.005, 1e6), {Request(0, 0, 100, 5)});
     REQUIRE(r.ok());
     const RequestOutcome& o = r->outcomes.at(0);
     CHECK(o.ttft_s == Approx(0.11));
     CHECK(o.e2e_s == Approx(0.11 + 0.117 + 4 * 0.021));
+    // Layer-wise, the 0.112 s of bytes stream during the 0.11 s prefill pass: 2 ms + 5 ms remain.
+    c.transfer.layerwise = true;
+    auto lw = Simulate(c, Model(0.005, 1e6), {Request(0, 0, 100, 5)});
+    REQUIRE(lw.ok());
+    CHECK(lw->outcomes.at(0).e2e_s == Approx(0.11 + 0.007 + 4 * 0.021));
   }
   SECTION("max_tokens 1 ends at prefill") {
     auto r = Simulate(Disaggregated(), Model(), {Request(0, 0, 10, 1)});
