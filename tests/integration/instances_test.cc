@@ -286,7 +286,7 @@ Submit Greedy(const std::string& id, std::vector<int32_t> prompt, int max_tokens
   return s;
 }
 
-TEST_CASE("instances: prefill + decode stream the engine-alone tokens; decode kill frees prefill",
+TEST_CASE("instances: prefill + decode stream the engine-alone tokens, decode kill frees prefill",
           "[instances]") {
   const bool layerwise = GENERATE(false, true);
   INFO("transfer.layerwise " << layerwise);
@@ -388,7 +388,7 @@ TEST_CASE("instances: prefill + decode stream the engine-alone tokens; decode ki
   CHECK(prefill.Terminate(10s) == 0);
 }
 
-TEST_CASE("instances: colocated streams the engine-alone tokens under preemption; kill -9",
+TEST_CASE("instances: colocated streams the engine-alone tokens under preemption, kill -9",
           "[instances]") {
   // Both colocated policies: chunked prompts in decode steps, and prefill_first (whole prompts,
   // two of them longer than the 24-token budget, which then run alone).

@@ -101,7 +101,7 @@ StepLimits PrefillFirst(int32_t budget, int32_t max_batch_size) {
   return StepLimits{budget, max_batch_size, 16, StepPolicy::kPrefillFirst};
 }
 
-TEST_CASE("prefill_first: waiting prompts run whole, alone, FCFS; running ones pause",
+TEST_CASE("prefill_first: waiting prompts run whole, alone, FCFS, running ones pause",
           "[decode_scheduler]") {
   std::vector<SeqState> running = {{33, 32, 3}, {10, 9, 1}};  // decoding
   std::vector<SeqState> waiting = {{40, 0, 0}, {40, 0, 0}, {40, 0, 0}};
@@ -164,7 +164,7 @@ TEST_CASE("prefill_first: nothing waiting, or the first prompt does not fit: a d
   CHECK(plan.scheduled[0].num_tokens == 50);
 }
 
-TEST_CASE("prefill_first: the pool running out preempts the youngest; it recomputes whole",
+TEST_CASE("prefill_first: the pool running out preempts the youngest, it recomputes whole",
           "[decode_scheduler]") {
   // Three decoding sequences at a block boundary, one free block, a prompt that cannot fit.
   std::vector<SeqState> running = {{33, 32, 2}, {33, 32, 2}, {33, 32, 2}};
@@ -185,7 +185,7 @@ TEST_CASE("prefill_first: the pool running out preempts the youngest; it recompu
   CHECK(plan.scheduled[0].new_blocks == 3);
 }
 
-TEST_CASE("ScheduleEngineStep follows the policy; config names map to policies",
+TEST_CASE("ScheduleEngineStep follows the policy, config names map to policies",
           "[decode_scheduler]") {
   CHECK(StepPolicyFromConfig("chunked") == StepPolicy::kChunked);
   CHECK(StepPolicyFromConfig("prefill_first") == StepPolicy::kPrefillFirst);

@@ -484,7 +484,7 @@ TEST_CASE("HTTP: a request past its timeout gets 504 and is cancelled", "[router
   CHECK(WaitFor([&] { return f.service().running() == 0 && f.server().in_flight() == 0; }, 2s));
 }
 
-TEST_CASE("HTTP: keep-alive reuses a connection; stop drains a stream", "[router]") {
+TEST_CASE("HTTP: keep-alive reuses a connection, stop drains a stream", "[router]") {
   RouterFixture f;
   // Two requests in one curl invocation share the connection.
   test::CommandResult two = test::RunCommand("curl -s -v --max-time 5 '" + f.base() +

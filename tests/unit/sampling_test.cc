@@ -119,7 +119,7 @@ TEST_CASE("Greedy picks the argmax after penalties, lowest id on ties", "[sampli
   CHECK(penalised.Sample(logits, seen).token_id == 4);
 }
 
-TEST_CASE("The same seed gives the same tokens; another seed differs", "[sampling]") {
+TEST_CASE("The same seed gives the same tokens, another seed differs", "[sampling]") {
   std::mt19937 gen(7);
   std::normal_distribution<float> normal(0.0f, 2.0f);
   const int32_t vocab = 1000;
