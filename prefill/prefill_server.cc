@@ -327,21 +327,29 @@ struct PrefillServer::Impl {
                               " unreachable: " + conn.status().message()));
     StatusOr<std::string> desc = PublishBlocks(id, r.blocks);
     if (!desc.ok()) return fail(desc.status().WithContext("publishing the KV"));
+    KvReady ready = Hold(id, std::move(r.blocks), conn->first, std::move(*desc));
+    ready.prompt = std::move(r.submit.prompt);
+    ready.first_token = first;
+    ready.sampling = sampling;
+    if (!conn->second->Send(ready))
+      FreeHeld(id, Unavailable("decode connection closed"), true);  // decode's Finish is lost too
+  }
+
+  // Holds a published request's blocks for decode (until KvReleased, the transport's release or
+  // prefill.kv_hold_timeout_s) and starts its KvReady: id, descriptor and peer info set.
+  KvReady Hold(const std::string& id, std::vector<int32_t> blocks, uint64_t decode_conn,
+               std::string descriptor) {
     Held h;
-    h.blocks = std::move(r.blocks);
-    h.decode_conn = conn->first;
+    h.blocks = std::move(blocks);
+    h.decode_conn = decode_conn;
     h.deadline = Clock::now() + std::chrono::milliseconds(
                                     static_cast<int64_t>(section->kv_hold_timeout_s * 1000));
     held[id] = std::move(h);
     KvReady ready;
     ready.request_id = id;
-    ready.prompt = std::move(r.submit.prompt);
-    ready.first_token = first;
-    ready.sampling = sampling;
-    ready.kv_descriptor = std::move(*desc);
+    ready.kv_descriptor = std::move(descriptor);
     ready.kv_peer_info = peer_info_blob;
-    if (!conn->second->Send(ready))
-      FreeHeld(id, Unavailable("decode connection closed"), true);  // decode's Finish is lost too
+    return ready;
   }
 
   // Layer-wise: publishes the request's blocks (its last prompt chunk is about to be computed)
@@ -357,19 +365,10 @@ struct PrefillServer::Impl {
     if (!r.submit.sampling.seed) r.submit.sampling.seed = RandomId();
     StatusOr<std::string> desc = PublishBlocks(id, r.blocks);
     if (!desc.ok()) return desc.status().WithContext("publishing the KV");
-    Held h;
-    h.blocks = r.blocks;
-    h.decode_conn = conn->first;
-    h.deadline = Clock::now() + std::chrono::milliseconds(
-                                    static_cast<int64_t>(section->kv_hold_timeout_s * 1000));
-    held[id] = std::move(h);
-    KvReady ready;
-    ready.request_id = id;
+    KvReady ready = Hold(id, r.blocks, conn->first, std::move(*desc));
     ready.prompt = r.submit.prompt;
     ready.layers_ready = 0;
     ready.sampling = r.submit.sampling;
-    ready.kv_descriptor = std::move(*desc);
-    ready.kv_peer_info = peer_info_blob;
     if (!conn->second->Send(ready)) {
       held.erase(id);  // the blocks stay with the request, freed after the pass
       publisher->Release(id, Unavailable("decode connection closed"));
