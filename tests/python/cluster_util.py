@@ -1,10 +1,15 @@
 """Helpers shared by the Python tests that start real Tandem clusters: failure bookkeeping,
-free loopback ports, plain HTTP GETs and the launcher's child processes.
+free loopback ports, plain HTTP GETs, the launcher's child processes, and TandemCluster (one
+`tandem up` on loopback ports, started, inspected and stopped).
 
 Not a test itself (CTest runs only test_*.py)."""
+import json
 import os
 import random
+import signal
 import socket
+import subprocess
+import time
 import urllib.request
 
 FAILURES = []
@@ -64,3 +69,131 @@ def children_of(pid):
         except (OSError, IndexError, ValueError):
             pass
     return out
+
+
+def stop_process(proc, timeout):
+    """SIGTERM, then SIGKILL after `timeout` seconds."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+class TandemCluster:
+    """A cluster run by `tandem up` on free loopback ports (router, control and metrics ports),
+    from a config written as JSON (JSON is YAML) to workdir/NAME.yaml; its log goes to
+    workdir/NAME.log (copied to $TANDEM_E2E_LOG_DIR on stop when that is set). `config` may be
+    changed before start(); call write_config() after."""
+
+    def __init__(self, name, binary, model_dir, workdir, prefill=0, decode=0, colocated=0,
+                 model_name="tiny-test", slo=(60, 10), extra=None, ready_timeout_s=90):
+        self.name = name
+        self.binary = binary
+        self.ready_timeout_s = ready_timeout_s
+        self.router_port = free_base(1)
+        sections = {}
+        self.metrics_ports = []  # [(instance name, port)]
+        for section, n in (("prefill", prefill), ("decode", decode), ("colocated", colocated)):
+            entry = {"instances": n}
+            if n:
+                entry["port"] = free_base(n)
+                entry["metrics_port"] = free_base(n)
+                entry["threads"] = 1
+                self.metrics_ports += [(f"{section}-{i}", entry["metrics_port"] + i)
+                                       for i in range(n)]
+            sections[section] = entry
+        self.config = {
+            "model": {"path": model_dir, "name": model_name, "max_model_len": 1024},
+            "router": {"host": "127.0.0.1", "port": self.router_port, "policy": "goodput"},
+            "slo": {"ttft_s": slo[0], "tpot_s": slo[1]},
+            "transfer": {"backend": "ucx", "ucx_tls": "tcp"},
+            **sections,
+            **(extra or {}),
+        }
+        self.config_path = os.path.join(workdir, f"{name}.yaml")
+        self.write_config()
+        self.log_path = os.path.join(workdir, f"{name}.log")
+        self.url = f"http://127.0.0.1:{self.router_port}"
+        self.proc = None
+        self.log = None
+        self.known_children = set()
+
+    def write_config(self):
+        with open(self.config_path, "w") as f:
+            json.dump(self.config, f, indent=1)
+
+    def start(self):
+        """Starts `tandem up` and waits until the router's /ready answers 200."""
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen([self.binary, "up", self.config_path], stdout=self.log,
+                                     stderr=subprocess.STDOUT)
+        deadline = time.time() + self.ready_timeout_s
+        while time.time() < deadline:
+            self.known_children.update(pid for pid, _ in children_of(self.proc.pid))
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name}: tandem up exited: {self.tail()}")
+            if self.ready():
+                self.known_children.update(pid for pid, _ in children_of(self.proc.pid))
+                return
+            time.sleep(0.25)
+        raise RuntimeError(f"{self.name}: not ready after {self.ready_timeout_s} s: {self.tail()}")
+
+    def ready(self):
+        try:
+            return http_get(self.url + "/ready", timeout=2)[0] == 200
+        except Exception:
+            return False
+
+    def wait_ready(self, timeout):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.ready():
+                return True
+            time.sleep(0.2)
+        return False
+
+    def processes(self):
+        """{name: pid} for the launcher and each child (named by role and --index)."""
+        out = {"launcher": self.proc.pid}
+        for pid, cmd in children_of(self.proc.pid):
+            self.known_children.add(pid)
+            if len(cmd) < 2:
+                continue
+            name = cmd[1]
+            if "--index" in cmd:
+                name += "-" + cmd[cmd.index("--index") + 1]
+            out[name] = pid
+        return out
+
+    def child_pid(self, role, index):
+        return self.processes().get(f"{role}-{index}")
+
+    def tail(self, n=40):
+        try:
+            with open(self.log_path) as f:
+                return "".join(f.readlines()[-n:])
+        except OSError:
+            return ""
+
+    def stop(self):
+        """SIGTERM to the launcher (SIGKILL after 30 s), then SIGKILL to every child it had."""
+        if self.proc is None:
+            return
+        keep = os.environ.get("TANDEM_E2E_LOG_DIR")
+        self.known_children.update(pid for pid, _ in children_of(self.proc.pid))
+        stop_process(self.proc, 30)
+        for pid in self.known_children:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.log.close()
+        self.proc = None
+        if keep:
+            os.makedirs(keep, exist_ok=True)
+            with open(self.log_path) as src, open(os.path.join(keep, self.name + ".log"), "w") as dst:
+                dst.write(src.read())

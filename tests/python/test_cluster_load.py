@@ -42,7 +42,7 @@ import urllib.parse
 
 import httpx
 
-from cluster_util import FAILURES, check, children_of, free_base, http_get
+from cluster_util import FAILURES, TandemCluster, check, free_base, http_get, stop_process
 
 BIN = os.environ.get("TANDEM_BINARY") or os.path.join(
     os.path.dirname(__file__), "..", "..", "build", "tandem")
@@ -74,18 +74,6 @@ def rss_kib(pid):
     return None
 
 
-def stop_process(proc, timeout):
-    """SIGTERM, then SIGKILL after `timeout` seconds."""
-    if proc is None or proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 def parse_metrics(body):
     """{name: [(labels_text, value)]} of a Prometheus text exposition."""
     out = {}
@@ -101,94 +89,12 @@ def parse_metrics(body):
     return out
 
 
-class Cluster:
+class Cluster(TandemCluster):
     def __init__(self, name, model_dir, workdir, prefill, decode):
-        self.name = name
-        self.router_port = free_base(1)
-        sections = {}
-        self.metrics_ports = []  # [(instance name, port)]
-        for section, n in (("prefill", prefill), ("decode", decode), ("colocated", 0)):
-            entry = {"instances": n}
-            if n:
-                entry["port"] = free_base(n)
-                entry["metrics_port"] = free_base(n)
-                entry["threads"] = 1
-                self.metrics_ports += [(f"{section}-{i}", entry["metrics_port"] + i)
-                                       for i in range(n)]
-            sections[section] = entry
-        self.config = {
-            "model": {"path": model_dir, "name": MODEL, "max_model_len": 1024},
-            "router": {"host": "127.0.0.1", "port": self.router_port, "policy": "goodput"},
-            # Generous SLOs: this checks accounting and resources on a shared CPU, not admission.
-            "slo": {"ttft_s": 120, "tpot_s": 30},
-            "transfer": {"backend": "ucx", "ucx_tls": "tcp"},
-            "logging": {"level": "warn"},
-            **sections,
-        }
-        self.config_path = os.path.join(workdir, f"{name}.yaml")
-        with open(self.config_path, "w") as f:
-            json.dump(self.config, f, indent=1)  # JSON is YAML
-        self.log_path = os.path.join(workdir, f"{name}.log")
-        self.url = f"http://127.0.0.1:{self.router_port}"
-        self.proc = None
-        self.log = None
-        self.known_children = set()
-
-    def start(self):
-        self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen([BIN, "up", self.config_path], stdout=self.log,
-                                     stderr=subprocess.STDOUT)
-        deadline = time.time() + READY_TIMEOUT_S
-        while time.time() < deadline:
-            self.known_children.update(pid for pid, _ in children_of(self.proc.pid))
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name}: tandem up exited: {self.tail()}")
-            try:
-                if http_get(self.url + "/ready", timeout=2)[0] == 200:
-                    self.known_children.update(pid for pid, _ in children_of(self.proc.pid))
-                    return
-            except Exception:
-                pass
-            time.sleep(0.25)
-        raise RuntimeError(f"{self.name}: not ready after {READY_TIMEOUT_S} s: {self.tail()}")
-
-    def processes(self):
-        """{name: pid} for the launcher and each child (named by role and --index)."""
-        out = {"launcher": self.proc.pid}
-        for pid, cmd in children_of(self.proc.pid):
-            self.known_children.add(pid)
-            if len(cmd) < 2:
-                continue
-            name = cmd[1]
-            if "--index" in cmd:
-                name += "-" + cmd[cmd.index("--index") + 1]
-            out[name] = pid
-        return out
-
-    def tail(self, n=40):
-        try:
-            with open(self.log_path) as f:
-                return "".join(f.readlines()[-n:])
-        except OSError:
-            return ""
-
-    def stop(self):
-        if self.proc is None:
-            return
-        keep = os.environ.get("TANDEM_E2E_LOG_DIR")
-        self.known_children.update(pid for pid, _ in children_of(self.proc.pid))
-        stop_process(self.proc, 30)
-        for pid in self.known_children:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self.log.close()
-        self.proc = None
-        if keep:
-            os.makedirs(keep, exist_ok=True)
-            with open(self.log_path) as src, open(os.path.join(keep, self.name + ".log"), "w") as dst:
-                dst.write(src.read())
+        # Generous SLOs: this checks accounting and resources on a shared CPU, not admission.
+        super().__init__(name, BIN, model_dir, workdir, prefill, decode, model_name=MODEL,
+                         slo=(120, 30), extra={"logging": {"level": "warn"}},
+                         ready_timeout_s=READY_TIMEOUT_S)
 
 
 # --- the request mix --------------------------------------------------------------------------

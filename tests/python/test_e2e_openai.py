@@ -22,7 +22,7 @@ import httpx
 import openai
 import tokenizers
 
-from cluster_util import FAILURES, check, children_of, free_base, http_get
+from cluster_util import FAILURES, TandemCluster, check, http_get
 
 BIN = os.environ.get("TANDEM_BINARY") or os.path.join(
     os.path.dirname(__file__), "..", "..", "build", "tandem")
@@ -30,39 +30,11 @@ READY_TIMEOUT_S = 90
 SEED = 1234
 
 
-class Cluster:
+class Cluster(TandemCluster):
     def __init__(self, name, model_dir, workdir, prefill=0, decode=0, colocated=0):
-        self.name = name
-        self.router_port = free_base(1)
-        sections = {}
-        self.metrics_ports = []
-        for section, n in (("prefill", prefill), ("decode", decode), ("colocated", colocated)):
-            entry = {"instances": n}
-            if n:
-                entry["port"] = free_base(n)
-                entry["metrics_port"] = free_base(n)
-                entry["threads"] = 1
-                self.metrics_ports += [(f"{section}-{i}", entry["metrics_port"] + i)
-                                       for i in range(n)]
-            sections[section] = entry
-        self.config = {
-            "model": {"path": model_dir, "name": "tiny-test", "max_model_len": 1024},
-            "router": {"host": "127.0.0.1", "port": self.router_port, "policy": "goodput"},
-            # Generous SLOs: this checks correctness on a shared CPU, not admission.
-            "slo": {"ttft_s": 60, "tpot_s": 10},
-            "transfer": {"backend": "ucx", "ucx_tls": "tcp"},
-            **sections,
-        }
-        self.config_path = os.path.join(workdir, f"{name}.yaml")
-        self.write_config()
-        self.log_path = os.path.join(workdir, f"{name}.log")
-        self.url = f"http://127.0.0.1:{self.router_port}"
-        self.proc = None
-        self.known_children = set()
-
-    def write_config(self):
-        with open(self.config_path, "w") as f:
-            json.dump(self.config, f, indent=1)  # JSON is YAML
+        # Generous SLOs: this checks correctness on a shared CPU, not admission.
+        super().__init__(name, BIN, model_dir, workdir, prefill, decode, colocated,
+                         slo=(60, 10), ready_timeout_s=READY_TIMEOUT_S)
 
     def reload(self, policy):
         """Switches the router's placement policy through SIGHUP (launcher -> router)."""
@@ -75,74 +47,6 @@ class Cluster:
                 return True
             time.sleep(0.1)
         return False
-
-    def start(self):
-        self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen([BIN, "up", self.config_path], stdout=self.log,
-                                     stderr=subprocess.STDOUT)
-        deadline = time.time() + READY_TIMEOUT_S
-        while time.time() < deadline:
-            self.known_children.update(pid for pid, _ in children_of(self.proc.pid))
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name}: tandem up exited: {self.tail()}")
-            try:
-                if http_get(self.url + "/ready", timeout=2)[0] == 200:
-                    self.known_children.update(pid for pid, _ in children_of(self.proc.pid))
-                    return
-            except Exception:
-                pass
-            time.sleep(0.25)
-        raise RuntimeError(f"{self.name}: not ready after {READY_TIMEOUT_S} s: {self.tail()}")
-
-    def wait_ready(self, timeout):
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            try:
-                if http_get(self.url + "/ready", timeout=2)[0] == 200:
-                    return True
-            except Exception:
-                pass
-            time.sleep(0.2)
-        return False
-
-    def child_pid(self, role, index):
-        for pid, cmd in children_of(self.proc.pid):
-            self.known_children.add(pid)
-            if len(cmd) > 1 and cmd[1] == role and "--index" in cmd and \
-                    cmd[cmd.index("--index") + 1] == str(index):
-                return pid
-        return None
-
-    def tail(self, n=40):
-        try:
-            with open(self.log_path) as f:
-                return "".join(f.readlines()[-n:])
-        except OSError:
-            return ""
-
-    def stop(self):
-        if self.proc is None:
-            return
-        keep = os.environ.get("TANDEM_E2E_LOG_DIR")
-        self.known_children.update(pid for pid, _ in children_of(self.proc.pid))
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        for pid in self.known_children:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self.log.close()
-        self.proc = None
-        if keep:
-            os.makedirs(keep, exist_ok=True)
-            with open(self.log_path) as src, open(os.path.join(keep, self.name + ".log"), "w") as dst:
-                dst.write(src.read())
 
     def client(self):
         # An explicit httpx client: openai 1.51's default wrapper passes `proxies`, which
