@@ -71,6 +71,15 @@ def children_of(pid):
     return out
 
 
+def tail_file(path, n):
+    """The last n lines of a log file ("" if it cannot be read)."""
+    try:
+        with open(path) as f:
+            return "".join(f.readlines()[-n:])
+    except OSError:
+        return ""
+
+
 def stop_process(proc, timeout):
     """SIGTERM, then SIGKILL after `timeout` seconds."""
     if proc is None or proc.poll() is not None:
@@ -173,11 +182,7 @@ class TandemCluster:
         return self.processes().get(f"{role}-{index}")
 
     def tail(self, n=40):
-        try:
-            with open(self.log_path) as f:
-                return "".join(f.readlines()[-n:])
-        except OSError:
-            return ""
+        return tail_file(self.log_path, n)
 
     def stop(self):
         """SIGTERM to the launcher (SIGKILL after 30 s), then SIGKILL to every child it had."""

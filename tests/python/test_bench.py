@@ -18,13 +18,12 @@ Env: TANDEM_BINARY. Exit 0 = pass. Every process is stopped in finally blocks.
 import json
 import os
 import queue
-import signal
 import subprocess
 import sys
 import tempfile
 import threading
 
-from cluster_util import FAILURES, check
+from cluster_util import FAILURES, check, stop_process
 
 BIN = os.environ.get("TANDEM_BINARY") or os.path.join(
     os.path.dirname(__file__), "..", "..", "build", "tandem")
@@ -72,14 +71,7 @@ def start_cluster(config_path, log_path):
 
 
 def stop(proc, timeout=30):
-    if proc is None or proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    stop_process(proc, timeout)
 
 
 def run(args, timeout=RUN_TIMEOUT_S):

@@ -42,7 +42,7 @@ import urllib.parse
 
 import httpx
 
-from cluster_util import FAILURES, TandemCluster, check, free_base, http_get, stop_process
+from cluster_util import FAILURES, TandemCluster, check, free_base, http_get, stop_process, tail_file
 
 BIN = os.environ.get("TANDEM_BINARY") or os.path.join(
     os.path.dirname(__file__), "..", "..", "build", "tandem")
@@ -510,11 +510,7 @@ class Prometheus:
         return data["data"]["result"]
 
     def tail(self, n=20):
-        try:
-            with open(self.log_path) as f:
-                return "".join(f.readlines()[-n:])
-        except OSError:
-            return ""
+        return tail_file(self.log_path, n)
 
     def stop(self):
         stop_process(self.proc, 10)
