@@ -457,26 +457,19 @@ void Simulation::OnArrival(int64_t id) {
     Fail(id, placement.status().message());
     return;
   }
-  // The router's own increments (cluster_backend.cc AddSubmit / AddHandoff).
-  InstanceLoad* first = nullptr;
+  // The router's own increments (router/placement.h AddUnreported*).
   if (placement->colocated >= 0) {
     r.colocated = num_decode_ + placement->colocated;
-    first = &view_c_[placement->colocated];
-    first->load.running_requests += 1;
+    AddUnreportedSubmit(view_c_[placement->colocated].load, r.prompt, /*colocated=*/true);
     placed_e_[r.colocated].push_back(id);
   } else {
     r.prefill = placement->prefill;
     r.decode = placement->decode;
-    first = &view_p_[r.prefill];
-    LoadReport& d = view_d_[r.decode].load;
-    d.running_requests += 1;
-    d.context_tokens += r.prompt;
-    d.free_kv_blocks -= (r.prompt + block_size_) / block_size_;
+    AddUnreportedSubmit(view_p_[r.prefill].load, r.prompt, /*colocated=*/false);
+    AddUnreportedHandoff(view_d_[r.decode].load, r.prompt, block_size_);
     placed_p_[r.prefill].push_back(id);
     incoming_e_[r.decode].push_back(id);
   }
-  first->load.queued_prefill_tokens += r.prompt;
-  first->load.waiting_requests += 1;
 
   const int64_t total = int64_t{r.prompt} + r.max_tokens;
   if (total > config_.model.max_model_len) {
@@ -536,18 +529,10 @@ void Simulation::ApplyReport(InstanceLoad& view, const LoadReport& report, size_
   std::erase_if(placed, [&](int64_t id) {
     return reqs_[id].arrival_index < taken_in || reqs_[id].finished;
   });
-  for (int64_t id : placed) {
-    view.load.queued_prefill_tokens += reqs_[id].prompt;
-    view.load.waiting_requests += 1;
-    if (colocated) view.load.running_requests += 1;
-  }
+  for (int64_t id : placed) AddUnreportedSubmit(view.load, reqs_[id].prompt, colocated);
   if (incoming == nullptr) return;
   std::erase_if(*incoming, [&](int64_t id) { return reqs_[id].first_token >= 0 || reqs_[id].finished; });
-  for (int64_t id : *incoming) {
-    view.load.running_requests += 1;
-    view.load.context_tokens += reqs_[id].prompt;
-    view.load.free_kv_blocks -= (reqs_[id].prompt + block_size_) / block_size_;
-  }
+  for (int64_t id : *incoming) AddUnreportedHandoff(view.load, reqs_[id].prompt, block_size_);
 }
 
 void Simulation::OnReportTick() {
@@ -691,8 +676,7 @@ double Simulation::TransferSeconds(int64_t id) const {
   double seconds = models_.transfer.Seconds(bytes);
   // transfer.layerwise: the layers stream while prefill's last pass computes them, so a pull
   // that starts as the request is handed off has only what that pass did not cover left.
-  const bool layerwise = config_.transfer.layerwise && config_.transfer.backend != "nccl";
-  if (layerwise && now_ <= r.pull_arrived)
+  if (StreamsLayerwise(config_.transfer) && now_ <= r.pull_arrived)
     seconds = models_.transfer.latency_s +
               std::max(0.0, seconds - models_.transfer.latency_s - r.last_pass_s);
   return seconds;

@@ -86,6 +86,10 @@ struct TransferSection {
   bool layerwise = true;
 };
 
+// Whether the KV handoff streams layer by layer: transfer.layerwise, over a backend that can
+// (NCCL cannot). The prefill and decode servers and the simulator all ask this.
+inline bool StreamsLayerwise(const TransferSection& t) { return t.layerwise && t.backend != "nccl"; }
+
 struct LoggingSection {
   std::string level = "info";   // debug|info|warn|error
   std::string format = "text";  // text|json

@@ -626,8 +626,7 @@ StatusOr<std::unique_ptr<DecodeServer>> DecodeServer::Start(const InstanceOption
   // transfer timeout, and the step's wait for a layer a little later.
   eo.kv_wait_timeout = std::chrono::milliseconds(
       static_cast<int64_t>((options.config.transfer.timeout_s + 1.0) * 1000));
-  impl.layerwise = !colocated && options.config.transfer.layerwise &&
-                   options.config.transfer.backend != "nccl";
+  impl.layerwise = !colocated && StreamsLayerwise(options.config.transfer);
   if (!colocated) {
     // The transport provides the pool's memory (UCX-allocated for ucx: shared-memory RMA needs
     // it); the layout is the one CpuForward::MakeKvLayout gives, checked by KvCache::Create.

@@ -335,6 +335,12 @@ struct PrefillServer::Impl {
       FreeHeld(id, Unavailable("decode connection closed"), true);  // decode's Finish is lost too
   }
 
+  // When a hold that starts now expires (prefill.kv_hold_timeout_s).
+  Clock::time_point HoldDeadline() const {
+    return Clock::now() + std::chrono::milliseconds(
+                              static_cast<int64_t>(section->kv_hold_timeout_s * 1000));
+  }
+
   // Holds a published request's blocks for decode (until KvReleased, the transport's release or
   // prefill.kv_hold_timeout_s) and starts its KvReady: id, descriptor and peer info set.
   KvReady Hold(const std::string& id, std::vector<int32_t> blocks, uint64_t decode_conn,
@@ -342,8 +348,7 @@ struct PrefillServer::Impl {
     Held h;
     h.blocks = std::move(blocks);
     h.decode_conn = decode_conn;
-    h.deadline = Clock::now() + std::chrono::milliseconds(
-                                    static_cast<int64_t>(section->kv_hold_timeout_s * 1000));
+    h.deadline = HoldDeadline();
     held[id] = std::move(h);
     KvReady ready;
     ready.request_id = id;
@@ -384,8 +389,7 @@ struct PrefillServer::Impl {
     r.blocks.clear();  // owned by `held` (or freed already if decode gave up)
     // The hold runs from now, as for a handoff after the pass: a long pass must not eat it.
     if (auto it = held.find(r.submit.request_id); it != held.end())
-      it->second.deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(
-                                               section->kv_hold_timeout_s * 1000));
+      it->second.deadline = HoldDeadline();
     KvProgress progress;
     progress.request_id = r.submit.request_id;
     progress.layers_ready = kAllLayersReady;
@@ -607,7 +611,7 @@ StatusOr<std::unique_ptr<PrefillServer>> PrefillServer::Start(const PrefillOptio
                                                         &kv_memory));
   TANDEM_ASSIGN_OR_RETURN(impl.cache, KvCache::Create(kv_layout, kv_blocks, std::move(kv_memory)));
   impl.peer_info_blob = impl.publisher->peer_info_blob();
-  impl.layerwise = t.layerwise && t.backend != "nccl";
+  impl.layerwise = StreamsLayerwise(t);
 
   impl.work = std::make_unique<
       boost::asio::executor_work_guard<boost::asio::io_context::executor_type>>(

@@ -298,19 +298,13 @@ int ClusterBackend::InFlight() const {
   return static_cast<int>(requests_.size());
 }
 
-// What a request adds to an instance's load until a report includes it.
+// What a request adds to an instance's load until a report includes it (router/placement.h).
 void ClusterBackend::AddSubmit(Instance& instance, int64_t prompt_tokens) {
-  instance.load.queued_prefill_tokens += prompt_tokens;
-  instance.load.waiting_requests += 1;
-  if (instance.role == InstanceRole::kColocated) instance.load.running_requests += 1;
+  AddUnreportedSubmit(instance.load, prompt_tokens, instance.role == InstanceRole::kColocated);
 }
 
 void ClusterBackend::AddHandoff(Instance& instance, int64_t prompt_tokens) {
-  instance.load.running_requests += 1;
-  instance.load.context_tokens += prompt_tokens;
-  if (instance.hello.kv_block_size > 0)
-    instance.load.free_kv_blocks -=
-        (prompt_tokens + instance.hello.kv_block_size) / instance.hello.kv_block_size;
+  AddUnreportedHandoff(instance.load, prompt_tokens, instance.hello.kv_block_size);
 }
 
 void ClusterBackend::ApplyReportLocked(Instance& instance, const LoadReport& report) {

@@ -98,6 +98,18 @@ double PredictColocatedTpotSeconds(const InstanceLoad& x, int64_t prompt_tokens)
   return PredictDecodeTpotSeconds(x, std::max<int64_t>(prompt_tokens, 1));
 }
 
+void AddUnreportedSubmit(LoadReport& load, int64_t prompt_tokens, bool colocated) {
+  load.queued_prefill_tokens += prompt_tokens;
+  load.waiting_requests += 1;
+  if (colocated) load.running_requests += 1;
+}
+
+void AddUnreportedHandoff(LoadReport& load, int64_t prompt_tokens, int32_t kv_block_size) {
+  load.running_requests += 1;
+  load.context_tokens += prompt_tokens;
+  if (kv_block_size > 0) load.free_kv_blocks -= (prompt_tokens + kv_block_size) / kv_block_size;
+}
+
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();

@@ -99,6 +99,14 @@ double PredictTtftSeconds(const InstanceLoad& x, int64_t prompt_tokens);
 double PredictDecodeTpotSeconds(const InstanceLoad& x, int64_t prompt_tokens);
 double PredictColocatedTpotSeconds(const InstanceLoad& x, int64_t prompt_tokens);
 
+// What a placed request adds to an instance's load until one of its reports includes it
+// (router/cluster_backend.cc; the simulator mirrors it). First instance (prefill or colocated):
+// its prompt is queued, and a colocated one also runs it. Decode instance: it will run the
+// request with the prompt as context, in the prompt's blocks (kv_block_size 0 = unknown: no
+// block count).
+void AddUnreportedSubmit(LoadReport& load, int64_t prompt_tokens, bool colocated);
+void AddUnreportedHandoff(LoadReport& load, int64_t prompt_tokens, int32_t kv_block_size);
+
 // Chooses where a request goes. Errors: Unavailable when no usable instance (pair or
 // colocated) exists; ResourceExhausted (goodput) when no candidate meets the SLO, with the best
 // predictions and a retry hint in the message.

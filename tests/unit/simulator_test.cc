@@ -33,6 +33,16 @@ ClusterConfig Disaggregated(const std::string& policy = "least_loaded") {
   return c;
 }
 
+// One colocated instance and nothing else.
+ClusterConfig OneColocated() {
+  ClusterConfig c;
+  c.router.policy = "least_loaded";
+  c.prefill.instances = 0;
+  c.decode.instances = 0;
+  c.colocated.instances = 1;
+  return c;
+}
+
 WorkloadRequest Request(int64_t id, double arrival, int32_t prompt, int32_t max_tokens) {
   WorkloadRequest r;
   r.id = id;
@@ -124,11 +134,7 @@ TEST_CASE("decode admits pulls only within the batch limit and the KV blocks", "
 }
 
 TEST_CASE("colocated: a prompt arriving mid-decode slows the running request", "[simulator]") {
-  ClusterConfig c;
-  c.router.policy = "least_loaded";
-  c.prefill.instances = 0;
-  c.decode.instances = 0;
-  c.colocated.instances = 1;
+  ClusterConfig c = OneColocated();
   auto alone = Simulate(c, Model(), {Request(0, 0, 10, 50)});
   auto mixed = Simulate(c, Model(), {Request(0, 0, 10, 50), Request(1, 0.2, 1000, 2)});
   REQUIRE(alone.ok());
@@ -142,11 +148,7 @@ TEST_CASE("colocated: a prompt arriving mid-decode slows the running request", "
 
 TEST_CASE("colocated prefill_first: a prompt pauses the running request for its whole prefill",
           "[simulator]") {
-  ClusterConfig c;
-  c.router.policy = "least_loaded";
-  c.prefill.instances = 0;
-  c.decode.instances = 0;
-  c.colocated.instances = 1;
+  ClusterConfig c = OneColocated();
   c.colocated.token_budget = 512;  // the 1000-token prompt exceeds it: it runs alone, whole
   c.colocated.scheduling = "prefill_first";
   auto alone = Simulate(c, Model(), {Request(0, 0, 10, 50)});
