@@ -517,6 +517,14 @@ struct DecodeServer::Impl : public EngineSink {
     }
   }
 
+  // Pulls in flight whose request is not in the running batch yet (layer-wise requests join the
+  // batch while their KV arrives, and count there).
+  int32_t PullsOutsideEngine() const {
+    int32_t n = 0;
+    for (const auto& [id, p] : pulling) n += p.in_engine ? 0 : 1;
+    return n;
+  }
+
   void AdmitFromPullQueue() {
     ExpireQueuedPulls();
     if (pull_queue.empty()) return;
@@ -525,9 +533,7 @@ struct DecodeServer::Impl : public EngineSink {
     std::vector<int32_t> needs;
     for (auto& p : pull_queue) needs.push_back(p.blocks_needed);
     PullLimits limits{stats.total_blocks, section->kv_usage_watermark, section->max_batch_size};
-    int32_t pulling_outside = 0;  // pulls whose request is not in the running batch yet
-    for (auto& [id, p] : pulling) pulling_outside += p.in_engine ? 0 : 1;
-    size_t n = AdmitPulls(needs, limits, stats.free_blocks, stats.running + pulling_outside);
+    size_t n = AdmitPulls(needs, limits, stats.free_blocks, stats.running + PullsOutsideEngine());
     for (size_t i = 0; i < n; ++i) {
       PendingPull p = std::move(pull_queue.front());
       pull_queue.pop_front();
@@ -540,9 +546,8 @@ struct DecodeServer::Impl : public EngineSink {
     LoadReport r;
     r.instance_id = instance_id;
     r.queued_prefill_tokens = s.waiting_prompt_tokens;
-    int32_t pulling_outside = 0;  // requests in the batch while their KV arrives count there
-    for (auto& [id, p] : pulling) pulling_outside += p.in_engine ? 0 : 1;
-    r.waiting_requests = s.waiting + static_cast<int32_t>(pull_queue.size()) + pulling_outside;
+    r.waiting_requests =
+        s.waiting + static_cast<int32_t>(pull_queue.size()) + PullsOutsideEngine();
     r.running_requests = s.running;
     r.free_kv_blocks = s.free_blocks;
     r.total_kv_blocks = s.total_blocks;
