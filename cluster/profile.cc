@@ -227,8 +227,10 @@ int ProfileMain(const std::vector<std::string>& args) {
                "extra threads working on their own KV while measuring (a busy neighbour)");
   flags.AddString("background-kind", "decode",
                   "what the neighbour runs: decode (steps of batch 8, context 512: a prefill "
-                  "instance's neighbour) or prefill (512-token prompts: a decode instance's "
-                  "neighbour; with --threads 1)");
+                  "instance's neighbour), prefill (512-token prompts: a decode instance's "
+                  "neighbour), or other (the other phase: decode while prefill is measured, "
+                  "prefill while decode is measured, as each instance of a 1-prefill-core + "
+                  "1-decode-core cluster has beside it); prefill and other need --threads 1");
   flags.AddString("clock", "wall",
                   "wall: wall-clock time; cpu: CPU time of the measured forward (process CPU "
                   "minus the background threads', / --threads): on a machine shared with other "
@@ -262,9 +264,16 @@ int ProfileMain(const std::vector<std::string>& args) {
   if (threads < 1 || threads > 1024) return usage_error("--threads must be in [1, 1024]");
   if (background < 0 || background > 64) return usage_error("--background-threads must be in [0, 64]");
   const std::string background_kind = flags.GetString("background-kind");
-  if (background_kind != "decode" && background_kind != "prefill")
-    return usage_error("--background-kind must be decode|prefill, got '" + background_kind + "'");
-  const bool prefill_neighbour = background_kind == "prefill";
+  if (background_kind != "decode" && background_kind != "prefill" && background_kind != "other")
+    return usage_error("--background-kind must be decode|prefill|other, got '" + background_kind +
+                       "'");
+  // A prefilling neighbour runs OpenBLAS GEMMs, whose thread count is process-wide: it and the
+  // measured forward must agree on it, so both run on one thread.
+  if (background > 0 && background_kind != "decode" && threads != 1)
+    return usage_error("--background-kind " + background_kind + " needs --threads 1");
+  // What the neighbour runs while the prefill grid, then the decode grid, is measured.
+  const bool prefill_neighbour_for_prefill = background_kind == "prefill";
+  const bool prefill_neighbour_for_decode = background_kind != "decode";
   if (reps < 1 || reps > 100) return usage_error("--reps must be in [1, 100]");
   if (flags.GetDouble("transfer-bytes-per-s") < 0 || flags.GetDouble("transfer-latency-s") < 0)
     return usage_error("--transfer-* must not be negative");
@@ -332,8 +341,10 @@ int ProfileMain(const std::vector<std::string>& args) {
 
   // The neighbour first: every CpuForward::Create sets OpenBLAS's (process-wide) thread count,
   // and the measured forward's must win.
-  Background neighbour;
-  if (Status s = neighbour.Start(**model, static_cast<int>(background), block_size, prefill_neighbour); !s.ok())
+  auto neighbour = std::make_unique<Background>();
+  if (Status s = neighbour->Start(**model, static_cast<int>(background), block_size,
+                                  prefill_neighbour_for_prefill);
+      !s.ok())
     return fail(s);
   ForwardOptions options;
   options.num_threads = static_cast<int>(threads);
@@ -364,7 +375,7 @@ int ProfileMain(const std::vector<std::string>& args) {
   std::mt19937 rng(1);
   auto now = [&]() {
     if (!cpu_clock) return Now();
-    return (CpuSeconds(CLOCK_PROCESS_CPUTIME_ID) - neighbour.CpuSeconds()) /
+    return (CpuSeconds(CLOCK_PROCESS_CPUTIME_ID) - neighbour->CpuSeconds()) /
            static_cast<double>(threads);
   };
 
@@ -389,6 +400,16 @@ int ProfileMain(const std::vector<std::string>& args) {
     prefill_samples.push_back({double(b) * l, double(b) * l * l, *t});
   }
   const double prefill_done = Now();
+  const int64_t prefill_neighbour_steps = neighbour->steps();
+  if (prefill_neighbour_for_decode != prefill_neighbour_for_prefill) {
+    // --background-kind other: the neighbour switches phase. (Its CpuForward sets OpenBLAS to
+    // one thread, which the measured forward also uses: --threads 1 was checked above.)
+    neighbour = std::make_unique<Background>();
+    if (Status s = neighbour->Start(**model, static_cast<int>(background), block_size,
+                                    prefill_neighbour_for_decode);
+        !s.ok())
+      return fail(s);
+  }
   for (auto [b, ctx] : decode_grid) {
     // The KV of the context is never computed: a decode step's cost does not depend on the
     // values it attends over, only on how many there are.
@@ -410,7 +431,11 @@ int ProfileMain(const std::vector<std::string>& args) {
     decode_samples.push_back({double(b), double(b) * ctx, *t});
   }
   const double decode_done = Now();
-  const int64_t neighbour_steps = neighbour.steps();
+  const int64_t decode_neighbour_steps =
+      prefill_neighbour_for_decode != prefill_neighbour_for_prefill
+          ? neighbour->steps()
+          : neighbour->steps() - prefill_neighbour_steps;
+  neighbour.reset();
 
   LatencyModel lm;
   lm.model = model_name;
@@ -431,11 +456,18 @@ int ProfileMain(const std::vector<std::string>& args) {
               lm.c1, lm.c2, lm.c3, lm.fit.prefill_r2, 100 * lm.fit.prefill_max_rel_error);
   std::printf("decode  s = %.6g + %.6g * batch + %.6g * sum(context)   R^2 %.4f, max error %.1f%%\n",
               lm.c4, lm.c5, lm.c6, lm.fit.decode_r2, 100 * lm.fit.decode_max_rel_error);
+  auto neighbour_work = [](bool prefill, int64_t steps) {
+    return std::to_string(steps) + (prefill ? " prefills" : " decode steps");
+  };
   std::printf("measured in %.1f s (prefill %.1f s, decode %.1f s)%s\n", decode_done - started,
               prefill_done - started, decode_done - prefill_done,
               background > 0
-                  ? (", neighbour ran " + std::to_string(neighbour_steps) +
-                     (prefill_neighbour ? " prefills" : " decode steps")).c_str()
+                  ? (", neighbour ran " +
+                     neighbour_work(prefill_neighbour_for_prefill, prefill_neighbour_steps) +
+                     " during the prefill grid, " +
+                     neighbour_work(prefill_neighbour_for_decode, decode_neighbour_steps) +
+                     " during the decode grid")
+                        .c_str()
                   : "");
 
   // The KV link. Default: an in-process memcpy of a 1k-token KV, the ceiling of any transport.
@@ -475,14 +507,23 @@ int ProfileMain(const std::vector<std::string>& args) {
        << (quick ? "quick grid" : "full grid") << ", "
        << (cpu_clock ? "CPU time (process minus background threads, / threads)" : "wall clock")
        << ", ";
-  if (background > 0 && prefill_neighbour)
-    note << background << " background thread(s) prefilling (" << Background::kPrompt
-         << "-token prompts) on their own KV while measuring";
-  else if (background > 0)
-    note << background << " background thread(s) decoding (batch " << Background::kBatch
-         << ", context " << Background::kContext << ") on their own KV while measuring";
-  else
+  auto neighbour_note = [&](bool prefill) {
+    std::ostringstream n;
+    n << background << " background thread(s) ";
+    if (prefill)
+      n << "prefilling (" << Background::kPrompt << "-token prompts)";
+    else
+      n << "decoding (batch " << Background::kBatch << ", context " << Background::kContext << ")";
+    n << " on their own KV";
+    return n.str();
+  };
+  if (background == 0)
     note << "no background load";
+  else if (prefill_neighbour_for_prefill == prefill_neighbour_for_decode)
+    note << neighbour_note(prefill_neighbour_for_decode) << " while measuring";
+  else
+    note << "prefill measured beside " << neighbour_note(prefill_neighbour_for_prefill)
+         << ", decode beside " << neighbour_note(prefill_neighbour_for_decode);
   comments.push_back(note.str());
   if (!transfer_given && !flags.GetBool("append"))
     comments.push_back("transfer: bytes_per_s = in-process memcpy of a 1k-token KV here (" +

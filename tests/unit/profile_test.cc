@@ -1,6 +1,8 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <fstream>
+#include <iterator>
 
 #include "common/latency_model.h"
 #include "test_util.h"
@@ -52,7 +54,37 @@ TEST_CASE("profile: --quick on the tiny model writes a model that reads back",
   CHECK(both->Find("cpu", 1)->c1 == m.c1);
 }
 
+TEST_CASE("profile: --background-kind other swaps the neighbour's phase between the grids",
+          "[profile]") {
+  test::TempDir dir;
+  const std::string out = (dir.path() / "lm.yaml").string();
+  test::CommandResult r = test::RunCommand(
+      std::string(TANDEM_BINARY) +
+      " profile --quick --reps 1 --model-preset tiny --background-threads 1 "
+      "--background-kind other --out " + out);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  // The neighbour decoded during the prefill grid and prefilled during the decode grid.
+  CHECK(r.output.find("decode steps during the prefill grid") != std::string::npos);
+  CHECK(r.output.find("prefills during the decode grid") != std::string::npos);
+  auto file = LoadLatencyModel(out);
+  REQUIRE(file.ok());
+  REQUIRE(file->entries.size() == 1);
+  CHECK(file->entries[0].c2 > 0);
+  // The file says what the neighbour did.
+  std::ifstream in(out);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(text.find("prefill measured beside 1 background thread(s) decoding") != std::string::npos);
+  CHECK(text.find("decode beside 1 background thread(s) prefilling") != std::string::npos);
+}
+
 TEST_CASE("profile: bad flags are usage errors", "[profile]") {
+  // A prefilling neighbour shares OpenBLAS's process-wide thread count with the measured pass.
+  CHECK(test::RunCommand(std::string(TANDEM_BINARY) +
+                         " profile --threads 2 --background-threads 1 --background-kind other")
+            .exit_code == 2);
+  CHECK(test::RunCommand(std::string(TANDEM_BINARY) + " profile --background-kind idle")
+            .exit_code == 2);
   CHECK(test::RunCommand(std::string(TANDEM_BINARY) + " profile --threads 0").exit_code == 2);
   CHECK(test::RunCommand(std::string(TANDEM_BINARY) + " profile --model-preset huge").exit_code ==
         2);
