@@ -153,6 +153,8 @@ struct Lane {
   std::vector<std::pair<int64_t, int32_t>> batch;  // the step in flight
   double seconds = 0;
   int64_t prefill_tokens = 0;
+  int64_t decode_batch = 0;  // sequences of a step without prompt work, and their context
+  double decode_context = 0;
 };
 
 struct EngineInstance {
@@ -170,6 +172,7 @@ struct EngineInstance {
   double wake_at = -1;
   bool kicked = false;
   double avg_decode_step_s = 0, avg_prefill_s_per_token = 0;
+  double avg_decode_batch = 0, avg_decode_context = 0;  // of the steps in avg_decode_step_s
   // scratch
   std::vector<SeqState> running_state, waiting_state;
   std::vector<int64_t> chunk_new, chunk_past;
@@ -867,6 +870,8 @@ bool Simulation::StartStep(int ei, int li) {
     lane.batch.push_back({id, s.num_tokens});
   }
   lane.seconds = e.lm->MixedStepSeconds(e.chunk_new, e.chunk_past, decode_batch, sum_context);
+  lane.decode_batch = decode_batch;
+  lane.decode_context = sum_context;
   lane.busy = true;
   lane.started_at = now_;
   e.stage_free_at = now_ + lane.seconds / e.pp;
@@ -899,8 +904,11 @@ void Simulation::OnStepDone(int ei, int li) {
   }
   if (lane.prefill_tokens > 0)
     Average(&e.avg_prefill_s_per_token, lane.seconds / static_cast<double>(lane.prefill_tokens));
-  else
+  else {
     Average(&e.avg_decode_step_s, lane.seconds);
+    Average(&e.avg_decode_batch, static_cast<double>(lane.decode_batch));
+    Average(&e.avg_decode_context, lane.decode_context);
+  }
   lane.batch.clear();
   PublishEngine(ei, lane.started_at);
   RunEngine(ei);  // the server steps again at once
@@ -929,6 +937,8 @@ void Simulation::PublishEngine(int ei, double seen_before) {
   r.total_kv_blocks = e.total_blocks;
   r.prefill_seconds_per_token = e.avg_prefill_s_per_token;
   r.decode_step_seconds = e.avg_decode_step_s;
+  r.decode_step_batch = e.avg_decode_batch;
+  r.decode_step_context_tokens = e.avg_decode_context;
   taken_in_e_[ei] = TakenIn(seen_before);
   if (options_.load_report_interval_s <= 0) ApplyEngineReport(ei);
 }
@@ -995,7 +1005,7 @@ int SimulateMain(const std::vector<std::string>& args) {
       "per-request outcomes.");
   flags.AddString("config", "", "cluster YAML (absent: defaults)");
   flags.AddString("latency-model", "", "latency model YAML (tandem profile, cluster/gpu/*.yaml)");
-  flags.AddString("workload", "chatbot", "chatbot|code|summarization (ignored with --trace)");
+  flags.AddString("workload", "chatbot", "chatbot|chatbot-history|code|summarization (ignored with --trace)");
   flags.AddDouble("rate", 1.0, "requests/s, Poisson (<= 0: all at t = 0)");
   flags.AddInt("num-requests", 100, "requests to generate");
   flags.AddInt("seed", 1, "workload seed");

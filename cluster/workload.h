@@ -6,7 +6,11 @@
 // length. Synthetic workloads are seeded (the same seed gives the same list, on every machine):
 //
 //   chatbot         ShareGPT-like: log-normal input (median ~ 0.1 * max_model_len) and output
-//                   (median ~ 0.06 * max_model_len), clipped to the model's length budget
+//                   (median ~ 0.06 * max_model_len), clipped to the model's length budget: one
+//                   turn, as vLLM's serving benchmark samples ShareGPT
+//   chatbot-history ShareGPT as DistServe evaluated it: each prompt a conversation's history
+//                   (median ~ 0.36 * max_model_len, up to the budget), outputs skewed short
+//                   (median ~ 0.032 * max_model_len, a long tail)
 //   code            HumanEval-like: short in (median ~ 0.04 * max_model_len), short out (~0.03)
 //   summarization   LongBench-like: long in (median ~ 0.4 * max_model_len), short out (~0.03)
 //
@@ -50,12 +54,13 @@ struct LengthDistribution {
 };
 
 struct WorkloadShape {
-  std::string name;          // chatbot|code|summarization
+  std::string name;          // chatbot|chatbot-history|code|summarization
   LengthDistribution input;
   LengthDistribution output;
 };
 
-// "chatbot" | "code" | "summarization"; InvalidArgument naming the value otherwise.
+// "chatbot" | "chatbot-history" | "code" | "summarization"; InvalidArgument naming the value
+// otherwise.
 StatusOr<WorkloadShape> WorkloadShapeByName(std::string_view name);
 std::vector<std::string> WorkloadNames();
 

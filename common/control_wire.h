@@ -32,8 +32,8 @@ namespace tandem {
 
 inline constexpr uint32_t kControlMagic = 0x4C544354;  // "TCTL" as little-endian bytes
 // 2: Submit.seq and LoadReport.last_submit_seq; 3: KvReady carries layers_ready and an optional
-// first token, KvProgress.
-inline constexpr uint16_t kControlVersion = 3;
+// first token, KvProgress; 4: LoadReport.decode_step_batch and decode_step_context_tokens.
+inline constexpr uint16_t kControlVersion = 4;
 inline constexpr size_t kMaxControlBodyBytes = 32u << 20;
 inline constexpr size_t kMaxPromptTokens = 1u << 20;
 inline constexpr size_t kMaxIdBytes = 256;
@@ -75,6 +75,11 @@ struct LoadReport {
   int64_t total_kv_blocks = 0;
   double prefill_seconds_per_token = 0;  // recent average over prefill batches
   double decode_step_seconds = 0;        // recent average decode step time
+  // The same moving average's batch size and summed context (steps without prompt work): the
+  // step the router compares decode_step_seconds with to correct its latency model
+  // (router/placement.h DecodeModelCorrection). 0 = no decode step measured yet.
+  double decode_step_batch = 0;
+  double decode_step_context_tokens = 0;
   int64_t context_tokens = 0;            // sum of context lengths in the decode batch
   // The highest Submit::seq this instance had taken into its queue when it computed this report:
   // the requests the router submitted after that are not in the numbers above yet.

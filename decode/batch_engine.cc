@@ -266,12 +266,17 @@ bool BatchEngine::Step(EngineSink& sink) {
   }
   const size_t first_admitted = running_.size() - admitted;
   int64_t prefill_tokens = 0;
+  // A step without prompt work, as the load report counts it: sequences, and every token of
+  // each (what the latency model's decode step is a function of).
+  int64_t decode_batch = 0, decode_context = 0;
   for (const ScheduledSeq& s : plan.scheduled) {
     Request* r = s.from_waiting ? running_[first_admitted + s.index].get() : running_[s.index].get();
     Status alloc = cache_->blocks().Allocate(s.new_blocks, &r->blocks);
     TANDEM_CHECK(alloc.ok(), "the scheduler only plans blocks that are free: " + alloc.message());
     const int32_t remaining = static_cast<int32_t>(r->tokens.size()) - r->num_computed;
     if (remaining > 1 || s.from_waiting) prefill_tokens += s.num_tokens;
+    decode_batch += 1;
+    decode_context += static_cast<int64_t>(r->tokens.size());
     inputs_.push_back({std::span<const int32_t>(r->tokens).subspan(r->num_computed, s.num_tokens),
                        r->num_computed, r->blocks});
     batch_.push_back(r);
@@ -337,6 +342,8 @@ bool BatchEngine::Step(EngineSink& sink) {
     Average(&avg_prefill_s_per_token_, seconds / static_cast<double>(prefill_tokens));
   } else {
     Average(&avg_decode_step_s_, seconds);
+    Average(&avg_decode_batch_, static_cast<double>(decode_batch));
+    Average(&avg_decode_context_, static_cast<double>(decode_context));
   }
   return true;
 }
@@ -350,6 +357,8 @@ EngineStats BatchEngine::Stats() const {
   s.free_blocks = cache_->blocks().num_free();
   s.total_blocks = cache_->num_blocks();
   s.decode_step_seconds = avg_decode_step_s_;
+  s.decode_step_batch = avg_decode_batch_;
+  s.decode_step_context_tokens = avg_decode_context_;
   s.prefill_seconds_per_token = avg_prefill_s_per_token_;
   return s;
 }

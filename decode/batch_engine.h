@@ -86,7 +86,9 @@ struct EngineStats {
   int64_t context_tokens = 0;
   int32_t free_blocks = 0;
   int32_t total_blocks = 0;
-  double decode_step_seconds = 0;        // moving average
+  double decode_step_seconds = 0;        // moving average over steps without prompt work
+  double decode_step_batch = 0;          // the same average's sequences per step
+  double decode_step_context_tokens = 0;  // the same average's summed context per step
   double prefill_seconds_per_token = 0;  // moving average over steps with prefill work
 };
 
@@ -158,6 +160,8 @@ class BatchEngine {
   std::vector<Request*> batch_;
   std::vector<char> landed_;  // per batch entry: every layer it used had arrived
   double avg_decode_step_s_ = 0;
+  double avg_decode_batch_ = 0;
+  double avg_decode_context_ = 0;
   double avg_prefill_s_per_token_ = 0;
   Histogram* step_seconds_ = nullptr;
   Counter* preemptions_ = nullptr;

@@ -553,6 +553,8 @@ struct DecodeServer::Impl : public EngineSink {
     r.total_kv_blocks = s.total_blocks;
     r.prefill_seconds_per_token = s.prefill_seconds_per_token;
     r.decode_step_seconds = s.decode_step_seconds;
+    r.decode_step_batch = s.decode_step_batch;
+    r.decode_step_context_tokens = s.decode_step_context_tokens;
     r.context_tokens = s.context_tokens;
     r.last_submit_seq = last_submit_seq;
     running_gauge->Set(r.running_requests);

@@ -1,7 +1,7 @@
 // `tandem bench`: the OpenAI-API load generator, and `tandem bench sweep` (perf/sweep.h).
 //
 //   tandem bench --url http://127.0.0.1:8000
-//       (--workload chatbot|code|summarization [--seed S] [--num-requests N] | --trace FILE)
+//       (--workload chatbot|chatbot-history|code|summarization [--seed S] [--num-requests N] | --trace FILE)
 //       (--rate R | --concurrency C) [--duration-s D] --slo-ttft X --slo-tpot Y
 //       [--model NAME] [--max-model-len L] [--out results.json] [--quiet]
 //

@@ -48,17 +48,23 @@ if [[ $step == sweep || $step == all ]]; then
 fi
 
 if [[ $step == plan || $step == all ]]; then
-  # OPT-13B chatbot on 16 GPUs: DistServe's SLOs (TTFT 0.25 s, TPOT 0.1 s) on the H100 and A100
-  # models, both affinities; then tighter SLOs on the H100 (the A100 SLOs scaled by the H100's
-  # speed-up, and a tight TPOT). Each plan compares with the colocated baseline under both
+  # OPT-13B on 16 GPUs. chatbot: DistServe's SLOs (TTFT 0.25 s, TPOT 0.1 s) on the H100 and
+  # A100 models, both affinities; then tighter SLOs on the H100 (the A100 SLOs scaled by the
+  # H100's speed-up, and a tight TPOT). chatbot-history: ShareGPT as DistServe prepared it
+  # (conversation histories as prompts, cluster/workload.h) at the same SLOs, and at 0.2 s /
+  # 0.1 s (its artifact's scripts). Each plan compares with the colocated baseline under both
   # colocated.scheduling policies (chunked, prefill_first).
   mkdir -p "$OUT/plan"
-  for spec in "h100 0.25 0.1 high" "h100 0.25 0.1 low" "a100 0.25 0.1 high" "a100 0.25 0.1 low" \
-              "h100 0.08 0.06 high" "h100 0.25 0.05 high" "h100 0.25 0.03 high"; do
+  for spec in "chatbot h100 0.25 0.1 high" "chatbot h100 0.25 0.1 low" \
+              "chatbot a100 0.25 0.1 high" "chatbot a100 0.25 0.1 low" \
+              "chatbot h100 0.08 0.06 high" "chatbot h100 0.25 0.05 high" \
+              "chatbot h100 0.25 0.03 high" \
+              "chatbot-history a100 0.25 0.1 high" "chatbot-history a100 0.2 0.1 high" \
+              "chatbot-history h100 0.25 0.1 high"; do
     set -- $spec
-    name="$OUT/plan/$1-ttft$2-tpot$3-$4"
-    "$TANDEM" plan --latency-model "cluster/gpu/$1-opt13b.yaml" --workload chatbot \
-      --slo-ttft "$2" --slo-tpot "$3" --gpus 16 --affinity "$4" --max-model-len 2048 \
+    name="$OUT/plan/$1-$2-ttft$3-tpot$4-$5"
+    "$TANDEM" plan --latency-model "cluster/gpu/$2-opt13b.yaml" --workload "$1" \
+      --slo-ttft "$3" --slo-tpot "$4" --gpus 16 --affinity "$5" --max-model-len 2048 \
       --gpu-memory-gb 80 --weights-gb 26 --out "$name.yaml" | tee "$name.txt"
   done
 fi

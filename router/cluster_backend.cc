@@ -154,6 +154,11 @@ ClusterBackend::ClusterBackend(const ClusterConfig& config, ClusterBackendOption
         {"instance_role"});
     placements_ = &options_.metrics->AddCounter(
         "tandem_router_placements_total", "Placement decisions by result", {"result"});
+    decode_model_correction_ = &options_.metrics->AddGauge(
+        "tandem_router_decode_model_correction",
+        "Measured decode step time over router.latency_model's at the same batch and context "
+        "(1 = the model is right); the router scales its TPOT predictions by it",
+        {"instance"});
     instance_failures_ = &options_.metrics->AddCounter(
         "tandem_router_instance_disconnects_total", "Control connections to instances lost",
         {"instance"});
@@ -566,6 +571,15 @@ void ClusterBackend::OnMessage(size_t index, uint64_t generation, ControlMessage
     } else if (auto* report = std::get_if<LoadReport>(&message)) {
       ApplyReportLocked(instance, *report);
       instance.last_heard = now;
+      const LatencyModel* lm = instance.role == InstanceRole::kDecode      ? latency_.decode
+                               : instance.role == InstanceRole::kColocated ? latency_.colocated
+                                                                           : nullptr;
+      if (decode_model_correction_ != nullptr && lm != nullptr && report->decode_step_batch > 0) {
+        InstanceLoad x;
+        x.load = *report;
+        x.latency_model = lm;
+        decode_model_correction_->WithLabels({instance.name}).Set(DecodeModelCorrection(x));
+      }
     } else {
       TANDEM_LOG(kDebug) << "ignoring an unexpected control message from " << instance.name;
     }

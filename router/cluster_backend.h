@@ -167,6 +167,7 @@ class ClusterBackend : public Backend {
   Family<Gauge>* instances_up_ = nullptr;
   Family<Counter>* placements_ = nullptr;
   Family<Counter>* instance_failures_ = nullptr;
+  Family<Gauge>* decode_model_correction_ = nullptr;
 };
 
 }  // namespace tandem

@@ -81,12 +81,25 @@ double PredictTtftSeconds(const InstanceLoad& x, int64_t prompt_tokens) {
   return seconds;
 }
 
+double DecodeModelCorrection(const InstanceLoad& x) {
+  const LoadReport& load = x.load;
+  if (x.latency_model == nullptr || load.decode_step_seconds <= 0 || load.decode_step_batch <= 0)
+    return 1.0;
+  // The model is linear in batch and context, so at the averaged batch and context it predicts
+  // the average of the steps it is compared with.
+  const double predicted =
+      x.latency_model->DecodeStepSeconds(load.decode_step_batch, load.decode_step_context_tokens);
+  if (!(predicted > 0)) return 1.0;
+  return std::clamp(load.decode_step_seconds / predicted, kMinDecodeModelCorrection,
+                    kMaxDecodeModelCorrection);
+}
+
 double PredictDecodeTpotSeconds(const InstanceLoad& x, int64_t prompt_tokens) {
   if (x.latency_model == nullptr) return PredictTpotSeconds(x.load);
   const int64_t running = std::max<int32_t>(x.load.running_requests, 0);
   const double context = static_cast<double>(std::max<int64_t>(x.load.context_tokens, 0) +
                                              std::max<int64_t>(prompt_tokens, 0));
-  return x.latency_model->DecodeStepSeconds(running + 1, context);
+  return x.latency_model->DecodeStepSeconds(running + 1, context) * DecodeModelCorrection(x);
 }
 
 double PredictColocatedTpotSeconds(const InstanceLoad& x, int64_t prompt_tokens) {

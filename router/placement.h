@@ -12,7 +12,9 @@
 //                 429) when none does. A request that not even an idle pair could serve within
 //                 the SLO is placed anyway on the best pair: retrying later would not help.
 //                 Predictions come from the instance's latency model (common/latency_model.h,
-//                 `router.latency_model`) when it has one, else from its measured averages.
+//                 `router.latency_model`) when it has one, its decode steps corrected by the
+//                 step times the instance measures (DecodeModelCorrection), else from its
+//                 measured averages.
 //
 // When P/D pairs exist they are used; colocated instances are used only when there is no usable
 // pair. Pure functions; any thread.
@@ -90,13 +92,24 @@ double PredictTpotSeconds(const LoadReport& load);
 // this prompt, cut into prefill batches of x.token_budget tokens (the prefill scheduler's
 // chunking); the queue's share of a batch counts as one prompt of that many tokens (the router
 // does not know the queued prompts' lengths), this prompt's chunks as chunks with their past.
-// Decode TPOT: one step of running + 1 sequences over context_tokens + prompt.
+// Decode TPOT: one step of running + 1 sequences over context_tokens + prompt, times
+// DecodeModelCorrection.
 // Colocated TPOT: the same pure decode step. Its own prefill and the prompts queued ahead of it
 // finish before its first token; prompts that arrive later will slow its steps, but placement
 // cannot know them (an earlier version added a chunk of this prompt, which rejected requests
 // the instance then served within the SLO).
 double PredictTtftSeconds(const InstanceLoad& x, int64_t prompt_tokens);
 double PredictDecodeTpotSeconds(const InstanceLoad& x, int64_t prompt_tokens);
+// The latency model's decode steps, corrected by what the instance measures: the ratio of its
+// reported moving-average step time to the model's step at the same average batch and context
+// (LoadReport.decode_step_*), clamped to [kMin.., kMax..DecodeModelCorrection]. An offline
+// profile drifts from the machine it serves on (a shared host's speed varies by the hour, a
+// neighbour's work changes what a core gets); the measured steps are the instance's truth. 1
+// when there is no model or no measured decode step yet. Decode TPOT predictions (decode and
+// colocated) are multiplied by it.
+double DecodeModelCorrection(const InstanceLoad& x);
+inline constexpr double kMinDecodeModelCorrection = 0.25;
+inline constexpr double kMaxDecodeModelCorrection = 4.0;
 double PredictColocatedTpotSeconds(const InstanceLoad& x, int64_t prompt_tokens);
 
 // What a placed request adds to an instance's load until one of its reports includes it

@@ -132,6 +132,30 @@ TEST_CASE("a request whose KV is still arriving decodes the same tokens", "[batc
   CHECK(engine->Stats().free_blocks == 16);
 }
 
+TEST_CASE("decode steps report their batch and context beside their time", "[batch_engine]") {
+  test::TempDir dir;
+  auto model = TinyModel(dir);
+  auto engine = MakeEngine(*model);
+  CHECK(engine->Stats().decode_step_batch == 0);  // nothing measured yet
+  std::vector<int32_t> a, b;
+  REQUIRE(engine->cache().blocks().Allocate(3, &a).ok());
+  REQUIRE(engine->cache().blocks().Allocate(2, &b).ok());
+  // The KV content does not matter here: only the step's shape is checked.
+  engine->AddPulled("a", std::vector<int32_t>(40, 3), 5, Greedy(8), a);
+  engine->AddPulled("b", std::vector<int32_t>(20, 3), 5, Greedy(8), b);
+  Sink sink;
+  REQUIRE(engine->Step(sink));
+  EngineStats s = engine->Stats();
+  CHECK(s.decode_step_seconds > 0);
+  CHECK(s.decode_step_batch == 2);
+  CHECK(s.decode_step_context_tokens == 41 + 21);  // prompt + first token each, before the step
+  REQUIRE(engine->Step(sink));
+  s = engine->Stats();
+  CHECK(s.decode_step_batch == 2);
+  CHECK(s.decode_step_context_tokens == Approx(0.8 * 62 + 0.2 * 64));  // the moving average
+  CHECK(s.prefill_seconds_per_token == 0);  // no prompt work in these steps
+}
+
 TEST_CASE("a pull that fails mid-step discards the request's output", "[batch_engine]") {
   test::TempDir dir;
   auto model = TinyModel(dir);

@@ -12,7 +12,19 @@ namespace {
 std::vector<ControlMessage> Samples() {
   Hello hello{InstanceRole::kDecode, 42, "decode-1", "tandem-tiny", "127.0.0.1:7001",
               std::string("\x00\x01peer", 6), 16, 4096};
-  LoadReport load{42, 900, 3, 17, 1000, 4096, 1.5e-4, 0.021, 5120, 77};
+  LoadReport load;
+  load.instance_id = 42;
+  load.queued_prefill_tokens = 900;
+  load.waiting_requests = 3;
+  load.running_requests = 17;
+  load.free_kv_blocks = 1000;
+  load.total_kv_blocks = 4096;
+  load.prefill_seconds_per_token = 1.5e-4;
+  load.decode_step_seconds = 0.021;
+  load.decode_step_batch = 6.5;
+  load.decode_step_context_tokens = 3100.25;
+  load.context_tokens = 5120;
+  load.last_submit_seq = 77;
   Submit submit;
   submit.request_id = "cmpl-1";
   submit.prompt = {1, 2, 3, 70000};
@@ -65,8 +77,11 @@ TEST_CASE("control wire: every message round-trips", "[control_wire]") {
   CHECK(submit.sampling.top_k == 40);
   CHECK(submit.prompt == std::vector<int32_t>{1, 2, 3, 70000});
   CHECK(submit.seq == 78u);
-  CHECK(std::get<LoadReport>(*DecodeControl(ByteSpan(EncodeControl(Samples()[1])))).last_submit_seq ==
-        77u);
+  LoadReport load = std::get<LoadReport>(*DecodeControl(ByteSpan(EncodeControl(Samples()[1]))));
+  CHECK(load.last_submit_seq == 77u);
+  CHECK(load.decode_step_batch == 6.5);
+  CHECK(load.decode_step_context_tokens == 3100.25);
+  CHECK(load.context_tokens == 5120);
   KvReady early = std::get<KvReady>(*DecodeControl(ByteSpan(EncodeControl(Samples()[8]))));
   CHECK_FALSE(early.first_token.has_value());
   CHECK(early.layers_ready == 0);

@@ -70,7 +70,9 @@ TEST_CASE("profile: --background-kind other swaps the neighbour's phase between 
   auto file = LoadLatencyModel(out);
   REQUIRE(file.ok());
   REQUIRE(file->entries.size() == 1);
-  CHECK(file->entries[0].c2 > 0);
+  // (No fitted value is checked: one rep of a tiny model beside parallel tests is noise; the
+  // fits are checked on synthetic data in latency_model_test.cc.)
+  CHECK(file->entries[0].threads == 1);
   // The file says what the neighbour did.
   std::ifstream in(out);
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

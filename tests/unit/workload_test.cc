@@ -62,6 +62,26 @@ TEST_CASE("synthetic workloads are seeded, within the budget, and shaped", "[wor
   CHECK_THAT(bad.status().message(), Catch::Contains("'chat'") && Catch::Contains("chatbot"));
 }
 
+TEST_CASE("chatbot-history matches the lengths of DistServe's ShareGPT requests", "[workload]") {
+  // DistServe's OPT-13B ShareGPT requests (its artifact's ground-truth workload, 219 requests):
+  // input median 740 and p90 1521 of a 2048 budget, output median 66 and p90 491.
+  StatusOr<WorkloadShape> shape = WorkloadShapeByName("chatbot-history");
+  REQUIRE(shape.ok());
+  WorkloadOptions options;
+  options.num_requests = 5000;
+  options.seed = 3;
+  options.max_model_len = 2048;
+  std::vector<double> inputs, outputs;
+  for (const WorkloadRequest& r : GenerateWorkload(*shape, options)) {
+    inputs.push_back(r.prompt_tokens);
+    outputs.push_back(r.max_tokens);
+  }
+  CHECK(Percentile(inputs, 50) == Approx(740).epsilon(0.05));
+  CHECK(Percentile(inputs, 90) == Approx(1521).epsilon(0.05));
+  CHECK(Percentile(outputs, 50) == Approx(66).epsilon(0.1));
+  CHECK(Percentile(outputs, 90) == Approx(491).epsilon(0.1));
+}
+
 TEST_CASE("traces round-trip and bad lines name the line and field", "[workload]") {
   test::TempDir dir;
   std::string good = dir.Write("good.jsonl",
