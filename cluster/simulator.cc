@@ -937,6 +937,7 @@ void Simulation::PublishEngine(int ei, double seen_before) {
   r.total_kv_blocks = e.total_blocks;
   r.prefill_seconds_per_token = e.avg_prefill_s_per_token;
   r.decode_step_seconds = e.avg_decode_step_s;
+  r.decode_forward_seconds = e.avg_decode_step_s;  // a simulated step is its forward pass
   r.decode_step_batch = e.avg_decode_batch;
   r.decode_step_context_tokens = e.avg_decode_context;
   taken_in_e_[ei] = TakenIn(seen_before);

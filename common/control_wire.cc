@@ -118,6 +118,7 @@ struct Encoder {
     w.I64(m.total_kv_blocks);
     w.F64(m.prefill_seconds_per_token);
     w.F64(m.decode_step_seconds);
+    w.F64(m.decode_forward_seconds);
     w.F64(m.decode_step_batch);
     w.F64(m.decode_step_context_tokens);
     w.I64(m.context_tokens);
@@ -244,7 +245,7 @@ StatusOr<ControlMessage> DecodeControl(std::span<const uint8_t> frame) {
                 r.I32(&m.waiting_requests) && r.I32(&m.running_requests) &&
                 r.I64(&m.free_kv_blocks) && r.I64(&m.total_kv_blocks) &&
                 r.F64(&m.prefill_seconds_per_token) && r.F64(&m.decode_step_seconds) &&
-                r.F64(&m.decode_step_batch) && r.F64(&m.decode_step_context_tokens) &&
+                r.F64(&m.decode_forward_seconds) && r.F64(&m.decode_step_batch) && r.F64(&m.decode_step_context_tokens) &&
                 r.I64(&m.context_tokens) && r.U64(&m.last_submit_seq);
       return Done(r, ok, std::move(m), "control LoadReport");
     }

@@ -75,9 +75,11 @@ struct LoadReport {
   int64_t total_kv_blocks = 0;
   double prefill_seconds_per_token = 0;  // recent average over prefill batches
   double decode_step_seconds = 0;        // recent average decode step time
-  // The same moving average's batch size and summed context (steps without prompt work): the
-  // step the router compares decode_step_seconds with to correct its latency model
-  // (router/placement.h DecodeModelCorrection). 0 = no decode step measured yet.
+  // Over the same steps (without prompt work): the forward pass alone (what a latency model
+  // times; no sampling, no waiting for arriving KV), and the average batch size and summed
+  // context: the router compares the model's step there with decode_forward_seconds to correct
+  // the model (router/placement.h DecodeModelCorrection). 0 = no decode step measured yet.
+  double decode_forward_seconds = 0;
   double decode_step_batch = 0;
   double decode_step_context_tokens = 0;
   int64_t context_tokens = 0;            // sum of context lengths in the decode batch

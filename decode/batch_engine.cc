@@ -287,18 +287,25 @@ bool BatchEngine::Step(EngineSink& sink) {
   bool arriving = false;
   for (Request* r : batch_) arriving = arriving || r->arrival != nullptr;
   ForwardHooks hooks;
+  double kv_wait_s = 0;  // of the forward pass, spent waiting for arriving layers
   if (arriving) {
-    hooks.before_layer = [this](int layer) {
+    hooks.before_layer = [this, &kv_wait_s](int layer) {
+      const auto wait_start = Clock::now();
       for (size_t i = 0; i < batch_.size(); ++i) {
         const std::shared_ptr<KvArrival>& arrival = batch_[i]->arrival;
         if (arrival == nullptr || !landed_[i]) continue;
         if (!arrival->WaitLayer(layer, KvArrival::Clock::now() + options_.kv_wait_timeout))
           landed_[i] = 0;
       }
+      kv_wait_s += std::chrono::duration<double>(Clock::now() - wait_start).count();
     };
   }
+  const auto forward_start = Clock::now();
   StatusOr<std::span<const float>> logits =
       forward_->Forward(inputs_, *cache_, LogitsMode::kLastToken, arriving ? &hooks : nullptr);
+  // The forward pass's compute: what a latency model (tandem profile) times.
+  const double forward_s =
+      std::chrono::duration<double>(Clock::now() - forward_start).count() - kv_wait_s;
   TANDEM_CHECK(logits.ok(), "forward of a scheduled batch failed: " + logits.status().ToString());
   const size_t vocab = static_cast<size_t>(model_.config().vocab_size);
 
@@ -342,6 +349,7 @@ bool BatchEngine::Step(EngineSink& sink) {
     Average(&avg_prefill_s_per_token_, seconds / static_cast<double>(prefill_tokens));
   } else {
     Average(&avg_decode_step_s_, seconds);
+    Average(&avg_decode_forward_s_, forward_s);
     Average(&avg_decode_batch_, static_cast<double>(decode_batch));
     Average(&avg_decode_context_, static_cast<double>(decode_context));
   }
@@ -357,6 +365,7 @@ EngineStats BatchEngine::Stats() const {
   s.free_blocks = cache_->blocks().num_free();
   s.total_blocks = cache_->num_blocks();
   s.decode_step_seconds = avg_decode_step_s_;
+  s.decode_forward_seconds = avg_decode_forward_s_;
   s.decode_step_batch = avg_decode_batch_;
   s.decode_step_context_tokens = avg_decode_context_;
   s.prefill_seconds_per_token = avg_prefill_s_per_token_;

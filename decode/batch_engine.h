@@ -87,6 +87,9 @@ struct EngineStats {
   int32_t free_blocks = 0;
   int32_t total_blocks = 0;
   double decode_step_seconds = 0;        // moving average over steps without prompt work
+  // The same average of their forward passes alone (no sampling, no bookkeeping, no waiting
+  // for arriving KV layers): what `tandem profile` times.
+  double decode_forward_seconds = 0;
   double decode_step_batch = 0;          // the same average's sequences per step
   double decode_step_context_tokens = 0;  // the same average's summed context per step
   double prefill_seconds_per_token = 0;  // moving average over steps with prefill work
@@ -160,6 +163,7 @@ class BatchEngine {
   std::vector<Request*> batch_;
   std::vector<char> landed_;  // per batch entry: every layer it used had arrived
   double avg_decode_step_s_ = 0;
+  double avg_decode_forward_s_ = 0;
   double avg_decode_batch_ = 0;
   double avg_decode_context_ = 0;
   double avg_prefill_s_per_token_ = 0;

@@ -553,6 +553,7 @@ struct DecodeServer::Impl : public EngineSink {
     r.total_kv_blocks = s.total_blocks;
     r.prefill_seconds_per_token = s.prefill_seconds_per_token;
     r.decode_step_seconds = s.decode_step_seconds;
+    r.decode_forward_seconds = s.decode_forward_seconds;
     r.decode_step_batch = s.decode_step_batch;
     r.decode_step_context_tokens = s.decode_step_context_tokens;
     r.context_tokens = s.context_tokens;

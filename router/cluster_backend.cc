@@ -156,8 +156,8 @@ ClusterBackend::ClusterBackend(const ClusterConfig& config, ClusterBackendOption
         "tandem_router_placements_total", "Placement decisions by result", {"result"});
     decode_model_correction_ = &options_.metrics->AddGauge(
         "tandem_router_decode_model_correction",
-        "Measured decode step time over router.latency_model's at the same batch and context "
-        "(1 = the model is right); the router scales its TPOT predictions by it",
+        "Measured forward pass of a decode step over router.latency_model's at the same batch "
+        "and context (1 = the model is right); the router scales its TPOT predictions by it",
         {"instance"});
     instance_failures_ = &options_.metrics->AddCounter(
         "tandem_router_instance_disconnects_total", "Control connections to instances lost",

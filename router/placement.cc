@@ -83,14 +83,14 @@ double PredictTtftSeconds(const InstanceLoad& x, int64_t prompt_tokens) {
 
 double DecodeModelCorrection(const InstanceLoad& x) {
   const LoadReport& load = x.load;
-  if (x.latency_model == nullptr || load.decode_step_seconds <= 0 || load.decode_step_batch <= 0)
+  if (x.latency_model == nullptr || load.decode_forward_seconds <= 0 || load.decode_step_batch <= 0)
     return 1.0;
   // The model is linear in batch and context, so at the averaged batch and context it predicts
   // the average of the steps it is compared with.
   const double predicted =
       x.latency_model->DecodeStepSeconds(load.decode_step_batch, load.decode_step_context_tokens);
   if (!(predicted > 0)) return 1.0;
-  return std::clamp(load.decode_step_seconds / predicted, kMinDecodeModelCorrection,
+  return std::clamp(load.decode_forward_seconds / predicted, kMinDecodeModelCorrection,
                     kMaxDecodeModelCorrection);
 }
 

@@ -93,7 +93,9 @@ double PredictTpotSeconds(const LoadReport& load);
 // chunking); the queue's share of a batch counts as one prompt of that many tokens (the router
 // does not know the queued prompts' lengths), this prompt's chunks as chunks with their past.
 // Decode TPOT: one step of running + 1 sequences over context_tokens + prompt, times
-// DecodeModelCorrection.
+// DecodeModelCorrection. (An earlier version divided the whole step's time, sampling and waits
+// for arriving KV included, by the model's forward pass; the router then rejected requests the
+// decode instance would have served within the SLO: perf/README.md, goodput.)
 // Colocated TPOT: the same pure decode step. Its own prefill and the prompts queued ahead of it
 // finish before its first token; prompts that arrive later will slow its steps, but placement
 // cannot know them (an earlier version added a chunk of this prompt, which rejected requests
@@ -101,8 +103,9 @@ double PredictTpotSeconds(const LoadReport& load);
 double PredictTtftSeconds(const InstanceLoad& x, int64_t prompt_tokens);
 double PredictDecodeTpotSeconds(const InstanceLoad& x, int64_t prompt_tokens);
 // The latency model's decode steps, corrected by what the instance measures: the ratio of its
-// reported moving-average step time to the model's step at the same average batch and context
-// (LoadReport.decode_step_*), clamped to [kMin.., kMax..DecodeModelCorrection]. An offline
+// reported moving-average forward pass of a decode step (LoadReport.decode_forward_seconds: the
+// part of a step a profile times) to the model's step at the same average batch and context
+// (decode_step_batch, decode_step_context_tokens), clamped to [kMin.., kMax..DecodeModelCorrection]. An offline
 // profile drifts from the machine it serves on (a shared host's speed varies by the hour, a
 // neighbour's work changes what a core gets); the measured steps are the instance's truth. 1
 // when there is no model or no measured decode step yet. Decode TPOT predictions (decode and

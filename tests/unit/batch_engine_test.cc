@@ -147,6 +147,8 @@ TEST_CASE("decode steps report their batch and context beside their time", "[bat
   REQUIRE(engine->Step(sink));
   EngineStats s = engine->Stats();
   CHECK(s.decode_step_seconds > 0);
+  CHECK(s.decode_forward_seconds > 0);  // the forward pass alone: a part of the step
+  CHECK(s.decode_forward_seconds <= s.decode_step_seconds);
   CHECK(s.decode_step_batch == 2);
   CHECK(s.decode_step_context_tokens == 41 + 21);  // prompt + first token each, before the step
   REQUIRE(engine->Step(sink));

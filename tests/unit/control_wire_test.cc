@@ -21,6 +21,7 @@ std::vector<ControlMessage> Samples() {
   load.total_kv_blocks = 4096;
   load.prefill_seconds_per_token = 1.5e-4;
   load.decode_step_seconds = 0.021;
+  load.decode_forward_seconds = 0.019;
   load.decode_step_batch = 6.5;
   load.decode_step_context_tokens = 3100.25;
   load.context_tokens = 5120;
@@ -79,6 +80,7 @@ TEST_CASE("control wire: every message round-trips", "[control_wire]") {
   CHECK(submit.seq == 78u);
   LoadReport load = std::get<LoadReport>(*DecodeControl(ByteSpan(EncodeControl(Samples()[1]))));
   CHECK(load.last_submit_seq == 77u);
+  CHECK(load.decode_forward_seconds == 0.019);
   CHECK(load.decode_step_batch == 6.5);
   CHECK(load.decode_step_context_tokens == 3100.25);
   CHECK(load.context_tokens == 5120);

@@ -289,26 +289,33 @@ TEST_CASE("placement: measured decode steps correct the latency model", "[placem
   LatencyModel lm = SimpleModel();
   // Decode: 10 running over 5000 tokens; the prediction for one more over +500 is 0.097 s.
   InstanceLoad d = WithModel(Up("decode-0", 0, 10), &lm, 0, 5000);
-  d.load.decode_step_seconds = 0.05;  // but no batch reported: no measured step to compare
+  d.load.decode_forward_seconds = 0.05;  // but no batch reported: no measured step to compare
   CHECK(DecodeModelCorrection(d) == 1.0);
   CHECK(PredictDecodeTpotSeconds(d, 500) == Approx(0.097));
-  // Its recent steps: batch 8 over 4000 tokens took 0.039 s; the model says 0.02 + 0.016 + 0.04
-  // = 0.076 s there. The model is ~2x slow on this machine, so the prediction halves.
+  // The whole step's time is not what the model describes (it has sampling, bookkeeping and KV
+  // waits in it): it does not correct the model.
+  d.load.decode_step_seconds = 0.5;
   d.load.decode_step_batch = 8;
   d.load.decode_step_context_tokens = 4000;
-  d.load.decode_step_seconds = 0.038;
+  d.load.decode_forward_seconds = 0;
+  CHECK(DecodeModelCorrection(d) == 1.0);
+  // Its recent steps: the forward passes of batch 8 over 4000 tokens took 0.038 s; the model says
+  // 0.02 + 0.016 + 0.04 = 0.076 s there. The model is ~2x slow on this machine, so the prediction halves.
+  d.load.decode_step_batch = 8;
+  d.load.decode_step_context_tokens = 4000;
+  d.load.decode_forward_seconds = 0.038;
   CHECK(DecodeModelCorrection(d) == Approx(0.5));
   CHECK(PredictDecodeTpotSeconds(d, 500) == Approx(0.097 * 0.5));
   // ... and so does a colocated instance's (the same decode step).
   InstanceLoad c = WithModel(Up("colocated-0", 0, 2), &lm, 512, 1000);
   c.load.decode_step_batch = 8;
   c.load.decode_step_context_tokens = 4000;
-  c.load.decode_step_seconds = 0.076 * 1.5;
+  c.load.decode_forward_seconds = 0.076 * 1.5;
   CHECK(PredictColocatedTpotSeconds(c, 1000) == Approx((0.02 + 0.006 + 0.02) * 1.5));
   // A correction out of all proportion is clamped: the model stays a prior.
-  d.load.decode_step_seconds = 0.076 * 100;
+  d.load.decode_forward_seconds = 0.076 * 100;
   CHECK(DecodeModelCorrection(d) == kMaxDecodeModelCorrection);
-  d.load.decode_step_seconds = 0.076 / 100;
+  d.load.decode_forward_seconds = 0.076 / 100;
   CHECK(DecodeModelCorrection(d) == kMinDecodeModelCorrection);
   // Without a model there is nothing to correct (the measured averages are used as they are).
   d.latency_model = nullptr;
@@ -324,7 +331,7 @@ TEST_CASE("placement: measured decode steps correct the latency model", "[placem
             .code() == StatusCode::kResourceExhausted);
   ds[0].load.decode_step_batch = 8;
   ds[0].load.decode_step_context_tokens = 4000;
-  ds[0].load.decode_step_seconds = 0.038;
+  ds[0].load.decode_forward_seconds = 0.038;
   auto placed = Place(PlacementPolicy::kGoodput, Input(p, ds, none, 500, SloTarget{1.0, 0.06}));
   REQUIRE(placed.ok());
   CHECK(placed->predicted_tpot_s == Approx(0.0485));

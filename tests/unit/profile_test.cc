@@ -1,6 +1,7 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <cmath>
 #include <fstream>
 #include <iterator>
 
@@ -33,11 +34,13 @@ TEST_CASE("profile: --quick on the tiny model writes a model that reads back",
   // The fit quality is a timing and is not asserted (parallel tests make it noisy); that it is
   // computed and in range is. The fits themselves are checked on synthetic data
   // (latency_model_test.cc).
-  CHECK(m.fit.prefill_r2 >= 0);
+  // (R^2 may be negative: the decode fit is weighted by 1 / seconds and its R^2 is not.)
   CHECK(m.fit.prefill_r2 <= 1);
-  CHECK(m.fit.decode_r2 >= 0);
   CHECK(m.fit.decode_r2 <= 1);
-  CHECK(m.c2 > 0);
+  // Not c2 > 0: a tiny model's steps take microseconds, and beside parallel tests their noise
+  // can tilt the fitted slope (a parallel ctest run here failed once on a check of this kind).
+  // The coefficients must be numbers.
+  for (double c : {m.c1, m.c2, m.c3, m.c4, m.c5, m.c6}) CHECK(std::isfinite(c));
   CHECK(file->transfer.bytes_per_s > 0);
 
   // --append with another thread count adds an entry and keeps the first.
