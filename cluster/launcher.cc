@@ -23,6 +23,7 @@
 #include "common/flags.h"
 #include "common/log.h"
 #include "common/model_store.h"
+#include "router/cluster_backend.h"
 
 namespace tandem {
 
@@ -238,6 +239,12 @@ int RunCluster(const LaunchOptions& options) {
   config = LoadConfig(options.config_path, overrides);
   if (!config.ok()) {
     std::fprintf(stderr, "%s\n", config.status().message().c_str());
+    return kExitFailure;
+  }
+  // The router refuses to start on a latency model it cannot read or that lacks an instance's
+  // shape; say so now rather than restart it with back-off for ever.
+  if (StatusOr<RouterLatencyModels> models = LoadRouterLatencyModels(*config); !models.ok()) {
+    std::fprintf(stderr, "%s\n", models.status().message().c_str());
     return kExitFailure;
   }
 

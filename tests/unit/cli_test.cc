@@ -8,7 +8,7 @@ using namespace tandem;
 
 namespace {
 test::CommandResult Tandem(const std::string& args) {
-  return test::RunCommand(std::string(TANDEM_BINARY) + " " + args);
+  return test::RunCommand("timeout 60 " + std::string(TANDEM_BINARY) + " " + args);
 }
 }  // namespace
 
@@ -54,6 +54,20 @@ TEST_CASE("cli: check-config reports file:line:field and exits 1", "[cli]") {
   CHECK(ok.exit_code == 0);
   CHECK(ok.output.find("port: 8123") != std::string::npos);
   CHECK(ok.output.find("max_batch_size: 12") != std::string::npos);
+}
+
+TEST_CASE("cli: up stops at start-up on a latency model the router cannot use", "[cli]") {
+  test::TempDir dir;
+  // Ports 0: nothing is bound before the check. `timeout` bounds the old behaviour (the
+  // launcher restarting the router with back-off for ever).
+  std::string config = dir.Write(
+      "cluster.yaml",
+      "router: {port: 0, latency_model: missing-lm.yaml}\nprefill: {port: 0}\n"
+      "decode: {port: 0}\ncolocated: {instances: 0}\n");
+  test::CommandResult result = Tandem("up " + config);
+  CHECK(result.exit_code == 1);
+  CHECK(result.output.find("router.latency_model") != std::string::npos);
+  CHECK(result.output.find("missing-lm.yaml") != std::string::npos);
 }
 
 TEST_CASE("flags: parsing of values, booleans, positionals and overrides", "[cli]") {
