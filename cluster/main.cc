@@ -16,6 +16,7 @@
 #include "decode/decode_server.h"
 #include "prefill/prefill_server.h"
 #include "perf/bench.h"
+#include "router/cluster_backend.h"
 #include "router/router_main.h"
 
 #ifndef TANDEM_VERSION
@@ -44,6 +45,11 @@ int CheckConfigMain(const std::vector<std::string>& args) {
   StatusOr<ClusterConfig> config = LoadConfig(flags.positional()[0], flags.config_overrides());
   if (!config.ok()) {
     std::fprintf(stderr, "%s\n", config.status().message().c_str());
+    return kExitFailure;
+  }
+  // The latency model file too: the router would refuse to start without it.
+  if (StatusOr<RouterLatencyModels> models = LoadRouterLatencyModels(*config); !models.ok()) {
+    std::fprintf(stderr, "%s\n", models.status().message().c_str());
     return kExitFailure;
   }
   std::fputs(ConfigToYaml(*config).c_str(), stdout);

@@ -147,8 +147,20 @@ std::vector<int32_t> EngineAlone(const std::string& model, const std::vector<int
 struct Inbox {
   std::mutex mutex;
   std::condition_variable cv;
-  std::map<std::string, std::vector<int32_t>> tokens;
+  std::map<std::string, std::vector<int32_t>> tokens;  // in arrival order, any connection
+  // request -> connection index -> its tokens
+  std::map<std::string, std::map<int, std::vector<int32_t>>> tokens_by_connection;
   std::map<std::string, std::vector<Finish>> finishes;
+
+  // A disaggregated request's tokens as the router streams them: prefill's first token, then
+  // decode's. They come over two connections, so their arrival order here is a race (the
+  // router holds decode's back until prefill's has arrived). Call with `mutex` held.
+  std::vector<int32_t> InRouterOrder(const std::string& id, int prefill_connection) {
+    std::vector<int32_t> out = tokens_by_connection[id][prefill_connection];
+    for (const auto& [connection, list] : tokens_by_connection[id])
+      if (connection != prefill_connection) out.insert(out.end(), list.begin(), list.end());
+    return out;
+  }
   std::map<int, LoadReport> last_load;  // by connection index
   std::map<int, int> load_count;
   std::map<int, bool> closed;
@@ -183,7 +195,10 @@ class FakeRouter {
             [this, index](ControlMessage m) {
               std::lock_guard<std::mutex> lock(inbox.mutex);
               if (auto* t = std::get_if<Tokens>(&m)) {
-                for (auto& r : t->tokens) inbox.tokens[t->request_id].push_back(r.token_id);
+                for (auto& r : t->tokens) {
+                  inbox.tokens[t->request_id].push_back(r.token_id);
+                  inbox.tokens_by_connection[t->request_id][index].push_back(r.token_id);
+                }
               } else if (auto* f = std::get_if<Finish>(&m)) {
                 inbox.finishes[f->request_id].push_back(*f);
               } else if (auto* l = std::get_if<LoadReport>(&m)) {
@@ -330,7 +345,7 @@ TEST_CASE("instances: prefill + decode stream the engine-alone tokens, decode ki
     std::vector<int32_t> expected = EngineAlone(cluster.model, Prompt(lengths[i], i), max_tokens);
     std::lock_guard<std::mutex> lock(inbox.mutex);
     INFO(id);
-    CHECK(inbox.tokens[id] == expected);
+    CHECK(inbox.InRouterOrder(id, p) == expected);
     REQUIRE(inbox.finishes[id].size() == 1);
     CHECK(inbox.finishes[id][0].code == StatusCode::kOk);
     CHECK(inbox.finishes[id][0].completion_tokens == static_cast<int32_t>(expected.size()));
@@ -506,7 +521,7 @@ TEST_CASE("instances: decode preempts and recomputes when its pool runs out, tok
         EngineAlone(cluster.model, Prompt(lengths[i], 40 + i), max_tokens, /*ignore_eos=*/true);
     std::lock_guard<std::mutex> lock(inbox.mutex);
     INFO(id);
-    CHECK(inbox.tokens[id] == expected);
+    CHECK(inbox.InRouterOrder(id, p) == expected);
     REQUIRE(inbox.finishes[id].size() == 1);
     CHECK(inbox.finishes[id][0].finish_reason == "length");
     CHECK(inbox.finishes[id][0].completion_tokens == max_tokens);

@@ -56,7 +56,7 @@ TEST_CASE("cli: check-config reports file:line:field and exits 1", "[cli]") {
   CHECK(ok.output.find("max_batch_size: 12") != std::string::npos);
 }
 
-TEST_CASE("cli: up stops at start-up on a latency model the router cannot use", "[cli]") {
+TEST_CASE("cli: up and check-config stop on a latency model the router cannot use", "[cli]") {
   test::TempDir dir;
   // Ports 0: nothing is bound before the check. `timeout` bounds the old behaviour (the
   // launcher restarting the router with back-off for ever).
@@ -68,6 +68,10 @@ TEST_CASE("cli: up stops at start-up on a latency model the router cannot use", 
   CHECK(result.exit_code == 1);
   CHECK(result.output.find("router.latency_model") != std::string::npos);
   CHECK(result.output.find("missing-lm.yaml") != std::string::npos);
+  // check-config says the same.
+  test::CommandResult check = Tandem("check-config " + config);
+  CHECK(check.exit_code == 1);
+  CHECK(check.output.find("missing-lm.yaml") != std::string::npos);
 }
 
 TEST_CASE("flags: parsing of values, booleans, positionals and overrides", "[cli]") {
