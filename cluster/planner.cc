@@ -512,7 +512,7 @@ StatusOr<Plan> MakePlan(const LatencyModelFile& models, const PlanOptions& optio
 
 int PlanMain(const std::vector<std::string>& args) {
   FlagParser flags(
-      "tandem plan --latency-model GPU.yaml --workload chatbot|chatbot-history|code|summarization --slo-ttft X "
+      "tandem plan --latency-model GPU.yaml --workload W --slo-ttft X "
       "--slo-tpot Y --gpus N [--gpus-per-node 8] [--affinity high|low] [--target 0.9] "
       "[--max-model-len L] [--num-requests N] [--out cluster.yaml]",
       "Chooses the parallelism and number of prefill and decode instances (DistServe's "
@@ -520,7 +520,7 @@ int PlanMain(const std::vector<std::string>& args) {
       "with the best colocated layout under each colocated scheduling policy (chunked, "
       "prefill_first).");
   flags.AddString("latency-model", "", "latency model YAML with one entry per (tp, pp)");
-  flags.AddString("workload", "chatbot", "chatbot|chatbot-history|code|summarization");
+  flags.AddString("workload", "chatbot", WorkloadNameList());
   flags.AddDouble("slo-ttft", 0.25, "TTFT objective, seconds");
   flags.AddDouble("slo-tpot", 0.1, "TPOT objective, seconds");
   flags.AddInt("gpus", 16, "GPU budget");

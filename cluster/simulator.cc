@@ -1006,7 +1006,7 @@ int SimulateMain(const std::vector<std::string>& args) {
       "per-request outcomes.");
   flags.AddString("config", "", "cluster YAML (absent: defaults)");
   flags.AddString("latency-model", "", "latency model YAML (tandem profile, cluster/gpu/*.yaml)");
-  flags.AddString("workload", "chatbot", "chatbot|chatbot-history|code|summarization (ignored with --trace)");
+  flags.AddString("workload", "chatbot", WorkloadNameList() + " (ignored with --trace)");
   flags.AddDouble("rate", 1.0, "requests/s, Poisson (<= 0: all at t = 0)");
   flags.AddInt("num-requests", 100, "requests to generate");
   flags.AddInt("seed", 1, "workload seed");

@@ -69,9 +69,14 @@ std::string Where(const std::string& path, int line) {
 StatusOr<WorkloadShape> WorkloadShapeByName(std::string_view name) {
   for (const WorkloadShape& shape : kShapes)
     if (shape.name == name) return shape;
+  return InvalidArgument("unknown workload '" + std::string(name) + "' (expected " +
+                         WorkloadNameList() + ")");
+}
+
+std::string WorkloadNameList() {
   std::string names;
   for (const WorkloadShape& shape : kShapes) names += (names.empty() ? "" : "|") + shape.name;
-  return InvalidArgument("unknown workload '" + std::string(name) + "' (expected " + names + ")");
+  return names;
 }
 
 std::vector<std::string> WorkloadNames() {

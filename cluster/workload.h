@@ -63,6 +63,8 @@ struct WorkloadShape {
 // otherwise.
 StatusOr<WorkloadShape> WorkloadShapeByName(std::string_view name);
 std::vector<std::string> WorkloadNames();
+// The same joined with '|', for help texts and messages: "chatbot|chatbot-history|...".
+std::string WorkloadNameList();
 
 struct WorkloadRequest {
   int64_t id = 0;             // 0, 1, 2, ... in arrival order

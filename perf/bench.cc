@@ -74,7 +74,7 @@ int BenchMain(const std::vector<std::string>& args) {
       "Load-tests an OpenAI-compatible server with streaming completions and scores the run "
       "against the SLOs.");
   flags.AddString("url", "http://127.0.0.1:8000", "the server (router) to load");
-  flags.AddString("workload", "", "synthetic workload: chatbot|chatbot-history|code|summarization");
+  flags.AddString("workload", "", "synthetic workload: " + WorkloadNameList());
   flags.AddString("trace", "", "JSON Lines trace instead of --workload (cluster/workload.h)");
   flags.AddInt("seed", 1, "workload seed (lengths, arrivals, prompt ids)");
   flags.AddInt("num-requests", 100, "requests in the run (a trace: the first N)");

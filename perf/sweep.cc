@@ -273,7 +273,7 @@ int SweepMain(const std::vector<std::string>& input_args) {
       "below the target, and reports goodput per cluster and per core, with plots.\n"
       "  --cluster NAME=CONFIG.yaml   a cluster to measure (repeat; the first is the baseline)\n"
       "  --cores-per NAME=K           cores of that cluster (default: sum of instances*threads)");
-  flags.AddString("workload", "", "comma-separated workloads: chatbot|chatbot-history|code|summarization");
+  flags.AddString("workload", "", "comma-separated workloads: " + WorkloadNameList());
   flags.AddDouble("slo-ttft", -1, "TTFT objective in seconds (0: not checked)");
   flags.AddDouble("slo-tpot", -1, "TPOT objective in seconds (0: not checked)");
   flags.AddString("rates", "0.25,0.5,1,2,4,8", "comma-separated request rates (req/s)");
@@ -332,7 +332,7 @@ int SweepMain(const std::vector<std::string>& input_args) {
     cores_per[name] = static_cast<int>(k);
   }
   std::vector<std::string> workloads = SplitComma(flags.GetString("workload"));
-  if (workloads.empty()) return UsageError("--workload: required (chatbot|chatbot-history|code|summarization)");
+  if (workloads.empty()) return UsageError("--workload: required (" + WorkloadNameList() + ")");
   for (const std::string& w : workloads)
     if (StatusOr<WorkloadShape> shape = WorkloadShapeByName(w); !shape.ok())
       return UsageError("--workload: " + shape.status().message());
