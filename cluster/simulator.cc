@@ -264,6 +264,10 @@ class Simulation {
         arrival_times_.begin());
   }
   std::vector<std::vector<int64_t>> placed_p_, placed_e_, incoming_e_;
+  // Per engine instance: the requests the router placed there and has not seen finish (the
+  // router's residents, router/placement.h DecodeResident).
+  std::vector<std::vector<int64_t>> residents_e_;
+  void ObserveResidents(InstanceLoad& view, int e);
   void ApplyReport(InstanceLoad& view, const LoadReport& report, size_t taken_in,
                    std::vector<int64_t>& placed, std::vector<int64_t>* incoming, bool colocated);
   void ApplyPrefillReport(int pi) {
@@ -364,6 +368,7 @@ Status Simulation::Setup() {
   placed_p_.resize(prefill_.size());
   placed_e_.resize(engines_.size());
   incoming_e_.resize(engines_.size());
+  residents_e_.resize(engines_.size());
   for (size_t p = 0; p < prefill_.size(); ++p) PublishPrefill(static_cast<int>(p));
   for (size_t e = 0; e < engines_.size(); ++e) PublishEngine(static_cast<int>(e));
 
@@ -452,8 +457,12 @@ void Simulation::OnArrival(int64_t id) {
   input.decode = &view_d_;
   input.colocated = &view_c_;
   input.prompt_tokens = r.prompt;
+  input.max_tokens = r.max_tokens;
   input.slo = slo_;
   input.round_robin = round_robin_++;
+  for (int e = 0; e < num_decode_; ++e) ObserveResidents(view_d_[e], e);
+  for (size_t k = 0; k < view_c_.size(); ++k)
+    ObserveResidents(view_c_[k], num_decode_ + static_cast<int>(k));
   StatusOr<Placement> placement = Place(policy_, input);
   if (!placement.ok()) {
     r.rejected = placement.status().code() == StatusCode::kResourceExhausted;
@@ -465,6 +474,7 @@ void Simulation::OnArrival(int64_t id) {
     r.colocated = num_decode_ + placement->colocated;
     AddUnreportedSubmit(view_c_[placement->colocated].load, r.prompt, /*colocated=*/true);
     placed_e_[r.colocated].push_back(id);
+    residents_e_[r.colocated].push_back(id);
   } else {
     r.prefill = placement->prefill;
     r.decode = placement->decode;
@@ -472,6 +482,7 @@ void Simulation::OnArrival(int64_t id) {
     AddUnreportedHandoff(view_d_[r.decode].load, r.prompt, block_size_);
     placed_p_[r.prefill].push_back(id);
     incoming_e_[r.decode].push_back(id);
+    residents_e_[r.decode].push_back(id);
   }
 
   const int64_t total = int64_t{r.prompt} + r.max_tokens;
@@ -502,6 +513,20 @@ void Simulation::OnArrival(int64_t id) {
   p.queued_tokens += r.prompt;
   if (!options_.reports_after_steps) PublishPrefill(r.prefill);  // else as for colocated
   TryPrefill(r.prefill);
+}
+
+// As router/cluster_backend.cc Submit(): the router's residents of engine instance e, and the
+// moving average of what arrivals found there.
+void Simulation::ObserveResidents(InstanceLoad& view, int e) {
+  std::erase_if(residents_e_[e], [&](int64_t id) { return reqs_[id].finished; });
+  view.residents.clear();
+  for (int64_t id : residents_e_[e]) {
+    const Req& q = reqs_[id];
+    view.residents.push_back(DecodeResident{int64_t{q.prompt} + q.generated,
+                                            std::max(q.max_tokens - q.generated, 0)});
+  }
+  view.residents_known = true;
+  view.typical.Observe(view.residents);
 }
 
 void Simulation::Fail(int64_t id, const std::string& error) {

@@ -30,8 +30,8 @@ double LatencyModel::PrefillSeconds(double sum_tokens, double sum_tokens_squared
   return std::max(0.0, c1 + c2 * sum_tokens + c3 * sum_tokens_squared);
 }
 
-double LatencyModel::DecodeStepSeconds(int64_t batch, double sum_context) const {
-  return std::max(0.0, c4 + c5 * static_cast<double>(batch) + c6 * sum_context);
+double LatencyModel::DecodeStepSeconds(double batch, double sum_context) const {
+  return std::max(0.0, c4 + c5 * batch + c6 * sum_context);
 }
 
 double LatencyModel::MixedStepSeconds(std::span<const int64_t> chunk_new,

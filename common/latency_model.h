@@ -69,8 +69,9 @@ struct LatencyModel {
   double PrefillSeconds(std::span<const int64_t> prompt_lengths) const;
   // Same, from the sums (sum of l, sum of l^2).
   double PrefillSeconds(double sum_tokens, double sum_tokens_squared) const;
-  // One decode step of `batch` sequences whose contexts add up to `sum_context` tokens.
-  double DecodeStepSeconds(int64_t batch, double sum_context) const;
+  // One decode step of `batch` sequences whose contexts add up to `sum_context` tokens. Linear,
+  // so at a mean batch and mean context (fractional) it is the mean of the steps' times.
+  double DecodeStepSeconds(double batch, double sum_context) const;
 
   // One mixed step (see the header comment). chunk_new[j] / chunk_past[j]: new and already
   // computed tokens of prefill chunk j; decode_batch sequences decoding with sum_context total.

@@ -109,6 +109,8 @@ struct ClusterBackend::Instance {
   Clock::time_point next_attempt;
   double backoff_s = 0;
   std::string close_reason;  // set when the router closes it on purpose
+  // Decode/colocated: the residents arriving requests found here lately (router/placement.h).
+  ResidentAverage typical;
 };
 
 struct ClusterBackend::Request {
@@ -117,6 +119,9 @@ struct ClusterBackend::Request {
   int prefill = -1;
   int decode = -1;
   int colocated = -1;
+  int64_t prompt_tokens = 0;
+  int32_t max_tokens = 0;
+  int32_t generated = 0;        // tokens received from any of its instances
   bool first_token = false;     // prefill's first token reached the router
   bool decode_started = false;  // decode sent something
   bool finished = false;        // the final event is queued
@@ -340,10 +345,18 @@ Status ClusterBackend::Submit(const GenerateRequest& request,
     if (requests_.count(request.request_id))
       return InvalidArgument("duplicate request id " + request.request_id);
     Clock::time_point now = Clock::now();
+    // The requests each decode/colocated instance holds, for TPOT predictions over a life.
+    std::vector<std::vector<DecodeResident>> residents(instances_.size());
+    for (const auto& [id, r] : requests_) {
+      int at = r->decode >= 0 ? r->decode : r->colocated;
+      if (at < 0 || r->finished) continue;
+      residents[at].push_back(DecodeResident{r->prompt_tokens + r->generated,
+                                             std::max(r->max_tokens - r->generated, 0)});
+    }
     auto snapshot = [&](const std::vector<int>& ids, const LatencyModel* lm, int budget) {
       std::vector<InstanceLoad> out;
       for (int i : ids) {
-        const Instance& x = *instances_[i];
+        Instance& x = *instances_[i];
         InstanceLoad load;
         load.name = x.name;
         load.usable = UsableLocked(x, now);
@@ -351,6 +364,12 @@ Status ClusterBackend::Submit(const GenerateRequest& request,
         load.kv_block_size = x.hello.kv_block_size;
         load.latency_model = lm;  // latency_ outlives Place(): both under mutex_
         load.token_budget = budget;
+        if (x.role != InstanceRole::kPrefill) {
+          x.typical.Observe(residents[i]);  // every arrival samples every instance
+          load.residents_known = true;
+          load.residents = std::move(residents[i]);
+          load.typical = x.typical;
+        }
         out.push_back(std::move(load));
       }
       return out;
@@ -364,6 +383,7 @@ Status ClusterBackend::Submit(const GenerateRequest& request,
     input.decode = &d;
     input.colocated = &c;
     input.prompt_tokens = static_cast<int64_t>(request.prompt_token_ids.size());
+    input.max_tokens = request.sampling.max_tokens;
     input.slo = SloForClass(slo_, request.slo_class);
     input.round_robin = round_robin_++;
     StatusOr<Placement> placement = Place(policy_, input);
@@ -382,6 +402,8 @@ Status ClusterBackend::Submit(const GenerateRequest& request,
     entry = std::make_shared<Request>();
     entry->id = request.request_id;
     entry->on_event = std::move(on_event);
+    entry->prompt_tokens = input.prompt_tokens;
+    entry->max_tokens = request.sampling.max_tokens;
     message.request_id = request.request_id;
     message.prompt = request.prompt_token_ids;
     message.sampling = request.sampling;
@@ -482,6 +504,8 @@ void ClusterBackend::OnTokens(size_t index, Tokens tokens) {
     for (TokenRecord& t : tokens.tokens)
       event.tokens.push_back(TokenEvent{t.token_id, t.logprob, std::move(t.top_logprobs)});
     int from = static_cast<int>(index);
+    if (from == request->prefill || from == request->decode || from == request->colocated)
+      request->generated += static_cast<int32_t>(event.tokens.size());
     if (from == request->prefill) {
       request->queue.push_back(std::move(event));
       if (!request->first_token) {
@@ -561,6 +585,7 @@ void ClusterBackend::OnMessage(size_t index, uint64_t generation, ControlMessage
         instance.ever_greeted = true;
         instance.last_heard = now;
         instance.load = LoadReport{};
+        instance.typical = ResidentAverage{};  // a new incarnation holds none of the old requests
         instance.unseen_submits.clear();  // a new incarnation: the old one's requests failed
         instance.incoming_handoffs.clear();
         instance.backoff_s = options_.backoff_initial_s;

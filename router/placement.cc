@@ -94,21 +94,87 @@ double DecodeModelCorrection(const InstanceLoad& x) {
                     kMaxDecodeModelCorrection);
 }
 
-double PredictDecodeTpotSeconds(const InstanceLoad& x, int64_t prompt_tokens) {
-  if (x.latency_model == nullptr) return PredictTpotSeconds(x.load);
-  const int64_t running = std::max<int32_t>(x.load.running_requests, 0);
-  const double context = static_cast<double>(std::max<int64_t>(x.load.context_tokens, 0) +
-                                             std::max<int64_t>(prompt_tokens, 0));
-  return x.latency_model->DecodeStepSeconds(running + 1, context) * DecodeModelCorrection(x);
+void ResidentAverage::Observe(const std::vector<DecodeResident>& residents) {
+  double context = 0;
+  for (const DecodeResident& r : residents) context += static_cast<double>(r.context_tokens);
+  const double n = static_cast<double>(residents.size());
+  if (!seeded) {
+    requests = n;
+    context_tokens = context;
+    seeded = true;
+    return;
+  }
+  requests += kResidentAverageWeight * (n - requests);
+  context_tokens += kResidentAverageWeight * (context - context_tokens);
 }
 
-double PredictColocatedTpotSeconds(const InstanceLoad& x, int64_t prompt_tokens) {
+namespace {
+
+// The mean batch and summed context over steps 1..steps of a request that joins `residents`
+// with a context of prompt + s at step s (see the header: departures known, arrivals refill
+// towards `typical`).
+struct MeanStep {
+  double batch = 0;
+  double context = 0;
+};
+
+MeanStep MeanOverLife(std::vector<DecodeResident> residents, const ResidentAverage& typical,
+                      int64_t prompt, int64_t steps) {
+  std::sort(residents.begin(), residents.end(), [](const DecodeResident& a, const DecodeResident& b) {
+    return a.remaining_tokens < b.remaining_tokens;
+  });
+  const double start = static_cast<double>(residents.size());
+  double present = start, present_context = 0;
+  for (const DecodeResident& r : residents) present_context += static_cast<double>(r.context_tokens);
+  double sum_batch = 0, sum_context = 0;
+  size_t gone = 0;  // residents[0, gone) have left before step s
+  // Segments of steps between departures, where the population is constant and the contexts
+  // grow by one per step (closed forms: a long life must not cost a long loop).
+  for (int64_t s = 1; s <= steps;) {
+    while (gone < residents.size() && residents[gone].remaining_tokens < s) {
+      present -= 1;
+      present_context -= static_cast<double>(residents[gone].context_tokens);
+      ++gone;
+    }
+    const int64_t last = gone < residents.size()
+                             ? std::min<int64_t>(residents[gone].remaining_tokens, steps)
+                             : steps;
+    const double n = static_cast<double>(last - s + 1);
+    const double sum_s = static_cast<double>(s + last) * n / 2;  // s + (s+1) + ... + last
+    const double left = start > 0 ? 1.0 - present / start : 1.0;  // share replaced by arrivals
+    sum_batch += n * (1.0 + present + typical.requests * left);
+    sum_context += n * static_cast<double>(prompt) + sum_s + n * present_context +
+                   present * sum_s + n * typical.context_tokens * left;
+    s = last + 1;
+  }
+  const double count = static_cast<double>(std::max<int64_t>(steps, 1));
+  return MeanStep{sum_batch / count, sum_context / count};
+}
+
+}  // namespace
+
+double PredictDecodeTpotSeconds(const InstanceLoad& x, int64_t prompt_tokens, int32_t max_tokens) {
+  if (x.latency_model == nullptr) return PredictTpotSeconds(x.load);
+  const int64_t prompt = std::max<int64_t>(prompt_tokens, 0);
+  if (!x.residents_known || max_tokens <= 0) {
+    const int64_t running = std::max<int32_t>(x.load.running_requests, 0);
+    const double context = static_cast<double>(std::max<int64_t>(x.load.context_tokens, 0) + prompt);
+    return x.latency_model->DecodeStepSeconds(running + 1, context) * DecodeModelCorrection(x);
+  }
+  // max_tokens 1 has no step after the first token; price its one step as a one-step life.
+  const int64_t steps = std::max<int64_t>(max_tokens - 1, 1);
+  const MeanStep mean = MeanOverLife(x.residents, x.typical, prompt, steps);
+  return x.latency_model->DecodeStepSeconds(mean.batch, mean.context) * DecodeModelCorrection(x);
+}
+
+double PredictColocatedTpotSeconds(const InstanceLoad& x, int64_t prompt_tokens,
+                                   int32_t max_tokens) {
   // The request's own prefill step ends its TTFT, and the prompts queued ahead of it are
   // prefilled before its first token (FCFS): neither is in its TPOT. What slows its decode
   // steps is prompts that arrive later, which placement cannot know; so the prediction is the
-  // decode instance's: the pure decode step (interference shows up as measured TPOT, and in the
-  // simulator).
-  return PredictDecodeTpotSeconds(x, std::max<int64_t>(prompt_tokens, 1));
+  // decode instance's: the pure decode steps (interference shows up as measured TPOT, and in
+  // the simulator).
+  return PredictDecodeTpotSeconds(x, std::max<int64_t>(prompt_tokens, 1), max_tokens);
 }
 
 void AddUnreportedSubmit(LoadReport& load, int64_t prompt_tokens, bool colocated) {
@@ -192,7 +258,7 @@ StatusOr<Placement> Goodput(const PlacementInput& in, const std::vector<int>& p,
     return Scored{-1, Slack(t, slo.ttft_s), t, Idle(x.load)};
   };
   auto tpot_score = [&](const InstanceLoad& x) {
-    double t = PredictDecodeTpotSeconds(x, in.prompt_tokens);
+    double t = PredictDecodeTpotSeconds(x, in.prompt_tokens, in.max_tokens);
     double slack = HasBlocksFor(x, kv_tokens) ? Slack(t, slo.tpot_s) : -kInf;
     return Scored{-1, slack, t, Idle(x.load)};
   };
@@ -208,14 +274,15 @@ StatusOr<Placement> Goodput(const PlacementInput& in, const std::vector<int>& p,
   } else {
     auto both = [&](const InstanceLoad& x) {
       double ttft = PredictTtftSeconds(x, in.prompt_tokens);
-      double tpot = PredictColocatedTpotSeconds(x, in.prompt_tokens);
+      double tpot = PredictColocatedTpotSeconds(x, in.prompt_tokens, in.max_tokens);
       double slack = std::min(Slack(ttft, slo.ttft_s),
                               HasBlocksFor(x, kv_tokens) ? Slack(tpot, slo.tpot_s) : -kInf);
       return Scored{-1, slack, ttft, Idle(x.load)};
     };
     first = BestBy(*in.colocated, c, in.round_robin, both);
     second = first;
-    second.predicted = PredictColocatedTpotSeconds((*in.colocated)[first.index], in.prompt_tokens);
+    second.predicted =
+        PredictColocatedTpotSeconds((*in.colocated)[first.index], in.prompt_tokens, in.max_tokens);
     placement.colocated = first.index;
   }
   placement.predicted_ttft_s = first.predicted;

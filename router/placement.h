@@ -43,6 +43,26 @@ const char* PlacementPolicyName(PlacementPolicy policy);
 inline constexpr double kDefaultPrefillSecondsPerToken = 0.0005;
 inline constexpr double kDefaultDecodeStepSeconds = 0.02;
 
+// A request a decode (or colocated) instance holds, as the router knows it: it has placed it
+// there and streams its tokens. Prefill of it may still be running.
+struct DecodeResident {
+  int64_t context_tokens = 0;    // prompt + tokens generated so far
+  int32_t remaining_tokens = 0;  // max_tokens - generated: decode steps it will still be in
+};
+
+// The residents an arriving request finds on an instance, as a moving average over arrivals
+// (weight kResidentAverageWeight). Arrivals that come at random times (Poisson) see the time
+// average (PASTA), idle time included, which is what the requests that will arrive during a
+// new request's life bring back. The router and the simulator call Observe for every decode
+// and colocated instance at every request they place (before Place()).
+inline constexpr double kResidentAverageWeight = 0.1;
+struct ResidentAverage {
+  double requests = 0;
+  double context_tokens = 0;
+  bool seeded = false;
+  void Observe(const std::vector<DecodeResident>& residents);
+};
+
 // One instance as placement sees it.
 struct InstanceLoad {
   std::string name;        // "prefill-1", for messages
@@ -54,6 +74,12 @@ struct InstanceLoad {
   // the Place() call); null = predict from the measured averages in `load`.
   const LatencyModel* latency_model = nullptr;
   int32_t token_budget = 0;  // tokens per prefill batch (prefill/colocated); 0 = one batch
+  // Decode/colocated: every request this router has placed here and not seen finish (known =
+  // the caller filled it; the simulator and the router do). Lets TPOT predictions see when the
+  // batch will shrink.
+  bool residents_known = false;
+  std::vector<DecodeResident> residents;
+  ResidentAverage typical;  // what arriving requests found here lately (ObserveArrival)
 };
 
 struct SloTarget {
@@ -70,6 +96,7 @@ struct PlacementInput {
   const std::vector<InstanceLoad>* decode = nullptr;
   const std::vector<InstanceLoad>* colocated = nullptr;
   int64_t prompt_tokens = 0;
+  int32_t max_tokens = 0;  // the request's; 0 = unknown (TPOT predicted from the next step)
   SloTarget slo;
   uint64_t round_robin = 0;  // the caller's counter; round_robin uses it modulo the count
 };
@@ -92,20 +119,33 @@ double PredictTpotSeconds(const LoadReport& load);
 // this prompt, cut into prefill batches of x.token_budget tokens (the prefill scheduler's
 // chunking); the queue's share of a batch counts as one prompt of that many tokens (the router
 // does not know the queued prompts' lengths), this prompt's chunks as chunks with their past.
-// Decode TPOT: one step of running + 1 sequences over context_tokens + prompt, times
-// DecodeModelCorrection. (An earlier version divided the whole step's time, sampling and waits
-// for arriving KV included, by the model's forward pass; the router then rejected requests the
-// decode instance would have served within the SLO: perf/README.md, goodput.)
-// Colocated TPOT: the same pure decode step. Its own prefill and the prompts queued ahead of it
+// Decode TPOT: the mean step over the request's own decode steps (max_tokens - 1 of them: TPOT
+// spans the tokens after the first), times DecodeModelCorrection. At step s the batch is the
+// request itself plus the others: the residents still running then (remaining_tokens >= s,
+// their contexts grown by s), and the requests that will have arrived to replace the ones
+// that left. Departures are known; arrivals are estimated as the typical population
+// (x.typical) times the share of today's residents that have left by step s (their own
+// lifetimes stand in for the lifetimes of the requests found on arrival). So the others move
+// from today's population to the typical one. The model is linear, so the mean step is the
+// model at the mean batch and context. Without residents or max_tokens: one step of running
+// + 1 sequences over context_tokens + prompt. (That was the rule until the goodput sweep's run
+// 3; it prices the whole life at today's batch + 1, and the router rejected requests whose
+// TPOT then came out at two thirds of the prediction: perf/README.md, goodput. An earlier
+// version divided the whole step's time, sampling and waits for arriving KV included, by the
+// model's forward pass; the router then rejected requests the decode instance would have
+// served.)
+// Colocated TPOT: the same decode prediction. Its own prefill and the prompts queued ahead of it
 // finish before its first token; prompts that arrive later will slow its steps, but placement
 // cannot know them (an earlier version added a chunk of this prompt, which rejected requests
 // the instance then served within the SLO).
 double PredictTtftSeconds(const InstanceLoad& x, int64_t prompt_tokens);
-double PredictDecodeTpotSeconds(const InstanceLoad& x, int64_t prompt_tokens);
+double PredictDecodeTpotSeconds(const InstanceLoad& x, int64_t prompt_tokens,
+                                int32_t max_tokens = 0);
 // The latency model's decode steps, corrected by what the instance measures: the ratio of its
 // reported moving-average forward pass of a decode step (LoadReport.decode_forward_seconds: the
 // part of a step a profile times) to the model's step at the same average batch and context
-// (decode_step_batch, decode_step_context_tokens), clamped to [kMin.., kMax..DecodeModelCorrection]. An offline
+// (decode_step_batch, decode_step_context_tokens), clamped to [kMinDecodeModelCorrection,
+// kMaxDecodeModelCorrection]. An offline
 // profile drifts from the machine it serves on (a shared host's speed varies by the hour, a
 // neighbour's work changes what a core gets); the measured steps are the instance's truth. 1
 // when there is no model or no measured decode step yet. Decode TPOT predictions (decode and
@@ -113,7 +153,8 @@ double PredictDecodeTpotSeconds(const InstanceLoad& x, int64_t prompt_tokens);
 double DecodeModelCorrection(const InstanceLoad& x);
 inline constexpr double kMinDecodeModelCorrection = 0.25;
 inline constexpr double kMaxDecodeModelCorrection = 4.0;
-double PredictColocatedTpotSeconds(const InstanceLoad& x, int64_t prompt_tokens);
+double PredictColocatedTpotSeconds(const InstanceLoad& x, int64_t prompt_tokens,
+                                   int32_t max_tokens = 0);
 
 // What a placed request adds to an instance's load until one of its reports includes it
 // (router/cluster_backend.cc; the simulator mirrors it). First instance (prefill or colocated):

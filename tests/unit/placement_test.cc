@@ -392,3 +392,77 @@ TEST_CASE("placement: the router loads router.latency_model relative to the conf
   CHECK(start.code() == StatusCode::kInvalidArgument);
   CHECK(start.message().find("latency_model[0].prefill.c2") != std::string::npos);
 }
+
+TEST_CASE("placement: decode TPOT is the mean step over the request's life", "[placement]") {
+  LatencyModel lm = SimpleModel();  // decode: 20 ms + 2 ms per sequence + 10 us per token
+  InstanceLoad d = WithModel(Up("decode-0", 0, 2), &lm, 0, 3000);
+  d.residents_known = true;
+  // Alone, 11 tokens = 10 decode steps at batch 1, its context 500 + s (mean 505.5).
+  CHECK(PredictDecodeTpotSeconds(d, 500, 11) == Approx(0.02 + 0.002 + 0.005055));
+  // Two residents: one leaves after 4 steps, the other stays. Steps 1-4: batch 3, contexts
+  // (1000 + s) + (2000 + s) + (500 + s); steps 5-10: batch 2, (2000 + s) + (500 + s).
+  // Mean batch 24 / 10, mean context (4 x 3500 + 3 x 10 + 6 x 2500 + 2 x 45) / 10 = 2912.
+  d.residents = {DecodeResident{1000, 4}, DecodeResident{2000, 100}};
+  CHECK(PredictDecodeTpotSeconds(d, 500, 11) == Approx(0.02 + 0.002 * 2.4 + 1e-5 * 2912));
+  // The next-step rule prices all 10 steps at batch 3 over 3500 tokens (still what an unknown
+  // max_tokens or unknown residents get).
+  CHECK(PredictDecodeTpotSeconds(d, 500) == Approx(0.02 + 0.006 + 0.035));
+  InstanceLoad unknown = d;
+  unknown.residents_known = false;
+  CHECK(PredictDecodeTpotSeconds(unknown, 500, 11) == Approx(0.02 + 0.006 + 0.035));
+  // Arrivals refill what leaves, towards the typical population (2 requests over 2400 tokens):
+  // from step 5 half of today's residents have left, so half of it has arrived.
+  d.typical.requests = 2;
+  d.typical.context_tokens = 2400;
+  CHECK(PredictDecodeTpotSeconds(d, 500, 11) == Approx(0.02 + 0.002 * 3.0 + 1e-5 * 3632));
+  // An empty instance gets the typical population from the first step.
+  d.residents.clear();
+  CHECK(PredictDecodeTpotSeconds(d, 500, 11) == Approx(0.02 + 0.002 * 3 + 1e-5 * 2905.5));
+  // A long life costs no more than a short one: closed forms between departures.
+  d.residents = {DecodeResident{1000, 4}};
+  d.typical = ResidentAverage{};
+  // steps 1-4: batch 2, 1000 + 500 + 2s; steps 5-1000000: batch 1, 500 + s.
+  const double steps = 1e6, tail = steps - 4;
+  const double context = (4 * 1500 + 2 * 10 + tail * 500 + (5 + steps) * tail / 2) / steps;
+  CHECK(PredictDecodeTpotSeconds(d, 500, 1000001) ==
+        Approx(0.02 + 0.002 * (8 + tail) / steps + 1e-5 * context));
+}
+
+TEST_CASE("placement: the typical population is a moving average over arrivals", "[placement]") {
+  ResidentAverage typical;
+  typical.Observe({DecodeResident{1000, 5}, DecodeResident{2000, 5}});  // the first seeds it
+  CHECK(typical.requests == 2);
+  CHECK(typical.context_tokens == 3000);
+  typical.Observe({});  // an arrival that found the instance empty
+  CHECK(typical.requests == Approx(2 - kResidentAverageWeight * 2));
+  CHECK(typical.context_tokens == Approx(3000 - kResidentAverageWeight * 3000));
+}
+
+TEST_CASE("placement: goodput admits what the life-long TPOT allows", "[placement]") {
+  LatencyModel lm = SimpleModel();
+  std::vector<InstanceLoad> p = {WithModel(Up("prefill-0"), &lm, 2048)};
+  InstanceLoad d = WithModel(Up("decode-0", 0, 2), &lm, 0, 3000);
+  d.residents_known = true;
+  d.residents = {DecodeResident{1000, 4}, DecodeResident{2000, 100}};
+  std::vector<InstanceLoad> ds = {d};
+  std::vector<InstanceLoad> none;
+  PlacementInput in = Input(p, ds, none, 500, SloTarget{1.0, 0.058});
+  // Without max_tokens: the next step (0.061 s) is over 58 ms: rejected.
+  CHECK(Place(PlacementPolicy::kGoodput, in).status().code() == StatusCode::kResourceExhausted);
+  // 11 tokens: the first resident leaves after 4 of its 10 steps (0.054 s): admitted.
+  in.max_tokens = 11;
+  auto placed = Place(PlacementPolicy::kGoodput, in);
+  REQUIRE(placed.ok());
+  CHECK(placed->predicted_tpot_s == Approx(0.05392));
+}
+
+TEST_CASE("placement: the correction compares at the fractional mean batch", "[placement]") {
+  LatencyModel lm = SimpleModel();
+  InstanceLoad d = WithModel(Up("decode-0"), &lm, 0);
+  // Batch 2.5 over 1000 tokens: the model says 0.02 + 0.005 + 0.01 = 0.035 s, as measured.
+  // (Rounding the batch down to 2 would call the model 1 ms fast and correct it by 1.03.)
+  d.load.decode_step_batch = 2.5;
+  d.load.decode_step_context_tokens = 1000;
+  d.load.decode_forward_seconds = 0.035;
+  CHECK(DecodeModelCorrection(d) == Approx(1.0));
+}
