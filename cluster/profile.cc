@@ -209,13 +209,13 @@ void PrintTable(const char* phase, const char* length_name, const std::vector<Me
 int ProfileMain(const std::vector<std::string>& args) {
   FlagParser flags(
       "tandem profile [--config FILE] [--model-preset P | --model-path DIR] [--threads N] "
-      "[--out lm.yaml] [--append] [--quick] [--background-threads K] [--reps R]",
+      "[--out lm.yaml] [--append] [--role R] [--quick] [--background-threads K] [--reps R]",
       "Measures the wall-clock time of real forward passes (the engine's CpuForward over a paged "
       "KV cache, as the servers run them): prefill batches over a grid of batch size x prompt "
       "length and decode steps over batch size x context per sequence, median of R reps each. "
       "Fits the latency model of common/latency_model.h (DistServe's form), prints measured vs "
       "predicted for every grid point and the fit quality, and writes the YAML (--append: "
-      "merges this entry, keyed by device/threads/tp/pp, into an existing file).");
+      "merges this entry, keyed by device/threads/tp/pp/role, into an existing file).");
   flags.AddString("config", "", "cluster config (model section, kv_cache.block_size, max_model_len)");
   flags.AddString("model-preset", "", "built-in model preset (tiny|small|medium)");
   flags.AddString("model-path", "", "Hugging Face checkpoint directory");
@@ -231,6 +231,10 @@ int ProfileMain(const std::vector<std::string>& args) {
                   "neighbour), or other (the other phase: decode while prefill is measured, "
                   "prefill while decode is measured, as each instance of a 1-prefill-core + "
                   "1-decode-core cluster has beside it); prefill and other need --threads 1");
+  flags.AddString("role", "",
+                  "write the entry for instances of this role only (prefill|decode|colocated; "
+                  "default: any role). E.g. a colocated core beside another colocated one: "
+                  "--role colocated --background-kind decode");
   flags.AddString("clock", "wall",
                   "wall: wall-clock time; cpu: CPU time of the measured forward (process CPU "
                   "minus the background threads', / --threads): on a machine shared with other "
@@ -274,6 +278,9 @@ int ProfileMain(const std::vector<std::string>& args) {
   // What the neighbour runs while the prefill grid, then the decode grid, is measured.
   const bool prefill_neighbour_for_prefill = background_kind == "prefill";
   const bool prefill_neighbour_for_decode = background_kind != "decode";
+  const std::string role = flags.GetString("role");
+  if (!role.empty() && role != "prefill" && role != "decode" && role != "colocated")
+    return usage_error("--role must be prefill|decode|colocated, got '" + role + "'");
   if (reps < 1 || reps > 100) return usage_error("--reps must be in [1, 100]");
   if (flags.GetDouble("transfer-bytes-per-s") < 0 || flags.GetDouble("transfer-latency-s") < 0)
     return usage_error("--transfer-* must not be negative");
@@ -491,9 +498,10 @@ int ProfileMain(const std::vector<std::string>& args) {
   } else {
     comments.push_back("written by tandem profile (common/latency_model.h explains the form)");
   }
+  lm.role = role;
   bool replaced = false;
   for (LatencyModel& e : file.entries) {
-    if (e.device == lm.device && e.threads == lm.threads &&
+    if (e.device == lm.device && e.threads == lm.threads && e.role == lm.role &&
         e.tensor_parallel == lm.tensor_parallel && e.pipeline_parallel == lm.pipeline_parallel) {
       e = lm;
       replaced = true;

@@ -179,8 +179,9 @@ struct EngineInstance {
   std::vector<int32_t> needs;
 };
 
-const LatencyModel* FindEntry(const LatencyModelFile& models, const InstanceSection& s) {
-  return models.ForInstance(s.device, s.threads, s.tensor_parallel, s.pipeline_parallel);
+const LatencyModel* FindEntry(const LatencyModelFile& models, const InstanceSection& s,
+                              const std::string& role) {
+  return models.ForInstance(s.device, s.threads, s.tensor_parallel, s.pipeline_parallel, role);
 }
 
 class Simulation {
@@ -268,6 +269,7 @@ class Simulation {
   // router's residents, router/placement.h DecodeResident).
   std::vector<std::vector<int64_t>> residents_e_;
   void ObserveResidents(InstanceLoad& view, int e);
+  InstanceLoad RouterView(std::string name) const;  // an instance the router starts with
   void ApplyReport(InstanceLoad& view, const LoadReport& report, size_t taken_in,
                    std::vector<int64_t>& placed, std::vector<int64_t>* incoming, bool colocated);
   void ApplyPrefillReport(int pi) {
@@ -286,12 +288,20 @@ class Simulation {
   double now_ = 0;
 };
 
+InstanceLoad Simulation::RouterView(std::string name) const {
+  InstanceLoad view;
+  view.name = std::move(name);
+  view.usable = true;
+  view.kv_block_size = block_size_;
+  return view;
+}
+
 Status Simulation::Setup() {
   TANDEM_ASSIGN_OR_RETURN(policy_, ParsePlacementPolicy(config_.router.policy));
   slo_ = SloTarget{config_.slo.ttft_s, config_.slo.tpot_s};
   block_size_ = config_.kv_cache.block_size;
   auto entry = [&](const char* role, const InstanceSection& s) -> StatusOr<const LatencyModel*> {
-    const LatencyModel* m = FindEntry(models_, s);
+    const LatencyModel* m = FindEntry(models_, s, role);
     if (m == nullptr)
       return InvalidArgument(std::string(role) + " instances (device " + s.device + ", threads " +
                              std::to_string(s.threads) + ", tensor_parallel " +
@@ -311,7 +321,7 @@ Status Simulation::Setup() {
       p.limits = PrefillLimits{ps.token_budget, ps.max_batch_size, block_size_};
       p.total_blocks = p.free_blocks = ResolveBlocks(ps);
       prefill_.push_back(std::move(p));
-      view_p_.push_back(InstanceLoad{"prefill-" + std::to_string(i), true, {}, block_size_});
+      view_p_.push_back(RouterView("prefill-" + std::to_string(i)));
     }
     const InstanceSection& ds = config_.decode;
     for (int i = 0; i < ds.instances; ++i) {
@@ -324,7 +334,7 @@ Status Simulation::Setup() {
       e.pull_expiry_s = std::max(0.0, config_.prefill.kv_hold_timeout_s - 1.0);
       e.lanes.resize(e.pp);
       engines_.push_back(std::move(e));
-      view_d_.push_back(InstanceLoad{"decode-" + std::to_string(i), true, {}, block_size_});
+      view_d_.push_back(RouterView("decode-" + std::to_string(i)));
     }
     num_decode_ = ds.instances;
   }
@@ -342,7 +352,7 @@ Status Simulation::Setup() {
       e.total_blocks = e.free_blocks = ResolveBlocks(cs);
       e.lanes.resize(e.pp);
       engines_.push_back(std::move(e));
-      view_c_.push_back(InstanceLoad{"colocated-" + std::to_string(i), true, {}, block_size_});
+      view_c_.push_back(RouterView("colocated-" + std::to_string(i)));
     }
   }
   // With router.latency_model the router predicts from the instances' entries (here: the

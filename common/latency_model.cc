@@ -54,9 +54,11 @@ double TransferModel::Seconds(double bytes) const {
 }
 
 const LatencyModel* LatencyModelFile::Find(const std::string& device, int threads,
-                                           int tensor_parallel, int pipeline_parallel) const {
+                                           int tensor_parallel, int pipeline_parallel,
+                                           const std::string& role) const {
   for (const LatencyModel& m : entries) {
     if (!device.empty() && m.device != device) continue;
+    if (m.role != role) continue;
     if (m.threads == threads && m.tensor_parallel == tensor_parallel &&
         m.pipeline_parallel == pipeline_parallel)
       return &m;
@@ -64,17 +66,19 @@ const LatencyModel* LatencyModelFile::Find(const std::string& device, int thread
   return nullptr;
 }
 const LatencyModel* LatencyModelFile::ForInstance(const std::string& device, int threads,
-                                                  int tensor_parallel,
-                                                  int pipeline_parallel) const {
+                                                  int tensor_parallel, int pipeline_parallel,
+                                                  const std::string& role) const {
+  const LatencyModel* any_role = nullptr;
   for (const LatencyModel& m : entries) {
     const bool same_device = device == "cuda" ? m.device != "cpu" : m.device == device;
     if (!same_device || m.tensor_parallel != tensor_parallel ||
         m.pipeline_parallel != pipeline_parallel)
       continue;
     if (m.device == "cpu" && m.threads != threads) continue;
-    return &m;
+    if (!role.empty() && m.role == role) return &m;
+    if (m.role.empty() && any_role == nullptr) any_role = &m;
   }
-  return nullptr;
+  return any_role;
 }
 
 namespace {
@@ -93,6 +97,10 @@ void ReadEntry(YamlErrors* errors, const YAML::Node& node, const std::string& pr
   f.Int("threads", &m->threads, 1, 1 << 16);
   f.Int("tensor_parallel", &m->tensor_parallel, 1, 1 << 16);
   f.Int("pipeline_parallel", &m->pipeline_parallel, 1, 1 << 16);
+  f.String("role", &m->role);
+  if (!m->role.empty() && m->role != "prefill" && m->role != "decode" && m->role != "colocated")
+    errors->Add(node["role"], f.Field("role"),
+                "must be prefill|decode|colocated (or absent: any role), got '" + m->role + "'");
   if (YAML::Node p = f.Child("prefill", true)) {
     YamlFields pf(errors, p, f.Field("prefill"));
     pf.Double("c1", &m->c1, kAny, kInf, true);
@@ -247,12 +255,14 @@ StatusOr<LatencyModelFile> ParseLatencyModel(const std::string& yaml_text,
           std::string prefix = "latency_model[" + std::to_string(i) + "]";
           LatencyModel m;
           ReadEntry(&errors, list[i], prefix, &m);
-          if (file.Find(m.device, m.threads, m.tensor_parallel, m.pipeline_parallel) != nullptr)
+          if (file.Find(m.device, m.threads, m.tensor_parallel, m.pipeline_parallel, m.role) !=
+              nullptr)
             errors.Add(list[i], prefix,
                        "a second entry for device " + m.device + ", threads " +
                            std::to_string(m.threads) + ", tensor_parallel " +
                            std::to_string(m.tensor_parallel) + ", pipeline_parallel " +
-                           std::to_string(m.pipeline_parallel));
+                           std::to_string(m.pipeline_parallel) +
+                           (m.role.empty() ? std::string() : ", role " + m.role));
           file.entries.push_back(std::move(m));
         }
       }
@@ -290,6 +300,7 @@ std::string LatencyModelToYaml(const LatencyModelFile& file, const std::string& 
     out += "    threads: " + std::to_string(m.threads) + "\n";
     out += "    tensor_parallel: " + std::to_string(m.tensor_parallel) + "\n";
     out += "    pipeline_parallel: " + std::to_string(m.pipeline_parallel) + "\n";
+    if (!m.role.empty()) out += "    role: " + QuoteString(m.role) + "\n";
     out += "    prefill: {c1: " + num(m.c1) + ", c2: " + num(m.c2) + ", c3: " + num(m.c3) + "}\n";
     out += "    decode: {c4: " + num(m.c4) + ", c5: " + num(m.c5) + ", c6: " + num(m.c6) + "}\n";
     out += "    kv_bytes_per_token: " + num(m.kv_bytes_per_token) + "\n";

@@ -23,6 +23,7 @@
 //       threads: 1
 //       tensor_parallel: 1
 //       pipeline_parallel: 1
+//       role: colocated           # optional: only for instances of this role (see below)
 //       prefill: {c1: 0.004, c2: 0.0036, c3: 1.0e-7}
 //       decode: {c4: 0.030, c5: 0.0011, c6: 2.0e-7}
 //       kv_bytes_per_token: 24576  # KV of one token, all layers
@@ -31,6 +32,11 @@
 //   transfer:                      # optional: the KV link between instances
 //     latency_s: 0.0005
 //     bytes_per_s: 2.0e9
+//
+// role (prefill|decode|colocated, optional): the same shape can run differently in different
+// roles, because what a core can do depends on what its neighbours run (two cores decoding at
+// once share the DRAM bandwidth that each decode step streams the weights with). An instance
+// uses the entry of its shape and role, else the entry of its shape without a role.
 //
 // Loading validates like the cluster config: unknown keys and bad values are errors naming the
 // file, line and field. Coefficients may be negative only where the fit says so (c3, c6 >= 0 is
@@ -56,6 +62,7 @@ struct FitQuality {
 struct LatencyModel {
   std::string model;
   std::string device = "cpu";
+  std::string role;  // "" = any role; else prefill|decode|colocated
   int threads = 1;
   int tensor_parallel = 1;
   int pipeline_parallel = 1;
@@ -90,15 +97,17 @@ struct LatencyModelFile {
   TransferModel transfer;
   std::string source;  // file it came from, for messages
 
-  // The entry for this shape, or nullptr. device "" matches any device.
+  // The entry for this shape and role (exactly: "" finds only an entry without a role), or
+  // nullptr. device "" matches any device.
   const LatencyModel* Find(const std::string& device, int threads, int tensor_parallel = 1,
-                           int pipeline_parallel = 1) const;
+                           int pipeline_parallel = 1, const std::string& role = "") const;
   // The entry that predicts for an instance configured with this shape (a config section's
   // device/threads/tensor_parallel/pipeline_parallel), or nullptr. A GPU instance says device
   // "cuda" while a GPU latency model names the GPU ("h100"): "cuda" matches any non-cpu entry.
-  // threads only distinguish CPU entries. The router and the simulator both use this rule.
+  // threads only distinguish CPU entries. An entry for `role` wins over one without a role.
+  // The router and the simulator both use this rule.
   const LatencyModel* ForInstance(const std::string& device, int threads, int tensor_parallel,
-                                  int pipeline_parallel) const;
+                                  int pipeline_parallel, const std::string& role = "") const;
 };
 
 // Loads and validates (errors: "lm.yaml:7:9: latency_model[0].prefill.c2: must be a number").

@@ -21,7 +21,7 @@ step=${1:-all}
 if [[ $step == profile || $step == all ]]; then
   # threads 1 beside a neighbour running the other phase (prefill measured while the other core
   # decodes, decode while it prefills: a 1-prefill-core + 1-decode-core cluster), threads 2
-  # alone. Transfer: ~5 GB/s over UCX shared memory (perf/README.md, KV transfer) plus ~2 ms of
+  # alone, and threads 1 for colocated instances (below). Transfer: ~5 GB/s over UCX shared memory (perf/README.md, KV transfer) plus ~2 ms of
   # control messages (KvReady, pull, release) per request.
   "$TANDEM" profile --model-preset medium --threads 1 --background-threads 1 \
     --background-kind other \
@@ -29,6 +29,12 @@ if [[ $step == profile || $step == all ]]; then
   "$TANDEM" profile --model-preset medium --threads 2 \
     --transfer-bytes-per-s 5e9 --transfer-latency-s 0.002 --append --out "$LM" |
     tee "$OUT/profile-t2.txt"
+  # threads 1 as a colocated instance of coloc-2x1 sees it: its neighbour is the other colocated
+  # instance, which spends most of its time decoding (two cores decoding share the DRAM
+  # bandwidth each step streams the weights with).
+  "$TANDEM" profile --model-preset medium --threads 1 --background-threads 1 \
+    --background-kind decode --role colocated --append --out "$LM" |
+    tee "$OUT/profile-t1-colocated.txt"
 fi
 
 if [[ $step == sweep || $step == all ]]; then
@@ -38,7 +44,7 @@ if [[ $step == sweep || $step == all ]]; then
   # Workload lengths at a 1024-token scale (cluster/workload.h): summarization prompts ~410
   # tokens (~1.2 s of prefill on one core), chatbot ~100 in / ~60 out.
   "$TANDEM" bench sweep "${clusters[@]}" --workload summarization --max-model-len 1024 \
-    --slo-ttft 8 --slo-tpot 0.05 --rates 0.15,0.2,0.3,0.4,0.5,0.6,0.8 --num-requests 30 \
+    --slo-ttft 8 --slo-tpot 0.05 --rates 0.15,0.2,0.3,0.4,0.5,0.6,0.8 --num-requests 40 \
     --latency-model "$SWEEP_LM" --out-dir "$OUT/sweep-summarization"
   "$TANDEM" bench sweep "${clusters[@]}" --workload chatbot --max-model-len 1024 \
     --slo-ttft 2 --slo-tpot 0.06 --rates 0.4,0.6,0.8,1,1.2,1.6 --num-requests 40 \

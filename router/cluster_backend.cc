@@ -28,7 +28,7 @@ double SecondsSince(std::chrono::steady_clock::time_point t, std::chrono::steady
 std::string Describe(const LatencyModel& m) {
   return "device " + m.device + ", threads " + std::to_string(m.threads) + ", tp " +
          std::to_string(m.tensor_parallel) + ", pp " + std::to_string(m.pipeline_parallel) +
-         ", model " + m.model;
+         (m.role.empty() ? std::string() : ", role " + m.role) + ", model " + m.model;
 }
 
 }  // namespace
@@ -48,7 +48,8 @@ StatusOr<RouterLatencyModels> LoadRouterLatencyModels(const ClusterConfig& confi
   auto pick = [&](const InstanceSection& s, const char* section,
                   const LatencyModel** entry) -> Status {
     if (s.instances <= 0) return Status::Ok();
-    *entry = out.file->ForInstance(s.device, s.threads, s.tensor_parallel, s.pipeline_parallel);
+    *entry = out.file->ForInstance(s.device, s.threads, s.tensor_parallel, s.pipeline_parallel,
+                                   section);
     if (*entry == nullptr)
       return InvalidArgument(path.string() + ": router.latency_model has no entry for " +
                              section + " (device " + s.device + ", threads " +

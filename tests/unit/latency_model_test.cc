@@ -182,6 +182,52 @@ TEST_CASE("latency model: YAML round trip is exact", "[latency_model]") {
         StatusCode::kNotFound);
 }
 
+TEST_CASE("latency model: an entry for a role wins over the shape's entry without one",
+          "[latency_model]") {
+  const std::string text =
+      "latency_model:\n"
+      "  - {model: medium, threads: 1, prefill: {c1: 1, c2: 0, c3: 0},\n"
+      "     decode: {c4: 0.02, c5: 0, c6: 0}}\n"
+      "  - {model: medium, threads: 1, role: colocated, prefill: {c1: 1, c2: 0, c3: 0},\n"
+      "     decode: {c4: 0.03, c5: 0, c6: 0}}\n";
+  auto file = ParseLatencyModel(text, "lm.yaml");
+  REQUIRE(file.ok());
+  CHECK(file->ForInstance("cpu", 1, 1, 1, "colocated")->c4 == 0.03);
+  CHECK(file->ForInstance("cpu", 1, 1, 1, "decode")->c4 == 0.02);
+  CHECK(file->ForInstance("cpu", 1, 1, 1)->c4 == 0.02);
+  // Written back with its role.
+  auto back = ParseLatencyModel(LatencyModelToYaml(*file), "lm.yaml");
+  REQUIRE(back.ok());
+  CHECK(back->entries[1].role == "colocated");
+  CHECK(back->entries[0].role.empty());
+  // A role entry alone serves only that role.
+  auto only = ParseLatencyModel(
+      "latency_model:\n"
+      "  - {model: medium, threads: 1, role: decode, prefill: {c1: 1, c2: 0, c3: 0},\n"
+      "     decode: {c4: 0.03, c5: 0, c6: 0}}\n",
+      "lm.yaml");
+  REQUIRE(only.ok());
+  CHECK(only->ForInstance("cpu", 1, 1, 1, "decode") != nullptr);
+  CHECK(only->ForInstance("cpu", 1, 1, 1, "prefill") == nullptr);
+  // Two entries for one shape and role, and unknown roles, are errors.
+  auto twice = ParseLatencyModel(text + "  - {model: medium, threads: 1, role: colocated, "
+                                        "prefill: {c1: 1, c2: 0, c3: 0}, decode: {c4: 0.03, c5: 0, "
+                                        "c6: 0}}\n",
+                                 "lm.yaml");
+  REQUIRE_FALSE(twice.ok());
+  CHECK(twice.status().message().find("a second entry for device cpu, threads 1, "
+                                      "tensor_parallel 1, pipeline_parallel 1, role colocated") !=
+        std::string::npos);
+  auto bad = ParseLatencyModel(
+      "latency_model:\n"
+      "  - {model: medium, threads: 1, role: router, prefill: {c1: 1, c2: 0, c3: 0},\n"
+      "     decode: {c4: 0.03, c5: 0, c6: 0}}\n",
+      "lm.yaml");
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.status().message().find("latency_model[0].role: must be prefill|decode|colocated") !=
+        std::string::npos);
+}
+
 TEST_CASE("latency model: bad files name the line and the field", "[latency_model]") {
   const std::string good_entry =
       "latency_model:\n"

@@ -55,6 +55,21 @@ TEST_CASE("profile: --quick on the tiny model writes a model that reads back",
   CHECK(both->Find("cpu", 1) != nullptr);
   CHECK(both->Find("cpu", 2) != nullptr);
   CHECK(both->Find("cpu", 1)->c1 == m.c1);
+
+  // --role adds an entry of the same shape for that role only; the others keep theirs.
+  r = test::RunCommand(std::string(TANDEM_BINARY) +
+                       " profile --quick --model-preset tiny --reps 1 --role colocated --append "
+                       "--out " + out);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  auto three = LoadLatencyModel(out);
+  REQUIRE(three.ok());
+  REQUIRE(three->entries.size() == 3);
+  const LatencyModel* colocated = three->Find("cpu", 1, 1, 1, "colocated");
+  REQUIRE(colocated != nullptr);
+  CHECK(three->ForInstance("cpu", 1, 1, 1, "colocated") == colocated);
+  CHECK(three->ForInstance("cpu", 1, 1, 1, "decode") == three->Find("cpu", 1));
+  CHECK(three->Find("cpu", 1)->c1 == m.c1);
 }
 
 TEST_CASE("profile: --background-kind other swaps the neighbour's phase between the grids",
@@ -91,6 +106,7 @@ TEST_CASE("profile: bad flags are usage errors", "[profile]") {
   CHECK(test::RunCommand(std::string(TANDEM_BINARY) + " profile --background-kind idle")
             .exit_code == 2);
   CHECK(test::RunCommand(std::string(TANDEM_BINARY) + " profile --threads 0").exit_code == 2);
+  CHECK(test::RunCommand(std::string(TANDEM_BINARY) + " profile --role router").exit_code == 2);
   CHECK(test::RunCommand(std::string(TANDEM_BINARY) + " profile --model-preset huge").exit_code ==
         2);
   CHECK(test::RunCommand(std::string(TANDEM_BINARY) + " profile --colour blue").exit_code == 2);
