@@ -268,7 +268,7 @@ class Simulation {
   // Per engine instance: the requests the router placed there and has not seen finish (the
   // router's residents, router/placement.h DecodeResident).
   std::vector<std::vector<int64_t>> residents_e_;
-  void ObserveResidents(InstanceLoad& view, int e);
+  void ObserveResidents(InstanceLoad& view, int e, int32_t arriving_max_tokens);
   InstanceLoad RouterView(std::string name) const;  // an instance the router starts with
   void ApplyReport(InstanceLoad& view, const LoadReport& report, size_t taken_in,
                    std::vector<int64_t>& placed, std::vector<int64_t>* incoming, bool colocated);
@@ -470,9 +470,11 @@ void Simulation::OnArrival(int64_t id) {
   input.max_tokens = r.max_tokens;
   input.slo = slo_;
   input.round_robin = round_robin_++;
-  for (int e = 0; e < num_decode_; ++e) ObserveResidents(view_d_[e], e);
-  for (size_t k = 0; k < view_c_.size(); ++k)
-    ObserveResidents(view_c_[k], num_decode_ + static_cast<int>(k));
+  if (policy_ == PlacementPolicy::kGoodput) {  // the only policy that reads them
+    for (int e = 0; e < num_decode_; ++e) ObserveResidents(view_d_[e], e, r.max_tokens);
+    for (size_t k = 0; k < view_c_.size(); ++k)
+      ObserveResidents(view_c_[k], num_decode_ + static_cast<int>(k), r.max_tokens);
+  }
   StatusOr<Placement> placement = Place(policy_, input);
   if (!placement.ok()) {
     r.rejected = placement.status().code() == StatusCode::kResourceExhausted;
@@ -484,7 +486,7 @@ void Simulation::OnArrival(int64_t id) {
     r.colocated = num_decode_ + placement->colocated;
     AddUnreportedSubmit(view_c_[placement->colocated].load, r.prompt, /*colocated=*/true);
     placed_e_[r.colocated].push_back(id);
-    residents_e_[r.colocated].push_back(id);
+    if (policy_ == PlacementPolicy::kGoodput) residents_e_[r.colocated].push_back(id);
   } else {
     r.prefill = placement->prefill;
     r.decode = placement->decode;
@@ -492,7 +494,7 @@ void Simulation::OnArrival(int64_t id) {
     AddUnreportedHandoff(view_d_[r.decode].load, r.prompt, block_size_);
     placed_p_[r.prefill].push_back(id);
     incoming_e_[r.decode].push_back(id);
-    residents_e_[r.decode].push_back(id);
+    if (policy_ == PlacementPolicy::kGoodput) residents_e_[r.decode].push_back(id);
   }
 
   const int64_t total = int64_t{r.prompt} + r.max_tokens;
@@ -527,16 +529,17 @@ void Simulation::OnArrival(int64_t id) {
 
 // As router/cluster_backend.cc Submit(): the router's residents of engine instance e, and the
 // moving average of what arrivals found there.
-void Simulation::ObserveResidents(InstanceLoad& view, int e) {
+void Simulation::ObserveResidents(InstanceLoad& view, int e, int32_t arriving_max_tokens) {
   std::erase_if(residents_e_[e], [&](int64_t id) { return reqs_[id].finished; });
   view.residents.clear();
   for (int64_t id : residents_e_[e]) {
     const Req& q = reqs_[id];
     view.residents.push_back(DecodeResident{int64_t{q.prompt} + q.generated,
-                                            std::max(q.max_tokens - q.generated, 0)});
+                                            std::max(q.max_tokens - std::max(q.generated, 1), 0),
+                                            q.generated > 0});
   }
   view.residents_known = true;
-  view.typical.Observe(view.residents);
+  view.typical.Observe(view.residents, arriving_max_tokens);
 }
 
 void Simulation::Fail(int64_t id, const std::string& error) {

@@ -120,6 +120,7 @@ struct ClusterBackend::Request {
   int prefill = -1;
   int decode = -1;
   int colocated = -1;
+  uint64_t placed_order = 0;  // the router's count of Submit calls when it was placed
   int64_t prompt_tokens = 0;
   int32_t max_tokens = 0;
   int32_t generated = 0;        // tokens received from any of its instances
@@ -346,13 +347,23 @@ Status ClusterBackend::Submit(const GenerateRequest& request,
     if (requests_.count(request.request_id))
       return InvalidArgument("duplicate request id " + request.request_id);
     Clock::time_point now = Clock::now();
-    // The requests each decode/colocated instance holds, for TPOT predictions over a life.
-    std::vector<std::vector<DecodeResident>> residents(instances_.size());
+    // The requests each decode/colocated instance holds, in the order they were placed, for
+    // TPOT predictions over a life.
+    std::vector<std::vector<std::pair<uint64_t, DecodeResident>>> held(instances_.size());
+    const bool goodput = policy_ == PlacementPolicy::kGoodput;  // the only policy that reads them
     for (const auto& [id, r] : requests_) {
       int at = r->decode >= 0 ? r->decode : r->colocated;
-      if (at < 0 || r->finished) continue;
-      residents[at].push_back(DecodeResident{r->prompt_tokens + r->generated,
-                                             std::max(r->max_tokens - r->generated, 0)});
+      if (!goodput || at < 0 || r->finished) continue;
+      held[at].push_back({r->placed_order,
+                          DecodeResident{r->prompt_tokens + r->generated,
+                                         std::max(r->max_tokens - std::max(r->generated, 1), 0),
+                                         r->generated > 0}});
+    }
+    std::vector<std::vector<DecodeResident>> residents(instances_.size());
+    for (size_t i = 0; i < held.size(); ++i) {
+      std::sort(held[i].begin(), held[i].end(),
+                [](const auto& a, const auto& b) { return a.first < b.first; });
+      for (const auto& [order, resident] : held[i]) residents[i].push_back(resident);
     }
     auto snapshot = [&](const std::vector<int>& ids, const LatencyModel* lm, int budget) {
       std::vector<InstanceLoad> out;
@@ -365,8 +376,9 @@ Status ClusterBackend::Submit(const GenerateRequest& request,
         load.kv_block_size = x.hello.kv_block_size;
         load.latency_model = lm;  // latency_ outlives Place(): both under mutex_
         load.token_budget = budget;
-        if (x.role != InstanceRole::kPrefill) {
-          x.typical.Observe(residents[i]);  // every arrival samples every instance
+        if (goodput && x.role != InstanceRole::kPrefill) {
+          // Every request the router is asked to place samples every instance.
+          x.typical.Observe(residents[i], request.sampling.max_tokens);
           load.residents_known = true;
           load.residents = std::move(residents[i]);
           load.typical = x.typical;
@@ -403,6 +415,7 @@ Status ClusterBackend::Submit(const GenerateRequest& request,
     entry = std::make_shared<Request>();
     entry->id = request.request_id;
     entry->on_event = std::move(on_event);
+    entry->placed_order = input.round_robin;
     entry->prompt_tokens = input.prompt_tokens;
     entry->max_tokens = request.sampling.max_tokens;
     message.request_id = request.request_id;

@@ -94,57 +94,95 @@ double DecodeModelCorrection(const InstanceLoad& x) {
                     kMaxDecodeModelCorrection);
 }
 
-void ResidentAverage::Observe(const std::vector<DecodeResident>& residents) {
-  double context = 0;
-  for (const DecodeResident& r : residents) context += static_cast<double>(r.context_tokens);
-  const double n = static_cast<double>(residents.size());
+void ResidentAverage::Observe(const std::vector<DecodeResident>& residents,
+                              int32_t arriving_max_tokens) {
+  double n = 0, context = 0;
+  for (const DecodeResident& r : residents) {
+    if (!r.decoding) continue;
+    n += 1;
+    context += static_cast<double>(r.context_tokens);
+  }
+  const double steps = std::max(arriving_max_tokens - 1, 1);
   if (!seeded) {
     requests = n;
     context_tokens = context;
+    decode_steps = steps;
     seeded = true;
     return;
   }
   requests += kResidentAverageWeight * (n - requests);
   context_tokens += kResidentAverageWeight * (context - context_tokens);
+  if (arriving_max_tokens > 0) decode_steps += kResidentAverageWeight * (steps - decode_steps);
 }
 
 namespace {
 
-// The mean batch and summed context over steps 1..steps of a request that joins `residents`
-// with a context of prompt + s at step s (see the header: departures known, arrivals refill
-// towards `typical`).
+// sum of min(1, s / knee) over s = a..b (knee <= 0: all 1).
+double RampSum(int64_t a, int64_t b, double knee) {
+  if (b < a) return 0;
+  if (knee <= 0) return static_cast<double>(b - a + 1);
+  double sum = 0;
+  const int64_t k = std::min<int64_t>(b, static_cast<int64_t>(std::floor(knee)));
+  if (k >= a) sum += static_cast<double>(a + k) * static_cast<double>(k - a + 1) / 2 / knee;
+  const int64_t from = std::max(a, k + 1);
+  if (b >= from) sum += static_cast<double>(b - from + 1);
+  return sum;
+}
+
+// The mean batch and summed context over the request's steps 1..steps (see the header).
 struct MeanStep {
   double batch = 0;
   double context = 0;
 };
 
-MeanStep MeanOverLife(std::vector<DecodeResident> residents, const ResidentAverage& typical,
-                      int64_t prompt, int64_t steps) {
-  std::sort(residents.begin(), residents.end(), [](const DecodeResident& a, const DecodeResident& b) {
-    return a.remaining_tokens < b.remaining_tokens;
-  });
-  const double start = static_cast<double>(residents.size());
-  double present = start, present_context = 0;
-  for (const DecodeResident& r : residents) present_context += static_cast<double>(r.context_tokens);
+MeanStep MeanOverLife(const std::vector<DecodeResident>& residents, const ResidentAverage& typical,
+                      int64_t prompt, int64_t steps, double start_delay_s, double step_now_s) {
+  // Steps the others take in the start_delay_s before the request's first token.
+  auto steps_in = [&](double seconds) -> int64_t {
+    if (seconds <= 0 || step_now_s <= 0) return 0;
+    return static_cast<int64_t>(std::min(seconds / step_now_s, 1e9));
+  };
+  // The prompts still ahead of it drain in FCFS order at about a constant token rate: the j-th
+  // gets its first token at start_delay_s x (its and earlier prompts' tokens) / (all of them
+  // and this prompt's).
+  double queued = static_cast<double>(prompt), queued_before = 0;
+  for (const DecodeResident& r : residents)
+    if (!r.decoding) queued += static_cast<double>(r.context_tokens);
+  // Each resident as the request's steps see it: present at steps 1..last, context base + s.
+  struct Known {
+    int64_t last;
+    double base;
+  };
+  std::vector<Known> known;
+  for (const DecodeResident& r : residents) {
+    int64_t lead = steps_in(start_delay_s);  // a decoding one runs on during the whole wait
+    if (!r.decoding) {
+      queued_before += static_cast<double>(r.context_tokens);
+      lead = steps_in(start_delay_s * (1.0 - queued_before / queued));
+    }
+    Known k{r.decode_steps - lead, static_cast<double>(r.context_tokens + lead)};
+    if (k.last >= 1) known.push_back(k);
+  }
+  std::sort(known.begin(), known.end(), [](const Known& a, const Known& b) { return a.last < b.last; });
+  double present = static_cast<double>(known.size()), present_base = 0;
+  for (const Known& k : known) present_base += k.base;
   double sum_batch = 0, sum_context = 0;
-  size_t gone = 0;  // residents[0, gone) have left before step s
-  // Segments of steps between departures, where the population is constant and the contexts
+  size_t gone = 0;  // known[0, gone) have left before step s
+  // Segments of steps between departures, where the known population is constant and contexts
   // grow by one per step (closed forms: a long life must not cost a long loop).
   for (int64_t s = 1; s <= steps;) {
-    while (gone < residents.size() && residents[gone].remaining_tokens < s) {
+    while (gone < known.size() && known[gone].last < s) {
       present -= 1;
-      present_context -= static_cast<double>(residents[gone].context_tokens);
+      present_base -= known[gone].base;
       ++gone;
     }
-    const int64_t last = gone < residents.size()
-                             ? std::min<int64_t>(residents[gone].remaining_tokens, steps)
-                             : steps;
+    const int64_t last = gone < known.size() ? std::min(known[gone].last, steps) : steps;
     const double n = static_cast<double>(last - s + 1);
     const double sum_s = static_cast<double>(s + last) * n / 2;  // s + (s+1) + ... + last
-    const double left = start > 0 ? 1.0 - present / start : 1.0;  // share replaced by arrivals
-    sum_batch += n * (1.0 + present + typical.requests * left);
-    sum_context += n * static_cast<double>(prompt) + sum_s + n * present_context +
-                   present * sum_s + n * typical.context_tokens * left;
+    const double arrived = RampSum(s, last, typical.decode_steps);  // later arrivals' share
+    sum_batch += n * (1.0 + present) + typical.requests * arrived;
+    sum_context += n * static_cast<double>(prompt) + sum_s + n * present_base + present * sum_s +
+                   typical.context_tokens * arrived;
     s = last + 1;
   }
   const double count = static_cast<double>(std::max<int64_t>(steps, 1));
@@ -153,28 +191,41 @@ MeanStep MeanOverLife(std::vector<DecodeResident> residents, const ResidentAvera
 
 }  // namespace
 
-double PredictDecodeTpotSeconds(const InstanceLoad& x, int64_t prompt_tokens, int32_t max_tokens) {
+double PredictDecodeTpotSeconds(const InstanceLoad& x, int64_t prompt_tokens, int32_t max_tokens,
+                                double start_delay_s) {
   if (x.latency_model == nullptr) return PredictTpotSeconds(x.load);
+  const LatencyModel& lm = *x.latency_model;
+  const double correction = DecodeModelCorrection(x);
   const int64_t prompt = std::max<int64_t>(prompt_tokens, 0);
   if (!x.residents_known || max_tokens <= 0) {
     const int64_t running = std::max<int32_t>(x.load.running_requests, 0);
     const double context = static_cast<double>(std::max<int64_t>(x.load.context_tokens, 0) + prompt);
-    return x.latency_model->DecodeStepSeconds(running + 1, context) * DecodeModelCorrection(x);
+    return lm.DecodeStepSeconds(running + 1, context) * correction;
   }
+  // Today's step, the clock of the residents' progress until the request's first token.
+  double decoding = 0, decoding_context = 0;
+  for (const DecodeResident& r : x.residents) {
+    if (!r.decoding) continue;
+    decoding += 1;
+    decoding_context += static_cast<double>(r.context_tokens);
+  }
+  const double step_now = lm.DecodeStepSeconds(std::max(decoding, 1.0), decoding_context) * correction;
   // max_tokens 1 has no step after the first token; price its one step as a one-step life.
   const int64_t steps = std::max<int64_t>(max_tokens - 1, 1);
-  const MeanStep mean = MeanOverLife(x.residents, x.typical, prompt, steps);
-  return x.latency_model->DecodeStepSeconds(mean.batch, mean.context) * DecodeModelCorrection(x);
+  const MeanStep mean =
+      MeanOverLife(x.residents, x.typical, prompt, steps, std::max(start_delay_s, 0.0), step_now);
+  return lm.DecodeStepSeconds(mean.batch, mean.context) * correction;
 }
 
 double PredictColocatedTpotSeconds(const InstanceLoad& x, int64_t prompt_tokens,
-                                   int32_t max_tokens) {
+                                   int32_t max_tokens, double start_delay_s) {
   // The request's own prefill step ends its TTFT, and the prompts queued ahead of it are
   // prefilled before its first token (FCFS): neither is in its TPOT. What slows its decode
   // steps is prompts that arrive later, which placement cannot know; so the prediction is the
   // decode instance's: the pure decode steps (interference shows up as measured TPOT, and in
   // the simulator).
-  return PredictDecodeTpotSeconds(x, std::max<int64_t>(prompt_tokens, 1), max_tokens);
+  return PredictDecodeTpotSeconds(x, std::max<int64_t>(prompt_tokens, 1), max_tokens,
+                                  start_delay_s);
 }
 
 void AddUnreportedSubmit(LoadReport& load, int64_t prompt_tokens, bool colocated) {
@@ -257,8 +308,9 @@ StatusOr<Placement> Goodput(const PlacementInput& in, const std::vector<int>& p,
     double t = PredictTtftSeconds(x, in.prompt_tokens);
     return Scored{-1, Slack(t, slo.ttft_s), t, Idle(x.load)};
   };
+  double start_delay_s = 0;  // the chosen prefill's predicted TTFT: when decoding begins
   auto tpot_score = [&](const InstanceLoad& x) {
-    double t = PredictDecodeTpotSeconds(x, in.prompt_tokens, in.max_tokens);
+    double t = PredictDecodeTpotSeconds(x, in.prompt_tokens, in.max_tokens, start_delay_s);
     double slack = HasBlocksFor(x, kv_tokens) ? Slack(t, slo.tpot_s) : -kInf;
     return Scored{-1, slack, t, Idle(x.load)};
   };
@@ -268,21 +320,22 @@ StatusOr<Placement> Goodput(const PlacementInput& in, const std::vector<int>& p,
   Scored first, second;
   if (!p.empty() && !d.empty()) {
     first = BestBy(*in.prefill, p, in.round_robin, ttft_score);
+    start_delay_s = first.predicted;
     second = BestBy(*in.decode, d, in.round_robin, tpot_score);
     placement.prefill = first.index;
     placement.decode = second.index;
   } else {
     auto both = [&](const InstanceLoad& x) {
       double ttft = PredictTtftSeconds(x, in.prompt_tokens);
-      double tpot = PredictColocatedTpotSeconds(x, in.prompt_tokens, in.max_tokens);
+      double tpot = PredictColocatedTpotSeconds(x, in.prompt_tokens, in.max_tokens, ttft);
       double slack = std::min(Slack(ttft, slo.ttft_s),
                               HasBlocksFor(x, kv_tokens) ? Slack(tpot, slo.tpot_s) : -kInf);
       return Scored{-1, slack, ttft, Idle(x.load)};
     };
     first = BestBy(*in.colocated, c, in.round_robin, both);
     second = first;
-    second.predicted =
-        PredictColocatedTpotSeconds((*in.colocated)[first.index], in.prompt_tokens, in.max_tokens);
+    second.predicted = PredictColocatedTpotSeconds((*in.colocated)[first.index], in.prompt_tokens,
+                                                   in.max_tokens, first.predicted);
     placement.colocated = first.index;
   }
   placement.predicted_ttft_s = first.predicted;

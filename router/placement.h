@@ -44,23 +44,26 @@ inline constexpr double kDefaultPrefillSecondsPerToken = 0.0005;
 inline constexpr double kDefaultDecodeStepSeconds = 0.02;
 
 // A request a decode (or colocated) instance holds, as the router knows it: it has placed it
-// there and streams its tokens. Prefill of it may still be running.
+// there and streams its tokens.
 struct DecodeResident {
-  int64_t context_tokens = 0;    // prompt + tokens generated so far
-  int32_t remaining_tokens = 0;  // max_tokens - generated: decode steps it will still be in
+  int64_t context_tokens = 0;  // prompt + tokens generated so far
+  int32_t decode_steps = 0;    // decode steps it still has: max_tokens - max(generated, 1)
+  bool decoding = false;       // its first token has come (else: its prompt is still queued
+                               // or prefilling, and its decode steps have not begun)
 };
 
-// The residents an arriving request finds on an instance, as a moving average over arrivals
-// (weight kResidentAverageWeight). Arrivals that come at random times (Poisson) see the time
-// average (PASTA), idle time included, which is what the requests that will arrive during a
-// new request's life bring back. The router and the simulator call Observe for every decode
-// and colocated instance at every request they place (before Place()).
+// What arriving requests found decoding on an instance, and how long their decode lasts, as
+// moving averages over arrivals (weight kResidentAverageWeight). Arrivals at random times
+// (Poisson) see the time average (PASTA), idle time included: the population the requests
+// that arrive later will build up again. The router and the simulator call Observe for every
+// decode and colocated instance at every request they are asked to place, before Place().
 inline constexpr double kResidentAverageWeight = 0.1;
 struct ResidentAverage {
-  double requests = 0;
-  double context_tokens = 0;
+  double requests = 0;        // decoding residents
+  double context_tokens = 0;  // their summed context
+  double decode_steps = 0;    // decode steps of an arriving request (its max_tokens - 1)
   bool seeded = false;
-  void Observe(const std::vector<DecodeResident>& residents);
+  void Observe(const std::vector<DecodeResident>& residents, int32_t arriving_max_tokens);
 };
 
 // One instance as placement sees it.
@@ -78,8 +81,8 @@ struct InstanceLoad {
   // the caller filled it; the simulator and the router do). Lets TPOT predictions see when the
   // batch will shrink.
   bool residents_known = false;
-  std::vector<DecodeResident> residents;
-  ResidentAverage typical;  // what arriving requests found here lately (ObserveArrival)
+  std::vector<DecodeResident> residents;  // in the order they were placed
+  ResidentAverage typical;  // what arriving requests found here lately
 };
 
 struct SloTarget {
@@ -120,27 +123,33 @@ double PredictTpotSeconds(const LoadReport& load);
 // chunking); the queue's share of a batch counts as one prompt of that many tokens (the router
 // does not know the queued prompts' lengths), this prompt's chunks as chunks with their past.
 // Decode TPOT: the mean step over the request's own decode steps (max_tokens - 1 of them: TPOT
-// spans the tokens after the first), times DecodeModelCorrection. At step s the batch is the
-// request itself plus the others: the residents still running then (remaining_tokens >= s,
-// their contexts grown by s), and the requests that will have arrived to replace the ones
-// that left. Departures are known; arrivals are estimated as the typical population
-// (x.typical) times the share of today's residents that have left by step s (their own
-// lifetimes stand in for the lifetimes of the requests found on arrival). So the others move
-// from today's population to the typical one. The model is linear, so the mean step is the
-// model at the mean batch and context. Without residents or max_tokens: one step of running
-// + 1 sequences over context_tokens + prompt. (That was the rule until the goodput sweep's run
-// 3; it prices the whole life at today's batch + 1, and the router rejected requests whose
-// TPOT then came out at two thirds of the prediction: perf/README.md, goodput. An earlier
-// version divided the whole step's time, sampling and waits for arriving KV included, by the
-// model's forward pass; the router then rejected requests the decode instance would have
-// served.)
+// spans the tokens after the first), times DecodeModelCorrection. Its steps begin when its
+// first token comes, start_delay_s from now (its predicted TTFT); until then the decoding
+// residents run on (start_delay_s / the current step's time steps). At its step s the batch
+// is the request itself, plus
+//   - the decoding residents that still have steps left then, their contexts grown,
+//   - the residents whose prompts are still queued or prefilling, ahead of it (FCFS): they
+//     begin decoding before it, as the prefill queue drains at about a constant token rate
+//     (x.residents lists them in the order they were placed), and run on until it begins,
+//   - the requests that arrive after it, which an FCFS prefill queue lets begin decoding only
+//     after it: the typical decoding population (x.typical) times min(1, s / the typical
+//     decode steps). For Poisson arrivals that ramp plus the decay of what is decoding at an
+//     arrival keep the expected population at the typical one, as it should be.
+// The model is linear, so the mean step is the model at the mean batch and context. Without
+// residents or max_tokens: one step of running + 1 sequences over context_tokens + prompt.
+// (That was the rule until the goodput sweep's run 3: it prices the whole life at today's
+// batch + 1, and the router rejected summarization requests whose TPOT then came out at two
+// thirds of the prediction, because their decoding neighbours finished before their own first
+// token; perf/README.md, goodput. An earlier version divided the whole step's time, sampling
+// and waits for arriving KV included, by the model's forward pass; the router then rejected
+// requests the decode instance would have served.)
 // Colocated TPOT: the same decode prediction. Its own prefill and the prompts queued ahead of it
 // finish before its first token; prompts that arrive later will slow its steps, but placement
 // cannot know them (an earlier version added a chunk of this prompt, which rejected requests
 // the instance then served within the SLO).
 double PredictTtftSeconds(const InstanceLoad& x, int64_t prompt_tokens);
 double PredictDecodeTpotSeconds(const InstanceLoad& x, int64_t prompt_tokens,
-                                int32_t max_tokens = 0);
+                                int32_t max_tokens = 0, double start_delay_s = 0);
 // The latency model's decode steps, corrected by what the instance measures: the ratio of its
 // reported moving-average forward pass of a decode step (LoadReport.decode_forward_seconds: the
 // part of a step a profile times) to the model's step at the same average batch and context
@@ -154,7 +163,7 @@ double DecodeModelCorrection(const InstanceLoad& x);
 inline constexpr double kMinDecodeModelCorrection = 0.25;
 inline constexpr double kMaxDecodeModelCorrection = 4.0;
 double PredictColocatedTpotSeconds(const InstanceLoad& x, int64_t prompt_tokens,
-                                   int32_t max_tokens = 0);
+                                   int32_t max_tokens = 0, double start_delay_s = 0);
 
 // What a placed request adds to an instance's load until one of its reports includes it
 // (router/cluster_backend.cc; the simulator mirrors it). First instance (prefill or colocated):

@@ -399,10 +399,10 @@ TEST_CASE("placement: decode TPOT is the mean step over the request's life", "[p
   d.residents_known = true;
   // Alone, 11 tokens = 10 decode steps at batch 1, its context 500 + s (mean 505.5).
   CHECK(PredictDecodeTpotSeconds(d, 500, 11) == Approx(0.02 + 0.002 + 0.005055));
-  // Two residents: one leaves after 4 steps, the other stays. Steps 1-4: batch 3, contexts
-  // (1000 + s) + (2000 + s) + (500 + s); steps 5-10: batch 2, (2000 + s) + (500 + s).
+  // Two decoding residents: one leaves after 4 steps, the other stays. Steps 1-4: batch 3,
+  // contexts (1000 + s) + (2000 + s) + (500 + s); steps 5-10: batch 2, (2000 + s) + (500 + s).
   // Mean batch 24 / 10, mean context (4 x 3500 + 3 x 10 + 6 x 2500 + 2 x 45) / 10 = 2912.
-  d.residents = {DecodeResident{1000, 4}, DecodeResident{2000, 100}};
+  d.residents = {DecodeResident{1000, 4, true}, DecodeResident{2000, 100, true}};
   CHECK(PredictDecodeTpotSeconds(d, 500, 11) == Approx(0.02 + 0.002 * 2.4 + 1e-5 * 2912));
   // The next-step rule prices all 10 steps at batch 3 over 3500 tokens (still what an unknown
   // max_tokens or unknown residents get).
@@ -410,16 +410,35 @@ TEST_CASE("placement: decode TPOT is the mean step over the request's life", "[p
   InstanceLoad unknown = d;
   unknown.residents_known = false;
   CHECK(PredictDecodeTpotSeconds(unknown, 500, 11) == Approx(0.02 + 0.006 + 0.035));
-  // Arrivals refill what leaves, towards the typical population (2 requests over 2400 tokens):
-  // from step 5 half of today's residents have left, so half of it has arrived.
+  // Its first token 3.5 of today's steps (0.054 s) away: the residents run 3 steps on first.
+  // Step 1: batch 3 over 501 + 1004 + 2004; steps 2-10: batch 2 over (500 + s) + (2003 + s).
+  CHECK(PredictDecodeTpotSeconds(d, 500, 11, 0.054 * 3.5) ==
+        Approx(0.02 + 0.002 * 2.1 + 1e-5 * (3509 + 9 * 2503 + 2 * 54) / 10));
+  // A resident whose prompt is ahead in the prefill queue: 800 of the 1300 queued tokens, so
+  // its first token comes at 800 / 1300 of the 0.5 s wait, and it decodes for the remaining
+  // 0.19 s (8 steps of 22 ms, alone) before the request joins: it has 20 - 8 steps left, at
+  // context 808 + s.
+  d.residents = {DecodeResident{800, 20, false}};
+  CHECK(PredictDecodeTpotSeconds(d, 500, 11, 0.5) == Approx(0.02 + 0.002 * 2 + 1e-5 * 1319));
+  // With 5 steps it is gone by then.
+  d.residents = {DecodeResident{800, 5, false}};
+  CHECK(PredictDecodeTpotSeconds(d, 500, 11, 0.5) == Approx(0.02 + 0.002 + 0.005055));
+  // Two, placed in this order: the first is 0.5 s x (1 - 800 / 2000) = 0.3 s ahead (13 steps:
+  // 7 left, context 813 + s), the second 0.5 s x (1 - 1500 / 2000) = 0.125 s (5 steps: 15
+  // left, 705 + s). Steps 1-7: batch 3 over 2018 + 3s; steps 8-10: batch 2 over 1205 + 2s.
+  d.residents = {DecodeResident{800, 20, false}, DecodeResident{700, 20, false}};
+  CHECK(PredictDecodeTpotSeconds(d, 500, 11, 0.5) ==
+        Approx(0.02 + 0.002 * 2.7 + 1e-5 * (7 * 2018 + 3 * 28 + 3 * 1205 + 2 * 27) / 10));
+  // Requests that arrive later ramp up to the typical population (2 requests over 2400
+  // tokens) over the typical 4 decode steps: shares 1/4, 2/4, 3/4, then 1 (8.5 in all).
+  d.residents.clear();
   d.typical.requests = 2;
   d.typical.context_tokens = 2400;
-  CHECK(PredictDecodeTpotSeconds(d, 500, 11) == Approx(0.02 + 0.002 * 3.0 + 1e-5 * 3632));
-  // An empty instance gets the typical population from the first step.
-  d.residents.clear();
-  CHECK(PredictDecodeTpotSeconds(d, 500, 11) == Approx(0.02 + 0.002 * 3 + 1e-5 * 2905.5));
+  d.typical.decode_steps = 4;
+  CHECK(PredictDecodeTpotSeconds(d, 500, 11) ==
+        Approx(0.02 + 0.002 * (10 + 2 * 8.5) / 10 + 1e-5 * (5055 + 2400 * 8.5) / 10));
   // A long life costs no more than a short one: closed forms between departures.
-  d.residents = {DecodeResident{1000, 4}};
+  d.residents = {DecodeResident{1000, 4, true}};
   d.typical = ResidentAverage{};
   // steps 1-4: batch 2, 1000 + 500 + 2s; steps 5-1000000: batch 1, 500 + s.
   const double steps = 1e6, tail = steps - 4;
@@ -430,12 +449,17 @@ TEST_CASE("placement: decode TPOT is the mean step over the request's life", "[p
 
 TEST_CASE("placement: the typical population is a moving average over arrivals", "[placement]") {
   ResidentAverage typical;
-  typical.Observe({DecodeResident{1000, 5}, DecodeResident{2000, 5}});  // the first seeds it
+  // The first arrival seeds it: two decoding (one still prefilling does not count), 10 steps.
+  typical.Observe({DecodeResident{1000, 5, true}, DecodeResident{2000, 5, true},
+                   DecodeResident{500, 9, false}},
+                  11);
   CHECK(typical.requests == 2);
   CHECK(typical.context_tokens == 3000);
-  typical.Observe({});  // an arrival that found the instance empty
+  CHECK(typical.decode_steps == 10);
+  typical.Observe({}, 21);  // an arrival that found the instance empty, wanting 20 steps
   CHECK(typical.requests == Approx(2 - kResidentAverageWeight * 2));
   CHECK(typical.context_tokens == Approx(3000 - kResidentAverageWeight * 3000));
+  CHECK(typical.decode_steps == Approx(10 + kResidentAverageWeight * 10));
 }
 
 TEST_CASE("placement: goodput admits what the life-long TPOT allows", "[placement]") {
@@ -443,17 +467,20 @@ TEST_CASE("placement: goodput admits what the life-long TPOT allows", "[placemen
   std::vector<InstanceLoad> p = {WithModel(Up("prefill-0"), &lm, 2048)};
   InstanceLoad d = WithModel(Up("decode-0", 0, 2), &lm, 0, 3000);
   d.residents_known = true;
-  d.residents = {DecodeResident{1000, 4}, DecodeResident{2000, 100}};
+  d.residents = {DecodeResident{1000, 4, true}, DecodeResident{2000, 100, true}};
   std::vector<InstanceLoad> ds = {d};
   std::vector<InstanceLoad> none;
   PlacementInput in = Input(p, ds, none, 500, SloTarget{1.0, 0.058});
   // Without max_tokens: the next step (0.061 s) is over 58 ms: rejected.
   CHECK(Place(PlacementPolicy::kGoodput, in).status().code() == StatusCode::kResourceExhausted);
-  // 11 tokens: the first resident leaves after 4 of its 10 steps (0.054 s): admitted.
+  // 11 tokens: its prefill takes 0.51 s, 9 of today's steps (0.054 s), by when the first
+  // resident has left and the second has 91 steps to go; then 10 steps at batch 2 over
+  // (500 + s) + (2009 + s).
   in.max_tokens = 11;
   auto placed = Place(PlacementPolicy::kGoodput, in);
   REQUIRE(placed.ok());
-  CHECK(placed->predicted_tpot_s == Approx(0.05392));
+  CHECK(placed->predicted_ttft_s == Approx(0.51));
+  CHECK(placed->predicted_tpot_s == Approx(0.02 + 0.004 + 1e-5 * (2509 + 11)));
 }
 
 TEST_CASE("placement: the correction compares at the fractional mean batch", "[placement]") {
