@@ -510,8 +510,8 @@ int ProfileMain(const std::vector<std::string>& args) {
   if (!replaced) file.entries.push_back(lm);
   file.transfer = transfer;
   std::ostringstream note;
-  note << "entry device=cpu threads=" << threads << " (" << HostAndDate() << "): model "
-       << model_name << ", " << reps << " reps per point, "
+  note << "entry device=cpu threads=" << threads << (role.empty() ? "" : " role=" + role)
+       << " (" << HostAndDate() << "): model " << model_name << ", " << reps << " reps per point, "
        << (quick ? "quick grid" : "full grid") << ", "
        << (cpu_clock ? "CPU time (process minus background threads, / threads)" : "wall clock")
        << ", ";

@@ -70,6 +70,9 @@ TEST_CASE("profile: --quick on the tiny model writes a model that reads back",
   CHECK(three->ForInstance("cpu", 1, 1, 1, "colocated") == colocated);
   CHECK(three->ForInstance("cpu", 1, 1, 1, "decode") == three->Find("cpu", 1));
   CHECK(three->Find("cpu", 1)->c1 == m.c1);
+  std::ifstream in(out);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(text.find("# entry device=cpu threads=1 role=colocated (") != std::string::npos);
 }
 
 TEST_CASE("profile: --background-kind other swaps the neighbour's phase between the grids",
