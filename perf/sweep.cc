@@ -280,6 +280,9 @@ int SweepMain(const std::vector<std::string>& input_args) {
   flags.AddInt("num-requests", 0, "requests per rate (default 100 unless --duration-s)");
   flags.AddDouble("duration-s", 0, "seconds of arrivals per rate instead of --num-requests");
   flags.AddDouble("target", 0.9, "SLO attainment target in (0, 1]");
+  flags.AddInt("probe-down", 0,
+               "when a cluster misses the target at the lowest rate, halve the rate up to this "
+               "many times until it meets it (0: stop there, goodput 0)");
   flags.AddString("latency-model", "", "latency model YAML: simulate every run beside it");
   flags.AddString("out-dir", "sweep", "where the runs, sweep.json and the plots go");
   flags.AddString("binary", "/proc/self/exe", "the tandem binary that runs `up`");
@@ -344,6 +347,8 @@ int SweepMain(const std::vector<std::string>& input_args) {
     rates.push_back(rate);
   }
   if (rates.empty()) return UsageError("--rates: at least one rate");
+  const long probe_down = flags.GetInt("probe-down");
+  if (probe_down < 0 || probe_down > 10) return UsageError("--probe-down must be in [0, 10]");
   std::sort(rates.begin(), rates.end());
   rates.erase(std::unique(rates.begin(), rates.end()), rates.end());
   const double slo_ttft = flags.GetDouble("slo-ttft"), slo_tpot = flags.GetDouble("slo-tpot");
@@ -517,7 +522,9 @@ int SweepMain(const std::vector<std::string>& input_args) {
     options.progress = ::isatty(STDERR_FILENO);
     bool cluster_ok = true;
     for (const std::string& workload : workloads) {
-      for (double rate : rates) {
+      // Runs one rate; false when the cluster failed (the sweep of this cluster ends). *below:
+      // attainment under the target.
+      auto run_rate = [&](double rate, bool* below) -> bool {
         StatusOr<std::vector<WorkloadRequest>> requests =
             SyntheticRequests(workload, rate, num_requests, duration, static_cast<uint64_t>(seed),
                               workload_len > 0 ? static_cast<int32_t>(workload_len)
@@ -525,14 +532,14 @@ int SweepMain(const std::vector<std::string>& input_args) {
         if (!requests.ok() || requests->empty()) {
           std::fprintf(stderr, "tandem bench sweep: %s %s rate %g: no requests\n",
                        spec.name.c_str(), workload.c_str(), rate);
-          break;
+          *below = true;
+          return true;
         }
         StatusOr<LoadResult> result = RunLoad(options, *requests);
         if (!result.ok()) {
           std::fprintf(stderr, "tandem bench sweep: %s: %s\n", spec.name.c_str(),
                        result.status().message().c_str());
-          cluster_ok = false;
-          break;
+          return false;
         }
         Point point;
         point.cluster = spec.name;
@@ -589,10 +596,35 @@ int SweepMain(const std::vector<std::string>& input_args) {
           std::printf("  simulated %5.1f%%", 100 * point.simulated_summary.attainment);
         std::printf("\n");
         std::fflush(stdout);
-        const bool below = m.attainment < target;
+        *below = m.attainment < target;
         points.push_back(std::move(point));
-        if (below) break;
+        return true;
+      };
+      const size_t first_point = points.size();
+      bool met_any = false;
+      for (double rate : rates) {
+        bool below = false;
+        if (!(cluster_ok = run_rate(rate, &below))) break;
+        if (!below) {
+          met_any = true;
+          continue;
+        }
+        // The first rate already misses: goodput is below every rate asked for. Halve the
+        // rate until one meets the target (at most --probe-down times).
+        double lower = rate;
+        for (long k = 0; !met_any && k < probe_down && cluster_ok; ++k) {
+          lower /= 2;
+          std::printf("%-14s %-14s rate %g missed the target: probing %g\n", spec.name.c_str(),
+                      workload.c_str(), rate, lower);
+          bool lower_below = false;
+          cluster_ok = run_rate(lower, &lower_below);
+          met_any = !lower_below;
+        }
+        break;
       }
+      // Probes ran after the rate above them: keep each cluster's points in ascending rates.
+      std::stable_sort(points.begin() + static_cast<std::ptrdiff_t>(first_point), points.end(),
+                       [](const Point& x, const Point& y) { return x.rate < y.rate; });
       if (!cluster_ok) break;
     }
     process.Stop(stop_timeout);
@@ -615,7 +647,7 @@ int SweepMain(const std::vector<std::string>& input_args) {
   for (const std::string& workload : workloads) {
     double base_per_core = NAN;
     for (size_t c = 0; c < clusters.size(); ++c) {
-      std::vector<double> r, a;
+      std::vector<double> r, a;  // ascending rates (points are kept so)
       for (const Point& p : points)
         if (p.cluster == clusters[c].name && p.workload == workload) {
           r.push_back(p.rate);

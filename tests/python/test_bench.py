@@ -11,7 +11,9 @@
 4. sweep: the same cluster config, 2 rates x 6 requests, with a latency model: sweep.json has
    both points (measured and simulated attainment in [0, 1]), a goodput row and an SLO-scale
    curve; the run files exist; the plots are PNG files.
-5. sweep with an SLO nobody meets: stops after the first rate, goodput 0, --cores-per used.
+5. sweep with an SLO nobody meets: after the first rate it probes one lower rate
+   (--probe-down 1, which misses too) and stops: points at 0.5 and 1 req/s in ascending order,
+   goodput 0, --cores-per used.
 
 Env: TANDEM_BINARY. Exit 0 = pass. Every process is stopped in finally blocks.
 """
@@ -136,7 +138,9 @@ def main():
                 (["bench", "sweep", "--cluster", f"a={config_path}", "--workload", "code",
                   "--slo-ttft", "1", "--slo-tpot", "1", "--rates", "1,fast"], "--rates"),
                 (["bench", "sweep", "--cluster", "noequals", "--workload", "code",
-                  "--slo-ttft", "1", "--slo-tpot", "1"], "--cluster")):
+                  "--slo-ttft", "1", "--slo-tpot", "1"], "--cluster"),
+                (["bench", "sweep", "--cluster", f"a={config_path}", "--workload", "code",
+                  "--slo-ttft", "1", "--slo-tpot", "1", "--probe-down", "-1"], "--probe-down")):
             r = subprocess.run([BIN] + args, capture_output=True, text=True, timeout=30)
             check(r.returncode == 2 and flag in r.stderr,
                   f"{' '.join(args)}: exit {r.returncode}, stderr {r.stderr!r} (want 2, {flag})")
@@ -206,19 +210,21 @@ def main():
         for name in ("attainment_code.gp", "attainment_code_tiny.dat", "slo_scale_code.dat"):
             check(os.path.exists(os.path.join(sweep_dir, name)), f"{name} missing")
 
-        # 5. A sweep whose first rate misses the target stops there: goodput 0. (An SLO of
-        # 1 microsecond no request can meet.)
+        # 5. A sweep whose first rate misses the target probes one halved rate, which misses
+        # too, and stops: goodput 0. (An SLO of 1 microsecond no request can meet.)
         sweep_dir = os.path.join(work, "sweep-miss")
         r = run(["bench", "sweep", "--cluster", f"tiny={config_path}", "--workload", "code",
                  "--rates", "1,2", "--num-requests", "3", "--slo-ttft", "0.000001",
-                 "--slo-tpot", "5", "--out-dir", sweep_dir, "--cores-per", "tiny=4"],
+                 "--slo-tpot", "5", "--out-dir", sweep_dir, "--cores-per", "tiny=4",
+                 "--probe-down", "1"],
                 timeout=180)
+        check("probing 0.5" in r.stdout, f"no probe line: {r.stdout[-1000:]}")
         check(r.returncode == 0, f"sweep (miss) exit {r.returncode}: {r.stderr[-2000:]}")
         if check(os.path.exists(os.path.join(sweep_dir, "sweep.json")), "sweep.json missing"):
             with open(os.path.join(sweep_dir, "sweep.json")) as f:
                 sweep = json.load(f)
-            check([p["rate"] for p in sweep["points"]] == [1] and
-                  sweep["points"][0]["measured"]["attainment"] == 0 and
+            check([p["rate"] for p in sweep["points"]] == [0.5, 1] and
+                  all(p["measured"]["attainment"] == 0 for p in sweep["points"]) and
                   sweep["points"][0]["simulated"] is None, f"points {sweep['points']}")
             row = sweep["goodput"][0]
             check(row["goodput_rps"] == 0 and row["crossing_rps"] == 0 and
