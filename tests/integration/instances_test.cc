@@ -487,7 +487,9 @@ TEST_CASE("instances: colocated streams the engine-alone tokens under preemption
 
 TEST_CASE("instances: decode preempts and recomputes when its pool runs out, tokens unchanged",
           "[instances]") {
-  // Eight decode blocks for four requests that grow to four blocks each.
+  // Eight decode blocks (16 tokens each) for four requests that grow to five or six blocks
+  // each: any two that overlap run the pool out. (With 30 output tokens, three or four blocks
+  // each, a CI run under load once staggered them so that no step ran out.)
   const bool layerwise = GENERATE(false, true);
   INFO("transfer.layerwise " << layerwise);
   const int decode_metrics_port = FreePort();
@@ -502,7 +504,7 @@ TEST_CASE("instances: decode preempts and recomputes when its pool runs out, tok
   const std::string decode_address = "127.0.0.1:" + std::to_string(cluster.decode_port);
   Inbox& inbox = router.inbox;
   const std::vector<int> lengths = {18, 22, 12, 26};
-  const int max_tokens = 30;
+  const int max_tokens = 60;
   for (size_t i = 0; i < lengths.size(); ++i) {
     Submit s = Greedy("d" + std::to_string(i), Prompt(lengths[i], 40 + i), max_tokens,
                       decode_address);
