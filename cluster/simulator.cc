@@ -534,9 +534,7 @@ void Simulation::ObserveResidents(InstanceLoad& view, int e, int32_t arriving_ma
   view.residents.clear();
   for (int64_t id : residents_e_[e]) {
     const Req& q = reqs_[id];
-    view.residents.push_back(DecodeResident{int64_t{q.prompt} + q.generated,
-                                            std::max(q.max_tokens - std::max(q.generated, 1), 0),
-                                            q.generated > 0});
+    view.residents.push_back(ResidentOf(q.prompt, q.max_tokens, q.generated));
   }
   view.residents_known = true;
   view.typical.Observe(view.residents, arriving_max_tokens);

@@ -348,22 +348,23 @@ Status ClusterBackend::Submit(const GenerateRequest& request,
       return InvalidArgument("duplicate request id " + request.request_id);
     Clock::time_point now = Clock::now();
     // The requests each decode/colocated instance holds, in the order they were placed, for
-    // TPOT predictions over a life.
-    std::vector<std::vector<std::pair<uint64_t, DecodeResident>>> held(instances_.size());
-    const bool goodput = policy_ == PlacementPolicy::kGoodput;  // the only policy that reads them
-    for (const auto& [id, r] : requests_) {
-      int at = r->decode >= 0 ? r->decode : r->colocated;
-      if (!goodput || at < 0 || r->finished) continue;
-      held[at].push_back({r->placed_order,
-                          DecodeResident{r->prompt_tokens + r->generated,
-                                         std::max(r->max_tokens - std::max(r->generated, 1), 0),
-                                         r->generated > 0}});
-    }
-    std::vector<std::vector<DecodeResident>> residents(instances_.size());
-    for (size_t i = 0; i < held.size(); ++i) {
-      std::sort(held[i].begin(), held[i].end(),
-                [](const auto& a, const auto& b) { return a.first < b.first; });
-      for (const auto& [order, resident] : held[i]) residents[i].push_back(resident);
+    // TPOT predictions over a life (goodput is the only policy that reads them).
+    const bool goodput = policy_ == PlacementPolicy::kGoodput;
+    std::vector<std::vector<DecodeResident>> residents;
+    if (goodput) {
+      std::vector<std::vector<std::pair<uint64_t, DecodeResident>>> held(instances_.size());
+      for (const auto& [id, r] : requests_) {
+        int at = r->decode >= 0 ? r->decode : r->colocated;
+        if (at < 0 || r->finished) continue;
+        held[at].push_back(
+            {r->placed_order, ResidentOf(r->prompt_tokens, r->max_tokens, r->generated)});
+      }
+      residents.resize(instances_.size());
+      for (size_t i = 0; i < held.size(); ++i) {
+        std::sort(held[i].begin(), held[i].end(),
+                  [](const auto& a, const auto& b) { return a.first < b.first; });
+        for (const auto& [order, resident] : held[i]) residents[i].push_back(resident);
+      }
     }
     auto snapshot = [&](const std::vector<int>& ids, const LatencyModel* lm, int budget) {
       std::vector<InstanceLoad> out;

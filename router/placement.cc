@@ -94,14 +94,35 @@ double DecodeModelCorrection(const InstanceLoad& x) {
                     kMaxDecodeModelCorrection);
 }
 
-void ResidentAverage::Observe(const std::vector<DecodeResident>& residents,
-                              int32_t arriving_max_tokens) {
-  double n = 0, context = 0;
+DecodeResident ResidentOf(int64_t prompt_tokens, int32_t max_tokens, int32_t generated) {
+  return DecodeResident{prompt_tokens + generated, std::max(max_tokens - std::max(generated, 1), 0),
+                        generated > 0};
+}
+
+namespace {
+
+// How many residents are decoding, and their summed context.
+struct DecodingSum {
+  double requests = 0;
+  double context_tokens = 0;
+};
+
+DecodingSum SumDecoding(const std::vector<DecodeResident>& residents) {
+  DecodingSum sum;
   for (const DecodeResident& r : residents) {
     if (!r.decoding) continue;
-    n += 1;
-    context += static_cast<double>(r.context_tokens);
+    sum.requests += 1;
+    sum.context_tokens += static_cast<double>(r.context_tokens);
   }
+  return sum;
+}
+
+}  // namespace
+
+void ResidentAverage::Observe(const std::vector<DecodeResident>& residents,
+                              int32_t arriving_max_tokens) {
+  const DecodingSum decoding = SumDecoding(residents);
+  const double n = decoding.requests, context = decoding.context_tokens;
   const double steps = std::max(arriving_max_tokens - 1, 1);
   if (!seeded) {
     requests = n;
@@ -203,13 +224,9 @@ double PredictDecodeTpotSeconds(const InstanceLoad& x, int64_t prompt_tokens, in
     return lm.DecodeStepSeconds(running + 1, context) * correction;
   }
   // Today's step, the clock of the residents' progress until the request's first token.
-  double decoding = 0, decoding_context = 0;
-  for (const DecodeResident& r : x.residents) {
-    if (!r.decoding) continue;
-    decoding += 1;
-    decoding_context += static_cast<double>(r.context_tokens);
-  }
-  const double step_now = lm.DecodeStepSeconds(std::max(decoding, 1.0), decoding_context) * correction;
+  const DecodingSum decoding = SumDecoding(x.residents);
+  const double step_now =
+      lm.DecodeStepSeconds(std::max(decoding.requests, 1.0), decoding.context_tokens) * correction;
   // max_tokens 1 has no step after the first token; price its one step as a one-step life.
   const int64_t steps = std::max<int64_t>(max_tokens - 1, 1);
   const MeanStep mean =

@@ -51,6 +51,9 @@ struct DecodeResident {
   bool decoding = false;       // its first token has come (else: its prompt is still queued
                                // or prefilling, and its decode steps have not begun)
 };
+// A request with this prompt and max_tokens that has received `generated` tokens (the router
+// and the simulated router build their residents with it).
+DecodeResident ResidentOf(int64_t prompt_tokens, int32_t max_tokens, int32_t generated);
 
 // What arriving requests found decoding on an instance, and how long their decode lasts, as
 // moving averages over arrivals (weight kResidentAverageWeight). Arrivals at random times
