@@ -279,7 +279,7 @@ int ProfileMain(const std::vector<std::string>& args) {
   const bool prefill_neighbour_for_prefill = background_kind == "prefill";
   const bool prefill_neighbour_for_decode = background_kind != "decode";
   const std::string role = flags.GetString("role");
-  if (!role.empty() && role != "prefill" && role != "decode" && role != "colocated")
+  if (!role.empty() && !IsLatencyModelRole(role))
     return usage_error("--role must be prefill|decode|colocated, got '" + role + "'");
   if (reps < 1 || reps > 100) return usage_error("--reps must be in [1, 100]");
   if (flags.GetDouble("transfer-bytes-per-s") < 0 || flags.GetDouble("transfer-latency-s") < 0)

@@ -53,6 +53,10 @@ double TransferModel::Seconds(double bytes) const {
   return latency_s + (bytes_per_s > 0 ? bytes / bytes_per_s : 0.0);
 }
 
+bool IsLatencyModelRole(const std::string& role) {
+  return role == "prefill" || role == "decode" || role == "colocated";
+}
+
 const LatencyModel* LatencyModelFile::Find(const std::string& device, int threads,
                                            int tensor_parallel, int pipeline_parallel,
                                            const std::string& role) const {
@@ -98,7 +102,7 @@ void ReadEntry(YamlErrors* errors, const YAML::Node& node, const std::string& pr
   f.Int("tensor_parallel", &m->tensor_parallel, 1, 1 << 16);
   f.Int("pipeline_parallel", &m->pipeline_parallel, 1, 1 << 16);
   f.String("role", &m->role);
-  if (!m->role.empty() && m->role != "prefill" && m->role != "decode" && m->role != "colocated")
+  if (!m->role.empty() && !IsLatencyModelRole(m->role))
     errors->Add(node["role"], f.Field("role"),
                 "must be prefill|decode|colocated (or absent: any role), got '" + m->role + "'");
   if (YAML::Node p = f.Child("prefill", true)) {

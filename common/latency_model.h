@@ -62,7 +62,7 @@ struct FitQuality {
 struct LatencyModel {
   std::string model;
   std::string device = "cpu";
-  std::string role;  // "" = any role; else prefill|decode|colocated
+  std::string role;  // "" = any role; else prefill|decode|colocated (IsLatencyModelRole)
   int threads = 1;
   int tensor_parallel = 1;
   int pipeline_parallel = 1;
@@ -109,6 +109,9 @@ struct LatencyModelFile {
   const LatencyModel* ForInstance(const std::string& device, int threads, int tensor_parallel,
                                   int pipeline_parallel, const std::string& role = "") const;
 };
+
+// A role an entry may name: prefill, decode or colocated ("" is no role, not a role).
+bool IsLatencyModelRole(const std::string& role);
 
 // Loads and validates (errors: "lm.yaml:7:9: latency_model[0].prefill.c2: must be a number").
 StatusOr<LatencyModelFile> LoadLatencyModel(const std::string& path);
