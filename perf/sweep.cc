@@ -522,9 +522,10 @@ int SweepMain(const std::vector<std::string>& input_args) {
     options.progress = ::isatty(STDERR_FILENO);
     bool cluster_ok = true;
     for (const std::string& workload : workloads) {
-      // Runs one rate; false when the cluster failed (the sweep of this cluster ends). *below:
-      // attainment under the target.
-      auto run_rate = [&](double rate, bool* below) -> bool {
+      // Runs one rate. kNoRequests: the workload has none at this rate (this workload's sweep
+      // ends); kClusterFailed: the load could not run (this cluster's sweep ends).
+      enum class RateOutcome { kMet, kMissed, kNoRequests, kClusterFailed };
+      auto run_rate = [&](double rate) -> RateOutcome {
         StatusOr<std::vector<WorkloadRequest>> requests =
             SyntheticRequests(workload, rate, num_requests, duration, static_cast<uint64_t>(seed),
                               workload_len > 0 ? static_cast<int32_t>(workload_len)
@@ -532,14 +533,13 @@ int SweepMain(const std::vector<std::string>& input_args) {
         if (!requests.ok() || requests->empty()) {
           std::fprintf(stderr, "tandem bench sweep: %s %s rate %g: no requests\n",
                        spec.name.c_str(), workload.c_str(), rate);
-          *below = true;
-          return true;
+          return RateOutcome::kNoRequests;
         }
         StatusOr<LoadResult> result = RunLoad(options, *requests);
         if (!result.ok()) {
           std::fprintf(stderr, "tandem bench sweep: %s: %s\n", spec.name.c_str(),
                        result.status().message().c_str());
-          return false;
+          return RateOutcome::kClusterFailed;
         }
         Point point;
         point.cluster = spec.name;
@@ -596,30 +596,29 @@ int SweepMain(const std::vector<std::string>& input_args) {
           std::printf("  simulated %5.1f%%", 100 * point.simulated_summary.attainment);
         std::printf("\n");
         std::fflush(stdout);
-        *below = m.attainment < target;
+        const bool below = m.attainment < target;
         points.push_back(std::move(point));
-        return true;
+        return below ? RateOutcome::kMissed : RateOutcome::kMet;
       };
       const size_t first_point = points.size();
       bool met_any = false;
       for (double rate : rates) {
-        bool below = false;
-        if (!(cluster_ok = run_rate(rate, &below))) break;
-        if (!below) {
+        RateOutcome outcome = run_rate(rate);
+        if (outcome == RateOutcome::kMet) {
           met_any = true;
           continue;
         }
         // The first rate already misses: goodput is below every rate asked for. Halve the
         // rate until one meets the target (at most --probe-down times).
         double lower = rate;
-        for (long k = 0; !met_any && k < probe_down && cluster_ok; ++k) {
+        for (long k = 0; outcome == RateOutcome::kMissed && !met_any && k < probe_down; ++k) {
           lower /= 2;
           std::printf("%-14s %-14s rate %g missed the target: probing %g\n", spec.name.c_str(),
                       workload.c_str(), rate, lower);
-          bool lower_below = false;
-          cluster_ok = run_rate(lower, &lower_below);
-          met_any = !lower_below;
+          outcome = run_rate(lower);
+          met_any = outcome == RateOutcome::kMet;
         }
+        cluster_ok = outcome != RateOutcome::kClusterFailed;
         break;
       }
       // Probes ran after the rate above them: keep each cluster's points in ascending rates.
