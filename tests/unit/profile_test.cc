@@ -10,6 +10,15 @@
 
 using namespace tandem;
 
+namespace {
+
+std::string ReadText(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+}  // namespace
+
 TEST_CASE("profile: --quick on the tiny model writes a model that reads back",
           "[profile]") {
   test::TempDir dir;
@@ -43,36 +52,34 @@ TEST_CASE("profile: --quick on the tiny model writes a model that reads back",
   for (double c : {m.c1, m.c2, m.c3, m.c4, m.c5, m.c6}) CHECK(std::isfinite(c));
   CHECK(file->transfer.bytes_per_s > 0);
 
+  // Profiles once more with these flags into the same file (--append) and reads it back.
+  auto append = [&](const std::string& profile_flags) {
+    test::CommandResult appended = test::RunCommand(
+        std::string(TANDEM_BINARY) + " profile --quick --model-preset tiny --reps 1 --append " +
+        profile_flags + " --out " + out);
+    INFO(appended.output);
+    REQUIRE(appended.exit_code == 0);
+    auto merged = LoadLatencyModel(out);
+    REQUIRE(merged.ok());
+    return *merged;
+  };
+
   // --append with another thread count adds an entry and keeps the first.
-  r = test::RunCommand(std::string(TANDEM_BINARY) +
-                       " profile --quick --model-preset tiny --threads 2 --reps 1 --append "
-                       "--out " + out);
-  INFO(r.output);
-  REQUIRE(r.exit_code == 0);
-  auto both = LoadLatencyModel(out);
-  REQUIRE(both.ok());
-  REQUIRE(both->entries.size() == 2);
-  CHECK(both->Find("cpu", 1) != nullptr);
-  CHECK(both->Find("cpu", 2) != nullptr);
-  CHECK(both->Find("cpu", 1)->c1 == m.c1);
+  auto both = append("--threads 2");
+  REQUIRE(both.entries.size() == 2);
+  CHECK(both.Find("cpu", 1) != nullptr);
+  CHECK(both.Find("cpu", 2) != nullptr);
+  CHECK(both.Find("cpu", 1)->c1 == m.c1);
 
   // --role adds an entry of the same shape for that role only; the others keep theirs.
-  r = test::RunCommand(std::string(TANDEM_BINARY) +
-                       " profile --quick --model-preset tiny --reps 1 --role colocated --append "
-                       "--out " + out);
-  INFO(r.output);
-  REQUIRE(r.exit_code == 0);
-  auto three = LoadLatencyModel(out);
-  REQUIRE(three.ok());
-  REQUIRE(three->entries.size() == 3);
-  const LatencyModel* colocated = three->Find("cpu", 1, 1, 1, "colocated");
+  auto three = append("--role colocated");
+  REQUIRE(three.entries.size() == 3);
+  const LatencyModel* colocated = three.Find("cpu", 1, 1, 1, "colocated");
   REQUIRE(colocated != nullptr);
-  CHECK(three->ForInstance("cpu", 1, 1, 1, "colocated") == colocated);
-  CHECK(three->ForInstance("cpu", 1, 1, 1, "decode") == three->Find("cpu", 1));
-  CHECK(three->Find("cpu", 1)->c1 == m.c1);
-  std::ifstream in(out);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  CHECK(text.find("# entry device=cpu threads=1 role=colocated (") != std::string::npos);
+  CHECK(three.ForInstance("cpu", 1, 1, 1, "colocated") == colocated);
+  CHECK(three.ForInstance("cpu", 1, 1, 1, "decode") == three.Find("cpu", 1));
+  CHECK(three.Find("cpu", 1)->c1 == m.c1);
+  CHECK(ReadText(out).find("# entry device=cpu threads=1 role=colocated (") != std::string::npos);
 }
 
 TEST_CASE("profile: --background-kind other swaps the neighbour's phase between the grids",
@@ -95,8 +102,7 @@ TEST_CASE("profile: --background-kind other swaps the neighbour's phase between 
   // fits are checked on synthetic data in latency_model_test.cc.)
   CHECK(file->entries[0].threads == 1);
   // The file says what the neighbour did.
-  std::ifstream in(out);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string text = ReadText(out);
   CHECK(text.find("prefill measured beside 1 background thread(s) decoding") != std::string::npos);
   CHECK(text.find("decode beside 1 background thread(s) prefilling") != std::string::npos);
 }
