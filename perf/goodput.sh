@@ -41,15 +41,16 @@ if [[ $step == sweep || $step == all ]]; then
   clusters=(--cluster coloc-2x1=perf/configs/coloc-2x1.yaml
             --cluster coloc-1x2=perf/configs/coloc-1x2.yaml
             --cluster disagg-1p1d=perf/configs/disagg-1p1d.yaml)
-  # --probe-down 2: a layout that misses at the lowest rate (run 4's coloc-2x1) is tried at
-  # half and a quarter of it, so that its goodput is measured rather than "below the sweep".
+  # --probe-down 1: a layout that misses at the lowest rate (run 4's coloc-2x1) is tried at
+  # half of it, so that its goodput is bounded more tightly than "below the sweep". (Each halving
+  # doubles the run's length: 40 summarization requests at 0.075 req/s take ~9 minutes.)
   # Workload lengths at a 1024-token scale (cluster/workload.h): summarization prompts ~410
   # tokens (~1.2 s of prefill on one core), chatbot ~100 in / ~60 out.
   "$TANDEM" bench sweep "${clusters[@]}" --workload summarization --max-model-len 1024 \
-    --slo-ttft 8 --slo-tpot 0.05 --rates 0.15,0.2,0.3,0.4,0.5,0.6,0.8 --num-requests 40 --probe-down 2 \
+    --slo-ttft 8 --slo-tpot 0.05 --rates 0.15,0.2,0.3,0.4,0.5,0.6,0.8 --num-requests 40 --probe-down 1 \
     --latency-model "$SWEEP_LM" --out-dir "$OUT/sweep-summarization"
   "$TANDEM" bench sweep "${clusters[@]}" --workload chatbot --max-model-len 1024 \
-    --slo-ttft 2 --slo-tpot 0.06 --rates 0.4,0.6,0.8,1,1.2,1.6 --num-requests 40 --probe-down 2 \
+    --slo-ttft 2 --slo-tpot 0.06 --rates 0.4,0.6,0.8,1,1.2,1.6 --num-requests 40 --probe-down 1 \
     --latency-model "$SWEEP_LM" --out-dir "$OUT/sweep-chatbot"
   # To replay these runs with another latency model:
   #   python3 perf/resimulate.py "$OUT/sweep-W" OTHER.yaml --tandem "$TANDEM"
