@@ -449,6 +449,11 @@ StatusOr<SimulationResult> Simulation::Run() {
       last = std::max(last, r.last_token);
     }
     o.tpot_s = r.ok ? TpotSeconds(o.e2e_s, o.ttft_s, o.output_tokens) : 0;
+    if (r.colocated >= 0) {
+      o.placed_on = view_c_[r.colocated - num_decode_].name;
+    } else if (r.prefill >= 0 && r.decode >= 0) {
+      o.placed_on = view_p_[r.prefill].name + " + " + view_d_[r.decode].name;
+    }
     first = std::min(first, r.arrival);
     result.outcomes.push_back(std::move(o));
   }

@@ -305,6 +305,7 @@ nlohmann::json OutcomesToJson(const std::vector<RequestOutcome>& outcomes,
                         {"tpot_s", o.tpot_s},
                         {"e2e_s", o.e2e_s}};
     if (i < max_tokens.size()) j["max_tokens"] = max_tokens[i];
+    if (!o.placed_on.empty()) j["placed_on"] = o.placed_on;
     out.push_back(std::move(j));
   }
   return out;
@@ -325,6 +326,7 @@ std::vector<RequestOutcome> OutcomesFromJson(const nlohmann::json& requests) {
     o.ttft_s = j.value("ttft_s", 0.0);
     o.tpot_s = j.value("tpot_s", 0.0);
     o.e2e_s = j.value("e2e_s", 0.0);
+    o.placed_on = j.value("placed_on", std::string());
     out.push_back(std::move(o));
   }
   return out;

@@ -104,6 +104,9 @@ struct RequestOutcome {
   double ttft_s = 0;
   double tpot_s = 0;
   double e2e_s = 0;
+  // Where it ran: "colocated-1", "prefill-0 + decode-1"; empty = not known (a measured run: the
+  // router does not say; the simulator fills it).
+  std::string placed_on;
 };
 
 struct Slo {

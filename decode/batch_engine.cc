@@ -345,6 +345,12 @@ bool BatchEngine::Step(EngineSink& sink) {
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   if (step_seconds_ != nullptr) step_seconds_->Observe(seconds);
+  // A trace of every step at debug level: what the simulator's replay of a run can be compared
+  // with step by step.
+  TANDEM_LOG(kDebug) << "step: " << batch_.size() << " sequences, " << prefill_tokens
+                     << " prompt tokens, context " << decode_context << ", forward "
+                     << forward_s * 1e3 << " ms, kv wait " << kv_wait_s * 1e3 << " ms, step "
+                     << seconds * 1e3 << " ms";
   if (prefill_tokens > 0) {
     Average(&avg_prefill_s_per_token_, seconds / static_cast<double>(prefill_tokens));
   } else {

@@ -96,7 +96,7 @@ double DecodeModelCorrection(const InstanceLoad& x) {
 
 DecodeResident ResidentOf(int64_t prompt_tokens, int32_t max_tokens, int32_t generated) {
   return DecodeResident{prompt_tokens + generated, std::max(max_tokens - std::max(generated, 1), 0),
-                        generated > 0};
+                        generated > 0, std::max(max_tokens - 1, 1)};
 }
 
 namespace {
@@ -245,6 +245,34 @@ double PredictColocatedTpotSeconds(const InstanceLoad& x, int64_t prompt_tokens,
                                   start_delay_s);
 }
 
+double PredictStalledResidentTpotSeconds(const InstanceLoad& x, int64_t prompt_tokens,
+                                         double ttft_s) {
+  if (!x.residents_known || x.residents.empty()) return 0;
+  const double prompt = static_cast<double>(std::max<int64_t>(prompt_tokens, 1));
+  double step_now = 0, stall = 0;
+  if (x.latency_model != nullptr) {
+    const DecodingSum decoding = SumDecoding(x.residents);
+    step_now = x.latency_model->DecodeStepSeconds(std::max(decoding.requests, 1.0),
+                                                  decoding.context_tokens) *
+               DecodeModelCorrection(x);
+    stall = x.latency_model->PrefillSeconds(prompt, prompt * prompt);
+  } else {
+    step_now = PredictTpotSeconds(x.load);
+    const double per_token = x.load.prefill_seconds_per_token > 0
+                                 ? x.load.prefill_seconds_per_token
+                                 : kDefaultPrefillSecondsPerToken;
+    stall = prompt * per_token;
+  }
+  const double prefill_begins_s = std::max(ttft_s - stall, 0.0);
+  double worst = 0;
+  for (const DecodeResident& r : x.residents) {
+    if (r.decoding && static_cast<double>(r.decode_steps) * step_now <= prefill_begins_s) continue;
+    const double life = std::max({r.life_steps, r.decode_steps, 1});
+    worst = std::max(worst, step_now + stall / life);
+  }
+  return worst;
+}
+
 void AddUnreportedSubmit(LoadReport& load, int64_t prompt_tokens, bool colocated) {
   load.queued_prefill_tokens += prompt_tokens;
   load.waiting_requests += 1;
@@ -299,6 +327,9 @@ struct Scored {
   double slack = -kInf;
   double predicted = 0;
   bool idle = false;
+  // The request's own slack, which decides admission; `slack` ranks, and for a colocated
+  // instance it also counts the residents the request's prefill would stall.
+  double own_slack = 0;
 };
 
 // Goodput: the best prefill by TTFT slack and the best decode by TPOT slack. The objective
@@ -323,13 +354,14 @@ StatusOr<Placement> Goodput(const PlacementInput& in, const std::vector<int>& p,
   int64_t kv_tokens = in.prompt_tokens + 1;
   auto ttft_score = [&](const InstanceLoad& x) {
     double t = PredictTtftSeconds(x, in.prompt_tokens);
-    return Scored{-1, Slack(t, slo.ttft_s), t, Idle(x.load)};
+    const double slack = Slack(t, slo.ttft_s);
+    return Scored{-1, slack, t, Idle(x.load), slack};
   };
   double start_delay_s = 0;  // the chosen prefill's predicted TTFT: when decoding begins
   auto tpot_score = [&](const InstanceLoad& x) {
     double t = PredictDecodeTpotSeconds(x, in.prompt_tokens, in.max_tokens, start_delay_s);
     double slack = HasBlocksFor(x, kv_tokens) ? Slack(t, slo.tpot_s) : -kInf;
-    return Scored{-1, slack, t, Idle(x.load)};
+    return Scored{-1, slack, t, Idle(x.load), slack};
   };
   Placement placement;
   bool meets = false;
@@ -345,9 +377,11 @@ StatusOr<Placement> Goodput(const PlacementInput& in, const std::vector<int>& p,
     auto both = [&](const InstanceLoad& x) {
       double ttft = PredictTtftSeconds(x, in.prompt_tokens);
       double tpot = PredictColocatedTpotSeconds(x, in.prompt_tokens, in.max_tokens, ttft);
-      double slack = std::min(Slack(ttft, slo.ttft_s),
-                              HasBlocksFor(x, kv_tokens) ? Slack(tpot, slo.tpot_s) : -kInf);
-      return Scored{-1, slack, ttft, Idle(x.load)};
+      double own = std::min(Slack(ttft, slo.ttft_s),
+                            HasBlocksFor(x, kv_tokens) ? Slack(tpot, slo.tpot_s) : -kInf);
+      double stalled = PredictStalledResidentTpotSeconds(x, in.prompt_tokens, ttft);
+      double residents = stalled > 0 ? Slack(stalled, slo.tpot_s) : kInf;
+      return Scored{-1, std::min(own, residents), ttft, Idle(x.load), own};
     };
     first = BestBy(*in.colocated, c, in.round_robin, both);
     second = first;
@@ -357,7 +391,7 @@ StatusOr<Placement> Goodput(const PlacementInput& in, const std::vector<int>& p,
   }
   placement.predicted_ttft_s = first.predicted;
   placement.predicted_tpot_s = second.predicted;
-  meets = first.slack >= 0 && second.slack >= 0;
+  meets = first.own_slack >= 0 && second.own_slack >= 0;
   all_idle = first.idle && second.idle;
   if (meets || all_idle) return placement;
   // Retry once the queue ahead has drained: about the predicted overshoot.

@@ -50,6 +50,7 @@ struct DecodeResident {
   int32_t decode_steps = 0;    // decode steps it still has: max_tokens - max(generated, 1)
   bool decoding = false;       // its first token has come (else: its prompt is still queued
                                // or prefilling, and its decode steps have not begun)
+  int32_t life_steps = 0;      // decode steps in all: max_tokens - 1 (0 = take decode_steps)
 };
 // A request with this prompt and max_tokens that has received `generated` tokens (the router
 // and the simulated router build their residents with it).
@@ -167,6 +168,22 @@ inline constexpr double kMinDecodeModelCorrection = 0.25;
 inline constexpr double kMaxDecodeModelCorrection = 4.0;
 double PredictColocatedTpotSeconds(const InstanceLoad& x, int64_t prompt_tokens,
                                    int32_t max_tokens = 0, double start_delay_s = 0);
+// What a new prompt costs the requests a colocated instance already holds: its prefill runs in
+// a step that every decoding sequence waits for (a chunk rides in a decode step, or a
+// prefill_first step pauses them), so each resident still decoding when it runs takes a stall
+// of about the prompt's prefill time, spread over the resident's life. Returns the highest
+// TPOT so predicted among the residents it stalls: step_now + stall / life_steps, step_now
+// being today's decode step (corrected as above); 0 when it stalls none (no residents known).
+// A resident is stalled when it will still be decoding as the prompt's prefill begins
+// (ttft_s minus the prompt's own prefill time from now): the residents queued ahead always
+// are (FCFS puts their first tokens before it), a decoding one when its remaining steps last
+// that long. The goodput policy ranks colocated instances by the smaller of the request's own
+// slack and this one's, so that a prompt goes where it stalls the fewest decodes into missing
+// their SLO (without it, two colocated instances tied on the request's own predictions and
+// the router piled prompts onto a busy instance beside an idle one; perf/README.md, goodput);
+// admission (429) still looks at the request's own predictions only.
+double PredictStalledResidentTpotSeconds(const InstanceLoad& x, int64_t prompt_tokens,
+                                         double ttft_s);
 
 // What a placed request adds to an instance's load until one of its reports includes it
 // (router/cluster_backend.cc; the simulator mirrors it). First instance (prefill or colocated):

@@ -493,3 +493,83 @@ TEST_CASE("placement: the correction compares at the fractional mean batch", "[p
   d.load.decode_forward_seconds = 0.035;
   CHECK(DecodeModelCorrection(d) == Approx(1.0));
 }
+
+TEST_CASE("placement: a colocated prompt's stall of the residents, by hand", "[placement]") {
+  LatencyModel lm = SimpleModel();  // prefill 10 ms + 1 ms per token; decode 20 + 2 + 0.01/token
+  InstanceLoad c = WithModel(Up("colocated-0"), &lm, 2048);
+  // Unknown residents, or none: nothing to stall.
+  CHECK(PredictStalledResidentTpotSeconds(c, 300, 0.31) == 0);
+  c.residents_known = true;
+  CHECK(PredictStalledResidentTpotSeconds(c, 300, 0.31) == 0);
+  // One decoding resident, 1000 tokens of context, 40 of its 50 steps left. Today's step:
+  // 0.02 + 0.002 + 0.01 = 0.032 s. The 300-token prompt's prefill (0.31 s) begins at once
+  // (TTFT 0.31 s) and stalls it: 0.032 + 0.31 / 50.
+  c.residents = {DecodeResident{1000, 40, true, 50}};
+  CHECK(PredictStalledResidentTpotSeconds(c, 300, 0.31) == Approx(0.032 + 0.31 / 50));
+  // Its 40 steps (1.28 s) are over before a prefill that begins 1.5 s from now: no stall.
+  CHECK(PredictStalledResidentTpotSeconds(c, 300, 1.81) == 0);
+  // A resident still queued ahead is always stalled (its first token comes before the
+  // prompt's prefill); life_steps 0 (unknown) spreads the stall over its remaining steps.
+  c.residents.push_back(DecodeResident{500, 10, false});
+  CHECK(PredictStalledResidentTpotSeconds(c, 300, 1.81) == Approx(0.032 + 0.31 / 10));
+  // Without a model: today's measured step and the measured prefill seconds per token.
+  InstanceLoad plain = Up("colocated-1", 0, 1, 0.002, 0.05);
+  plain.residents_known = true;
+  plain.residents = {DecodeResident{1000, 40, true, 50}};
+  CHECK(PredictStalledResidentTpotSeconds(plain, 300, 0.6) ==
+        Approx(PredictTpotSeconds(plain.load) + 0.6 / 50));
+}
+
+TEST_CASE("placement: goodput sends a colocated prompt where it stalls no decode",
+          "[placement]") {
+  LatencyModel lm = SimpleModel();
+  std::vector<InstanceLoad> none;
+  // colocated-0 decodes a request with 16 of its 50 steps left; colocated-1 is idle. On the
+  // new request's own predictions colocated-0 is the better: its resident is nearly done by
+  // the request's first token (0.41 s of prefill = 14 of its 28.8 ms steps), and it has decoded
+  // faster lately (measured forward passes 10% under the model's, colocated-1's 10% over):
+  // TPOT 24.6 ms against 28.7 ms. But the 400-token prefill would stall the resident to
+  // 0.0288 + 0.41 / 50 = 0.037 s: within the SLO, yet less slack than the idle one offers.
+  InstanceLoad busy = WithModel(Up("colocated-0", 0, 1), &lm, 2048, 1000);
+  busy.residents_known = true;
+  busy.residents = {DecodeResident{1000, 16, true, 50}};
+  busy.load.decode_step_batch = 1;
+  busy.load.decode_step_context_tokens = 1000;
+  busy.load.decode_forward_seconds = 0.032 * 0.9;
+  InstanceLoad idle = WithModel(Up("colocated-1"), &lm, 2048);
+  idle.residents_known = true;
+  idle.load.decode_step_batch = 1;
+  idle.load.decode_step_context_tokens = 1000;
+  idle.load.decode_forward_seconds = 0.032 * 1.1;
+  std::vector<InstanceLoad> c = {busy, idle};
+  PlacementInput in = Input(none, none, c, 400, SloTarget{8, 0.05});
+  in.max_tokens = 20;
+  for (uint64_t rr = 0; rr < 2; ++rr) {  // whichever the tie-break would try first
+    in.round_robin = rr;
+    auto placed = Place(PlacementPolicy::kGoodput, in);
+    REQUIRE(placed.ok());
+    CHECK(placed->colocated == 1);
+  }
+  // TPOT SLO 30 ms: the stall would make the resident miss; the request goes to the idle
+  // instance, where it meets the SLO itself.
+  in.slo = SloTarget{8, 0.03};
+  auto placed = Place(PlacementPolicy::kGoodput, in);
+  REQUIRE(placed.ok());
+  CHECK(placed->colocated == 1);
+  // With only the busy instance the request is still admitted: admission (429) looks at the
+  // request's own predictions only, which meet the SLO.
+  std::vector<InstanceLoad> only_busy = {busy};
+  PlacementInput alone = in;
+  alone.colocated = &only_busy;
+  placed = Place(PlacementPolicy::kGoodput, alone);
+  REQUIRE(placed.ok());
+  CHECK(placed->colocated == 0);
+  // Both instances busy: the one whose resident has the longer life to spread the stall over.
+  c[1] = busy;
+  c[1].name = "colocated-1";
+  c[1].residents = {DecodeResident{1000, 16, true, 400}};
+  in.slo = SloTarget{8, 0.05};
+  placed = Place(PlacementPolicy::kGoodput, in);
+  REQUIRE(placed.ok());
+  CHECK(placed->colocated == 1);
+}
