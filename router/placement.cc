@@ -329,7 +329,7 @@ struct Scored {
   bool idle = false;
   // The request's own slack, which decides admission; `slack` ranks, and for a colocated
   // instance it also counts the residents the request's prefill would stall.
-  double own_slack = 0;
+  double own_slack = -kInf;
 };
 
 // Goodput: the best prefill by TTFT slack and the best decode by TPOT slack. The objective

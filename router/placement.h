@@ -11,6 +11,8 @@
 //                 pair that meets both SLOs with the most headroom, rejects (ResourceExhausted,
 //                 429) when none does. A request that not even an idle pair could serve within
 //                 the SLO is placed anyway on the best pair: retrying later would not help.
+//                 Colocated instances are ranked also by the decodes the new prompt's
+//                 prefill would stall there (PredictStalledResidentTpotSeconds).
 //                 Predictions come from the instance's latency model (common/latency_model.h,
 //                 `router.latency_model`) when it has one, its decode steps corrected by the
 //                 step times the instance measures (DecodeModelCorrection), else from its

@@ -269,3 +269,25 @@ TEST_CASE("server-like reports: the router adds what a lagging report lacks", "[
     CHECK(sv->outcomes[4].rejected);
   }
 }
+
+TEST_CASE("each outcome says where it ran; goodput keeps a prompt off a decoding instance",
+          "[simulator]") {
+  ClusterConfig c = OneColocated();
+  c.router.policy = "goodput";
+  c.colocated.instances = 2;
+  c.slo.ttft_s = 10;
+  c.slo.tpot_s = 0.05;
+  // Request 0 decodes 200 tokens from t = 0.02 s; request 1's 500-token prompt (0.51 s of
+  // prefill) arrives at 1 s. On request 0's instance it would stall it; the other is idle.
+  auto r = Simulate(c, Model(), {Request(0, 0, 10, 200), Request(1, 1.0, 500, 5)});
+  REQUIRE(r.ok());
+  const RequestOutcome& first = r->outcomes.at(0);
+  const RequestOutcome& second = r->outcomes.at(1);
+  CHECK(first.placed_on.rfind("colocated-", 0) == 0);
+  CHECK(second.placed_on.rfind("colocated-", 0) == 0);
+  CHECK(first.placed_on != second.placed_on);
+  CHECK(first.tpot_s == Approx(0.021));  // never stalled
+  auto pair = Simulate(Disaggregated(), Model(), {Request(0, 0, 10, 2)});
+  REQUIRE(pair.ok());
+  CHECK(pair->outcomes.at(0).placed_on == "prefill-0 + decode-0");
+}
