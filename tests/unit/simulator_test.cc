@@ -270,7 +270,7 @@ TEST_CASE("server-like reports: the router adds what a lagging report lacks", "[
   }
 }
 
-TEST_CASE("each outcome says where it ran; goodput keeps a prompt off a decoding instance",
+TEST_CASE("each outcome says where it ran, and goodput keeps a prompt off a decoding instance",
           "[simulator]") {
   ClusterConfig c = OneColocated();
   c.router.policy = "goodput";
