@@ -117,6 +117,15 @@ DecodingSum SumDecoding(const std::vector<DecodeResident>& residents) {
   return sum;
 }
 
+// Today's decode step on x: its decoding residents (at least one sequence) in x.latency_model,
+// corrected. The clock by which the residents progress. x.latency_model must be set.
+double StepNowSeconds(const InstanceLoad& x) {
+  const DecodingSum decoding = SumDecoding(x.residents);
+  return x.latency_model->DecodeStepSeconds(std::max(decoding.requests, 1.0),
+                                            decoding.context_tokens) *
+         DecodeModelCorrection(x);
+}
+
 }  // namespace
 
 void ResidentAverage::Observe(const std::vector<DecodeResident>& residents,
@@ -224,9 +233,7 @@ double PredictDecodeTpotSeconds(const InstanceLoad& x, int64_t prompt_tokens, in
     return lm.DecodeStepSeconds(running + 1, context) * correction;
   }
   // Today's step, the clock of the residents' progress until the request's first token.
-  const DecodingSum decoding = SumDecoding(x.residents);
-  const double step_now =
-      lm.DecodeStepSeconds(std::max(decoding.requests, 1.0), decoding.context_tokens) * correction;
+  const double step_now = StepNowSeconds(x);
   // max_tokens 1 has no step after the first token; price its one step as a one-step life.
   const int64_t steps = std::max<int64_t>(max_tokens - 1, 1);
   const MeanStep mean =
@@ -251,10 +258,7 @@ double PredictStalledResidentTpotSeconds(const InstanceLoad& x, int64_t prompt_t
   const double prompt = static_cast<double>(std::max<int64_t>(prompt_tokens, 1));
   double step_now = 0, stall = 0;
   if (x.latency_model != nullptr) {
-    const DecodingSum decoding = SumDecoding(x.residents);
-    step_now = x.latency_model->DecodeStepSeconds(std::max(decoding.requests, 1.0),
-                                                  decoding.context_tokens) *
-               DecodeModelCorrection(x);
+    step_now = StepNowSeconds(x);
     stall = x.latency_model->PrefillSeconds(prompt, prompt * prompt);
   } else {
     step_now = PredictTpotSeconds(x.load);
