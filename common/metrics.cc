@@ -2,6 +2,8 @@
 
 #include <charconv>
 #include <cmath>
+#include <limits>
+#include <string_view>
 
 #include "common/status.h"
 
@@ -256,6 +258,53 @@ std::string EscapeHelp(const std::string& help) {
     else out += c;
   }
   return out;
+}
+
+std::map<std::string, double> ParseMetricSamples(const std::string& text, const std::string& name) {
+  std::map<std::string, double> samples;
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    const std::string_view line(text.data() + start, end - start);
+    start = end + 1;
+    if (line.size() <= name.size() || line.substr(0, name.size()) != name) continue;
+    std::string_view rest = line.substr(name.size());
+    std::string labels;
+    if (rest.front() == '{') {
+      // Label values are escaped (\" inside), so the set ends at the first unescaped '}'.
+      size_t i = 1;
+      bool in_value = false;
+      for (; i < rest.size(); ++i) {
+        if (in_value && rest[i] == '\\') {
+          ++i;
+        } else if (rest[i] == '"') {
+          in_value = !in_value;
+        } else if (!in_value && rest[i] == '}') {
+          break;
+        }
+      }
+      if (i >= rest.size()) continue;
+      labels = std::string(rest.substr(1, i - 1));
+      rest = rest.substr(i + 1);
+    }
+    if (rest.empty() || rest.front() != ' ') continue;  // another metric with this prefix
+    rest.remove_prefix(1);
+    const std::string value(rest.substr(0, rest.find(' ')));
+    double v = 0;
+    if (value == "+Inf") {
+      v = std::numeric_limits<double>::infinity();
+    } else if (value == "-Inf") {
+      v = -std::numeric_limits<double>::infinity();
+    } else if (value == "NaN") {
+      v = std::numeric_limits<double>::quiet_NaN();
+    } else {
+      auto [ptr, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
+      if (ec != std::errc() || ptr != value.data() + value.size()) continue;
+    }
+    samples[labels] = v;
+  }
+  return samples;
 }
 
 }  // namespace tandem

@@ -137,4 +137,10 @@ std::string FormatMetricValue(double value);  // "+Inf", "NaN", shortest round-t
 std::string EscapeLabelValue(const std::string& value);  // \\, \", \n
 std::string EscapeHelp(const std::string& help);          // \\, \n
 
+// Reading the format back (a scraper's side, e.g. `tandem bench sweep` sampling the router):
+// every sample of metric `name` in `text`, keyed by its label set as written ("" without labels,
+// else e.g. `instance="decode-0"`). Comments, other metrics and lines that do not parse are
+// skipped; a timestamp after the value is ignored.
+std::map<std::string, double> ParseMetricSamples(const std::string& text, const std::string& name);
+
 }  // namespace tandem

@@ -305,13 +305,13 @@ std::vector<int32_t> SyntheticPrompt(uint64_t seed, int64_t id, int32_t length, 
   return ids;
 }
 
-StatusOr<ServedModelInfo> FetchModelInfo(const ServerUrl& url, double timeout_s) {
+StatusOr<std::string> HttpGet(const ServerUrl& url, const std::string& path, double timeout_s) {
   asio::io_context io;
   TANDEM_ASSIGN_OR_RETURN(auto endpoints, Resolve(io, url));
   beast::tcp_stream stream(io);
   beast::flat_buffer buffer;
   http::response<http::string_body> response;
-  std::string request = HttpRequestText(url, "GET", "/v1/models", "");
+  std::string request = HttpRequestText(url, "GET", path, "");
   beast::error_code result;
   stream.expires_after(ToDuration(timeout_s));
   stream.async_connect(endpoints, [&](beast::error_code ec, const tcp::endpoint&) {
@@ -329,15 +329,21 @@ StatusOr<ServedModelInfo> FetchModelInfo(const ServerUrl& url, double timeout_s)
     });
   });
   io.run();
-  const std::string where = "GET http://" + url.host + ":" + url.port + "/v1/models";
+  const std::string where = "GET http://" + url.host + ":" + url.port + path;
   if (result) return Unavailable(where + ": " + result.message());
   if (response.result_int() != 200)
     return Unavailable(where + ": HTTP " + std::to_string(response.result_int()) + ": " +
                        Shorten(response.body()));
-  json j = json::parse(response.body(), nullptr, /*allow_exceptions=*/false);
+  return std::move(response.body());
+}
+
+StatusOr<ServedModelInfo> FetchModelInfo(const ServerUrl& url, double timeout_s) {
+  TANDEM_ASSIGN_OR_RETURN(std::string body, HttpGet(url, "/v1/models", timeout_s));
+  const std::string where = "GET http://" + url.host + ":" + url.port + "/v1/models";
+  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.contains("data") || !j["data"].is_array() || j["data"].empty() ||
       !j["data"][0].contains("id") || !j["data"][0]["id"].is_string())
-    return Unavailable(where + ": no model in the answer: " + Shorten(response.body()));
+    return Unavailable(where + ": no model in the answer: " + Shorten(body));
   ServedModelInfo info;
   info.name = j["data"][0]["id"].get<std::string>();
   if (auto it = j["data"][0].find("max_model_len");

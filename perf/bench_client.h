@@ -41,6 +41,10 @@ struct ServedModelInfo {
   std::string name;
   int max_model_len = 0;  // 0 when the server does not say
 };
+// GET `path` (e.g. "/metrics"); the body of a 200 answer, else Unavailable naming the URL and
+// the status. Bounded by timeout_s.
+StatusOr<std::string> HttpGet(const ServerUrl& url, const std::string& path, double timeout_s);
+
 // GET /v1/models; the first entry. Bounded by timeout_s.
 StatusOr<ServedModelInfo> FetchModelInfo(const ServerUrl& url, double timeout_s);
 

@@ -7,7 +7,8 @@ For every point in SWEEP_DIR/sweep.json it replays the run's requests (the same 
 lengths, from its run file) through `tandem simulate --trace` with the run's cluster config, its
 SLOs and the latency model (also in the simulated router, as the sweep runs the real one), then
 rewrites the simulated summaries in sweep.json and the run files, the attainment_*.dat files,
-and re-makes the PNGs with the sweep's gnuplot scripts. Use it to check a new latency model
+and re-makes the PNGs with the sweep's gnuplot scripts. Where the sweep measured the machine's
+speed during a run (perf/sweep.h, "measured_speed"), it also re-simulates that run at that speed. Use it to check a new latency model
 against old measurements, or to redo the simulation of a sweep whose measured half is good.
 """
 import argparse
@@ -19,7 +20,7 @@ import sys
 import tempfile
 
 
-def simulate(tandem, run, latency_model):
+def simulate(tandem, run, latency_model, step_time_scale=1.0):
     config = run["config"]
     with tempfile.TemporaryDirectory() as tmp:
         trace = os.path.join(tmp, "trace.jsonl")
@@ -34,7 +35,8 @@ def simulate(tandem, run, latency_model):
         subprocess.run([tandem, "simulate", "--config", config["cluster_config"],
                         "--latency-model", latency_model, "--trace", trace, "--out", out,
                         f"--router.latency_model={os.path.abspath(latency_model)}",
-                        f"--slo.ttft_s={slo_ttft}", f"--slo.tpot_s={slo_tpot}"],
+                        f"--slo.ttft_s={slo_ttft}", f"--slo.tpot_s={slo_tpot}",
+                        f"--step-time-scale={step_time_scale}"],
                        check=True, stdout=subprocess.DEVNULL)
         with open(out) as f:
             return json.load(f)
@@ -58,22 +60,35 @@ def main():
         point["simulated"] = sim["summary"]
         point.pop("simulated_error", None)
         run["simulated"] = {"summary": sim["summary"], "requests": sim["requests"]}
+        # Again at the machine speed the sweep measured during the run (perf/sweep.h), if any.
+        speed = (run.get("measured_speed") or {}).get("decode_model_correction") or 0
+        at_speed = None
+        if speed > 0:
+            at_speed = simulate(args.tandem, run, args.latency_model, speed)
+            run["simulated_at_measured_speed"] = {"step_time_scale": speed,
+                                                  "summary": at_speed["summary"],
+                                                  "requests": at_speed["requests"]}
+        point["simulated_at_measured_speed"] = at_speed["summary"] if at_speed else None
         with open(run_path, "w") as f:
             json.dump(run, f, indent=1)
             f.write("\n")
         dat.setdefault((point["workload"], point["cluster"]), []).append(
-            "%g %g %g" % (point["rate"], point["measured"]["attainment"],
-                          sim["summary"]["attainment"]))
-        print("%-12s %-14s rate %-5g measured %5.1f%%  simulated %5.1f%%" %
+            "%g %g %g %s" % (point["rate"], point["measured"]["attainment"],
+                             sim["summary"]["attainment"],
+                             "%g" % at_speed["summary"]["attainment"] if at_speed else "NaN"))
+        print("%-12s %-14s rate %-5g measured %5.1f%%  simulated %5.1f%%%s" %
               (point["cluster"], point["workload"], point["rate"],
-               100 * point["measured"]["attainment"], 100 * sim["summary"]["attainment"]))
+               100 * point["measured"]["attainment"], 100 * sim["summary"]["attainment"],
+               "  at measured speed x%.3f %5.1f%%" % (speed, 100 * at_speed["summary"]["attainment"])
+               if at_speed else ""))
     sweep["config"]["resimulated_with"] = args.latency_model
     with open(sweep_path, "w") as f:
         json.dump(sweep, f, indent=1)
         f.write("\n")
     for (workload, cluster), lines in dat.items():
         with open(os.path.join(args.sweep_dir, f"attainment_{workload}_{cluster}.dat"), "w") as f:
-            f.write("# rate measured_attainment simulated_attainment\n" + "\n".join(lines) + "\n")
+            f.write("# rate measured_attainment simulated_attainment "
+                    "simulated_at_measured_speed_attainment\n" + "\n".join(lines) + "\n")
     for script in sorted(glob.glob(os.path.join(args.sweep_dir, "*.gp"))):
         subprocess.run(["gnuplot", os.path.basename(script)], cwd=args.sweep_dir, check=True)
     return 0

@@ -9,12 +9,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -24,6 +26,7 @@
 #include "common/config.h"
 #include "common/flags.h"
 #include "common/latency_model.h"
+#include "common/metrics.h"
 #include "perf/bench_client.h"
 #include "perf/bench_report.h"
 
@@ -202,6 +205,75 @@ bool RunGnuplot(const std::string& dir, const std::string& script) {
   return WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
+// The machine's speed during a run, as the router measures it: its
+// tandem_router_decode_model_correction gauge (per decode/colocated instance, the recent decode
+// forward passes over the latency model's prediction for the same batch and context,
+// router/placement.h), sampled every interval_s while the run goes. A sample counts only when
+// the cluster generated tokens since the previous one (the router's
+// tandem_generation_tokens_total advanced): samples of an idle cluster would repeat the last
+// run's value.
+class SpeedSampler {
+ public:
+  SpeedSampler(const ServerUrl& url, double interval_s)
+      : thread_([this, url, interval_s] { Loop(url, interval_s); }) {}
+  ~SpeedSampler() { Stop(); }
+  SpeedSampler(const SpeedSampler&) = delete;
+  SpeedSampler& operator=(const SpeedSampler&) = delete;
+
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+  // The mean of the counted samples over all instances (1 = as profiled, 1.2 = steps 20% slower
+  // than the model), 0 when none counted; and how many counted.
+  double Mean() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return counted_ > 0 ? sum_ / static_cast<double>(counted_) : 0.0;
+  }
+  int64_t Counted() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return counted_;
+  }
+
+ private:
+  void Loop(const ServerUrl& url, double interval_s) {
+    double last_tokens = -1;  // the previous sample's tokens generated; -1 before the first
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!stop_) {
+      lock.unlock();
+      StatusOr<std::string> text = HttpGet(url, "/metrics", 2.0);
+      lock.lock();
+      if (text.ok()) {
+        double tokens = 0;
+        for (const auto& [labels, value] :
+             ParseMetricSamples(*text, "tandem_generation_tokens_total"))
+          tokens += value;
+        if (last_tokens >= 0 && tokens > last_tokens) {
+          for (const auto& [labels, value] :
+               ParseMetricSamples(*text, "tandem_router_decode_model_correction")) {
+            if (!std::isfinite(value) || value <= 0) continue;
+            sum_ += value;
+            ++counted_;
+          }
+        }
+        last_tokens = tokens;
+      }
+      wake_.wait_for(lock, std::chrono::duration<double>(interval_s), [this] { return stop_; });
+    }
+  }
+
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stop_ = false;
+  double sum_ = 0;
+  int64_t counted_ = 0;
+  std::thread thread_;  // last: starts once the members above exist
+};
+
 struct ClusterSpec {
   std::string name;
   std::string config_path;
@@ -218,6 +290,12 @@ struct Point {
   bool simulated = false;
   RunSummary simulated_summary;
   std::string simulated_error;
+  // The machine's speed during the run (SpeedSampler; 0 = not measured) and the simulation
+  // whose steps take the latency model's time x that speed.
+  double measured_speed = 0;
+  int64_t speed_samples = 0;
+  bool simulated_at_speed = false;
+  RunSummary simulated_at_speed_summary;
   std::string run_file;
 };
 
@@ -535,7 +613,9 @@ int SweepMain(const std::vector<std::string>& input_args) {
                        spec.name.c_str(), workload.c_str(), rate);
           return RateOutcome::kNoRequests;
         }
+        SpeedSampler speed(*url, 1.0);
         StatusOr<LoadResult> result = RunLoad(options, *requests);
+        speed.Stop();
         if (!result.ok()) {
           std::fprintf(stderr, "tandem bench sweep: %s: %s\n", spec.name.c_str(),
                        result.status().message().c_str());
@@ -548,6 +628,8 @@ int SweepMain(const std::vector<std::string>& input_args) {
         point.outcomes = result->outcomes;
         point.measured = Summarize(result->outcomes, slo, result->duration_s);
         point.run_file = spec.name + "_" + workload + "_r" + RateLabel(rate) + ".json";
+        point.measured_speed = speed.Mean();
+        point.speed_samples = speed.Counted();
 
         json record = {{"config",
                         {{"cluster", spec.name},
@@ -582,7 +664,26 @@ int SweepMain(const std::vector<std::string>& input_args) {
             std::fprintf(stderr, "tandem bench sweep: simulate %s %s rate %g: %s\n",
                          spec.name.c_str(), workload.c_str(), rate, point.simulated_error.c_str());
           }
+          // Again with every step at the speed the router measured during the run: what the
+          // simulator predicts once the machine's drift from its profile is known.
+          if (sim.ok() && point.measured_speed > 0) {
+            SimulationOptions at_speed = ServerLikeSimulationOptions();
+            at_speed.step_time_scale = point.measured_speed;
+            StatusOr<SimulationResult> scaled =
+                Simulate(spec.config, *latency_model, *requests, at_speed);
+            if (scaled.ok()) {
+              point.simulated_at_speed = true;
+              point.simulated_at_speed_summary =
+                  Summarize(scaled->outcomes, slo, scaled->makespan_s);
+              record["simulated_at_measured_speed"] = {
+                  {"step_time_scale", point.measured_speed},
+                  {"summary", SummaryToJson(point.simulated_at_speed_summary)},
+                  {"requests", OutcomesToJson(scaled->outcomes, {})}};
+            }
+          }
         }
+        record["measured_speed"] = {{"decode_model_correction", point.measured_speed},
+                                    {"samples", point.speed_samples}};
         if (Status s = WriteTextFile(path_in(point.run_file), record.dump(1) + "\n"); !s.ok())
           std::fprintf(stderr, "tandem bench sweep: %s\n", s.message().c_str());
         const RunSummary& m = point.measured;
@@ -594,6 +695,9 @@ int SweepMain(const std::vector<std::string>& input_args) {
             static_cast<long long>(m.requests), m.ttft_p90, m.tpot_p90);
         if (point.simulated)
           std::printf("  simulated %5.1f%%", 100 * point.simulated_summary.attainment);
+        if (point.simulated_at_speed)
+          std::printf(" (at measured speed x%.3f: %5.1f%%)", point.measured_speed,
+                      100 * point.simulated_at_speed_summary.attainment);
         std::printf("\n");
         std::fflush(stdout);
         const bool below = m.attainment < target;
@@ -715,6 +819,9 @@ int SweepMain(const std::vector<std::string>& input_args) {
               {"measured", SummaryToJson(p.measured)},
               {"simulated", p.simulated ? SummaryToJson(p.simulated_summary) : json(nullptr)}};
     if (!p.simulated_error.empty()) j["simulated_error"] = p.simulated_error;
+    j["measured_speed"] = p.measured_speed > 0 ? json(p.measured_speed) : json(nullptr);
+    j["simulated_at_measured_speed"] =
+        p.simulated_at_speed ? SummaryToJson(p.simulated_at_speed_summary) : json(nullptr);
     points_json.push_back(j);
   }
   json goodput_json = json::array();
@@ -749,17 +856,23 @@ int SweepMain(const std::vector<std::string>& input_args) {
     std::vector<std::string> plot_items;
     for (size_t c = 0; c < clusters.size(); ++c) {
       std::string data;
-      bool any = false, any_sim = false;
+      bool any = false, any_sim = false, any_at_speed = false;
       for (const Point& p : points) {
         if (p.cluster != clusters[c].name || p.workload != workload) continue;
         any = true;
         any_sim = any_sim || p.simulated;
+        any_at_speed = any_at_speed || p.simulated_at_speed;
         data += FormatNumber(p.rate) + " " + FormatNumber(p.measured.attainment) + " " +
-                FormatNumber(p.simulated ? p.simulated_summary.attainment : NAN) + "\n";
+                FormatNumber(p.simulated ? p.simulated_summary.attainment : NAN) + " " +
+                FormatNumber(p.simulated_at_speed ? p.simulated_at_speed_summary.attainment : NAN) +
+                "\n";
       }
       if (!any) continue;
       const std::string file = "attainment_" + workload + "_" + clusters[c].name + ".dat";
-      if (!WriteTextFile(path_in(file), "# rate measured_attainment simulated_attainment\n" + data)
+      if (!WriteTextFile(path_in(file),
+                         "# rate measured_attainment simulated_attainment "
+                         "simulated_at_measured_speed_attainment\n" +
+                             data)
                .ok())
         plots_ok = false;
       const std::string color = colors[c % std::size(colors)];
@@ -769,6 +882,10 @@ int SweepMain(const std::vector<std::string>& input_args) {
         plot_items.push_back(GnuplotQuote(file) +
                              " using 1:3 with linespoints lw 2 dt 2 pt 6 lc rgb '" + color +
                              "' title " + GnuplotQuote(clusters[c].name + " (simulated)"));
+      if (any_at_speed)
+        plot_items.push_back(
+            GnuplotQuote(file) + " using 1:4 with linespoints lw 1.5 dt 3 pt 4 lc rgb '" + color +
+            "' title " + GnuplotQuote(clusters[c].name + " (simulated at measured speed)"));
     }
     if (plot_items.empty()) continue;
     std::string script = "set terminal pngcairo size 900,600 enhanced font 'sans,11'\n";

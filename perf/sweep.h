@@ -17,7 +17,14 @@
 // given rate) until the first rate whose SLO attainment is below the target; then SIGTERM to
 // the cluster, SIGKILL after --stop-timeout-s. With --latency-model every measured run is also
 // simulated (cluster/simulator.h) on the same requests and the cluster's config; a simulator
-// error is printed and the sweep goes on.
+// error is printed and the sweep goes on. During each run the sweep also reads the router's
+// /metrics once a second for tandem_router_decode_model_correction (measured / modelled decode
+// forward pass): the machine's speed against its profile during that run, "measured_speed"
+// (null when no decode step was measured). With a latency model the run is simulated a second
+// time with every step at that speed (SimulationOptions::step_time_scale; the simulated router
+// keeps the profile and corrects for it as the real one does): "simulated_at_measured_speed".
+// The first simulation predicts from the profile alone; the second tells a wrong model of the
+// cluster (both miss) from a machine that ran faster or slower than when it was profiled.
 //
 // Goodput = the highest measured rate with attainment >= target (0 when the first fails);
 // "crossing" = the rate where attainment crosses the target, interpolated linearly between the
@@ -26,9 +33,10 @@
 // goodput / cores, cores = sum over instance sections of instances * threads, or --cores-per.
 // When every rate met the target the goodput is a lower bound (marked "+" and "lower_bound").
 //
-// DIR gets: NAME_WORKLOAD_rRATE.json per run (as `tandem bench --out`, plus "simulated"),
-// sweep.json (every point, goodput rows, SLO-scale curves), NAME.log per cluster, and for each
-// workload attainment_W.{gp,png} (+ one .dat per cluster: rate, measured, simulated) and
+// DIR gets: NAME_WORKLOAD_rRATE.json per run (as `tandem bench --out`, plus "simulated",
+// "measured_speed" and "simulated_at_measured_speed"), sweep.json (every point, goodput rows,
+// SLO-scale curves), NAME.log per cluster, and for each workload attainment_W.{gp,png} (+ one
+// .dat per cluster: rate, measured, simulated, simulated at measured speed) and
 // slo_scale_W.{dat,gp,png}: attainment when both SLOs are scaled by 0.25..4, rescored from each
 // cluster's run at the highest rate every cluster ran (or --slo-scale-rate). `gnuplot X.gp`
 // in DIR remakes a plot. A table (cluster x workload: goodput, crossing, cores, per-core

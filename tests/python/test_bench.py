@@ -9,7 +9,8 @@
 2. bench, closed loop: 4 requests at concurrency 2, all completed.
 3. Bad flag values exit 2 with a message naming the flag (bench and sweep).
 4. sweep: the same cluster config, 2 rates x 6 requests, with a latency model: sweep.json has
-   both points (measured and simulated attainment in [0, 1]), a goodput row and an SLO-scale
+   both points (measured and simulated attainment in [0, 1]; the measured speed, read from the
+   router's /metrics, with the simulation at that speed), a goodput row and an SLO-scale
    curve; the run files exist; the plots are PNG files.
 5. sweep with an SLO nobody meets: after the first rate it probes one lower rate
    (--probe-down 1, which misses too) and stops: points at 0.5 and 1 req/s in ascending order,
@@ -193,6 +194,15 @@ def main():
                       f"simulated {p.get('simulated')} {p.get('simulated_error')}")
                 check(os.path.exists(os.path.join(sweep_dir, p["run_file"])),
                       f"run file {p['run_file']} missing")
+                # The machine's speed from the router's decode-model correction, and the
+                # simulation at that speed, exist together (null when no sample moved).
+                speed, at_speed = p["measured_speed"], p["simulated_at_measured_speed"]
+                check((speed is None) == (at_speed is None), f"speed {speed} / {at_speed}")
+                if speed is not None:
+                    check(0.25 <= speed <= 4 and 0 <= at_speed["attainment"] <= 1,
+                          f"speed {speed}, simulated at speed {at_speed}")
+            check(any(p["measured_speed"] is not None for p in points),
+                  "no point measured the machine's speed (the router's correction gauge)")
             rows = sweep["goodput"]
             check(len(rows) == 1 and rows[0]["goodput_rps"] == 2 and rows[0]["cores"] == 2 and
                   abs(rows[0]["goodput_per_core"] - 1.0) < 1e-9 and

@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <thread>
 
 #include "common/metrics.h"
@@ -21,6 +22,26 @@ TEST_CASE("metrics: counter, gauge and labels render in text format", "[metrics]
         "# HELP tandem_num_requests_running Requests in the running batch.\n"
         "# TYPE tandem_num_requests_running gauge\n"
         "tandem_num_requests_running{role=\"decode\",model=\"tiny\"} 5\n");
+}
+
+TEST_CASE("metrics: a scraper reads back what the registry renders", "[metrics]") {
+  MetricsRegistry registry(Labels{{"role", "router"}});
+  auto& gauge =
+      registry.AddGauge("tandem_router_decode_model_correction", "Correction.", {"instance"});
+  gauge.WithLabels({"decode-0"}).Set(1.25);
+  gauge.WithLabels({"odd\"}name"}).Set(0.5);
+  registry.AddGauge("tandem_router_decode_model_correction_other", "Same prefix.").Get().Set(9);
+  auto samples = ParseMetricSamples(registry.Render(), "tandem_router_decode_model_correction");
+  REQUIRE(samples.size() == 2);
+  CHECK(samples.at("role=\"router\",instance=\"decode-0\"") == 1.25);
+  CHECK(samples.at("role=\"router\",instance=\"odd\\\"}name\"") == 0.5);
+  // Without labels, with a timestamp, special values; broken lines are skipped.
+  auto plain = ParseMetricSamples(
+      "# TYPE x gauge\nx 3 1700000000\nx{a=\"1\"} +Inf\nx{b=\"2\" 4\nx{c=\"3\"} four\n", "x");
+  REQUIRE(plain.size() == 2);
+  CHECK(plain.at("") == 3);
+  CHECK(std::isinf(plain.at("a=\"1\"")));
+  CHECK(ParseMetricSamples("", "x").empty());
 }
 
 TEST_CASE("metrics: histogram buckets are cumulative, le inclusive, with +Inf", "[metrics]") {

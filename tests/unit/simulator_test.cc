@@ -291,3 +291,29 @@ TEST_CASE("each outcome says where it ran, and goodput keeps a prompt off a deco
   REQUIRE(pair.ok());
   CHECK(pair->outcomes.at(0).placed_on == "prefill-0 + decode-0");
 }
+
+TEST_CASE("step_time_scale: a slower machine than profiled, and a router that corrects for it",
+          "[simulator]") {
+  SimulationOptions slow;
+  slow.step_time_scale = 2.0;
+  auto r = Simulate(Disaggregated(), Model(), {Request(0, 0, 100, 5)}, slow);
+  REQUIRE(r.ok());
+  CHECK(r->outcomes.at(0).ttft_s == Approx(2 * 0.11));
+  CHECK(r->outcomes.at(0).tpot_s == Approx(2 * 0.021));
+  // The goodput router keeps the profile (TPOT 0.021-0.022 s, within 0.03) and learns the real
+  // decode speed from the load reports: request 1 arrives while request 0 decodes at twice the
+  // modelled step, so its predicted TPOT (~0.044 s) misses and it is turned away. At the
+  // profiled speed it is taken.
+  ClusterConfig c = Disaggregated("goodput");
+  c.router.latency_model = "profile.yaml";  // any path: the simulation uses its own model
+  c.slo.ttft_s = 10;
+  c.slo.tpot_s = 0.03;
+  const std::vector<WorkloadRequest> two = {Request(0, 0, 10, 200), Request(1, 1.0, 10, 50)};
+  auto profiled = Simulate(c, Model(), two);
+  REQUIRE(profiled.ok());
+  CHECK(profiled->outcomes.at(1).ok);
+  auto corrected = Simulate(c, Model(), two, slow);
+  REQUIRE(corrected.ok());
+  CHECK(corrected->outcomes.at(0).ok);  // an idle cluster takes the first request
+  CHECK(corrected->outcomes.at(1).rejected);
+}
