@@ -661,7 +661,7 @@ void Simulation::RunPrefill(int pi) {
     sum += n;
     sum_sq += n * (n + 2 * past);
   }
-  b.seconds = p.lm->PrefillSeconds(sum, sum_sq) * options_.step_time_scale;
+  b.seconds = p.lm->PrefillSeconds(sum, sum_sq);
   b.done_at = now_ + b.seconds;
   if (!p.in_flight.empty()) b.done_at = std::max(b.done_at, p.in_flight.back().done_at);
   p.stage_free_at = now_ + b.seconds / p.pp;
@@ -910,8 +910,13 @@ bool Simulation::StartStep(int ei, int li) {
     }
     lane.batch.push_back({id, s.num_tokens});
   }
-  lane.seconds = e.lm->MixedStepSeconds(e.chunk_new, e.chunk_past, decode_batch, sum_context) *
-                 options_.step_time_scale;
+  lane.seconds = e.lm->MixedStepSeconds(e.chunk_new, e.chunk_past, decode_batch, sum_context);
+  if (options_.decode_time_scale != 1.0 && decode_batch > 0) {
+    // Decode-only: the whole step (fixed cost included); mixed: the decode sequences' share.
+    const double decode_share =
+        e.chunk_new.empty() ? lane.seconds : e.lm->c5 * decode_batch + e.lm->c6 * sum_context;
+    lane.seconds += (options_.decode_time_scale - 1.0) * decode_share;
+  }
   lane.decode_batch = decode_batch;
   lane.decode_context = sum_context;
   lane.busy = true;
@@ -1061,17 +1066,18 @@ int SimulateMain(const std::vector<std::string>& args) {
   flags.AddBool("reports-at-once",
                 "instances publish every change at once (default: after each step, from the "
                 "state they knew when it began, as the servers' engine loops do)");
-  flags.AddDouble("step-time-scale", 1.0,
-                  "every step takes the latency model's time x this (a machine faster or slower "
-                  "than its profile; the router keeps the unscaled model)");
+  flags.AddDouble("decode-time-scale", 1.0,
+                  "decode runs at this multiple of the latency model's time, prefill as modelled "
+                  "(a machine that decodes faster or slower than its profile; the router keeps "
+                  "the unscaled model)");
   flags.AllowConfigOverrides();
   if (Status s = flags.Parse(args); !s.ok()) {
     std::fprintf(stderr, "tandem simulate: %s\n", s.message().c_str());
     return kExitUsage;
   }
-  if (!(flags.GetDouble("step-time-scale") > 0)) {
-    std::fprintf(stderr, "tandem simulate: --step-time-scale must be > 0, got %g\n",
-                 flags.GetDouble("step-time-scale"));
+  if (!(flags.GetDouble("decode-time-scale") > 0)) {
+    std::fprintf(stderr, "tandem simulate: --decode-time-scale must be > 0, got %g\n",
+                 flags.GetDouble("decode-time-scale"));
     return kExitUsage;
   }
   if (flags.help_requested()) {
@@ -1124,7 +1130,7 @@ int SimulateMain(const std::vector<std::string>& args) {
   options.router_overhead_s = flags.GetDouble("router-overhead-s");
   options.load_report_interval_s = flags.GetDouble("load-report-interval-s");
   options.reports_after_steps = !flags.GetBool("reports-at-once");
-  options.step_time_scale = flags.GetDouble("step-time-scale");
+  options.decode_time_scale = flags.GetDouble("decode-time-scale");
   const auto t0 = std::chrono::steady_clock::now();
   StatusOr<SimulationResult> result = Simulate(*config, *models, requests, options);
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

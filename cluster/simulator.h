@@ -33,12 +33,14 @@ struct SimulationOptions {
   // runs the report stays as it was. false: every change is published at once.
   // Only pipeline_parallel 1 instances (the servers' loop) follow this.
   bool reports_after_steps = false;
-  // Every simulated step (prefill batch, engine step) takes the latency model's time x this:
-  // a machine running at a different speed from its profile. The router keeps the unscaled
-  // model, as the real router does, and sees the difference only in the load reports (its
-  // decode-model correction, router/placement.h). 1 = the machine as profiled. The bench sweep
-  // sets it to the speed it measured during a run (perf/sweep.h).
-  double step_time_scale = 1.0;
+  // Decode runs at this multiple of the latency model's time: a decode-only engine step takes
+  // DecodeStepSeconds x this, a mixed step's decode sequences (c5 * batch + c6 * context)
+  // cost this much more; prefill work is as modelled. For a machine whose decode steps run
+  // faster or slower than when it was profiled (e.g. a neighbour less busy than the profile's).
+  // The router keeps the unscaled model, as the real router does, and sees the difference only
+  // in the load reports (its decode-model correction, router/placement.h). 1 = as profiled. The
+  // bench sweep sets it to the decode speed the router measured during a run (perf/sweep.h).
+  double decode_time_scale = 1.0;
 };
 
 // The options that replay the real servers: reports every 100 ms (their report timer),

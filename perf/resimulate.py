@@ -20,7 +20,7 @@ import sys
 import tempfile
 
 
-def simulate(tandem, run, latency_model, step_time_scale=1.0):
+def simulate(tandem, run, latency_model, decode_time_scale=1.0):
     config = run["config"]
     with tempfile.TemporaryDirectory() as tmp:
         trace = os.path.join(tmp, "trace.jsonl")
@@ -36,7 +36,7 @@ def simulate(tandem, run, latency_model, step_time_scale=1.0):
                         "--latency-model", latency_model, "--trace", trace, "--out", out,
                         f"--router.latency_model={os.path.abspath(latency_model)}",
                         f"--slo.ttft_s={slo_ttft}", f"--slo.tpot_s={slo_tpot}",
-                        f"--step-time-scale={step_time_scale}"],
+                        f"--decode-time-scale={decode_time_scale}"],
                        check=True, stdout=subprocess.DEVNULL)
         with open(out) as f:
             return json.load(f)
@@ -65,7 +65,7 @@ def main():
         at_speed = None
         if speed > 0:
             at_speed = simulate(args.tandem, run, args.latency_model, speed)
-            run["simulated_at_measured_speed"] = {"step_time_scale": speed,
+            run["simulated_at_measured_speed"] = {"decode_time_scale": speed,
                                                   "summary": at_speed["summary"],
                                                   "requests": at_speed["requests"]}
         point["simulated_at_measured_speed"] = at_speed["summary"] if at_speed else None

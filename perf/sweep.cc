@@ -664,11 +664,12 @@ int SweepMain(const std::vector<std::string>& input_args) {
             std::fprintf(stderr, "tandem bench sweep: simulate %s %s rate %g: %s\n",
                          spec.name.c_str(), workload.c_str(), rate, point.simulated_error.c_str());
           }
-          // Again with every step at the speed the router measured during the run: what the
-          // simulator predicts once the machine's drift from its profile is known.
+          // Again with decode at the speed the router measured during the run (it measures
+          // decode steps only; prefill stays as profiled): what the simulator predicts once the
+          // machine's drift from its profile is known.
           if (sim.ok() && point.measured_speed > 0) {
             SimulationOptions at_speed = ServerLikeSimulationOptions();
-            at_speed.step_time_scale = point.measured_speed;
+            at_speed.decode_time_scale = point.measured_speed;
             StatusOr<SimulationResult> scaled =
                 Simulate(spec.config, *latency_model, *requests, at_speed);
             if (scaled.ok()) {
@@ -676,7 +677,7 @@ int SweepMain(const std::vector<std::string>& input_args) {
               point.simulated_at_speed_summary =
                   Summarize(scaled->outcomes, slo, scaled->makespan_s);
               record["simulated_at_measured_speed"] = {
-                  {"step_time_scale", point.measured_speed},
+                  {"decode_time_scale", point.measured_speed},
                   {"summary", SummaryToJson(point.simulated_at_speed_summary)},
                   {"requests", OutcomesToJson(scaled->outcomes, {})}};
             }

@@ -21,8 +21,9 @@
 // /metrics once a second for tandem_router_decode_model_correction (measured / modelled decode
 // forward pass): the machine's speed against its profile during that run, "measured_speed"
 // (null when no decode step was measured). With a latency model the run is simulated a second
-// time with every step at that speed (SimulationOptions::step_time_scale; the simulated router
-// keeps the profile and corrects for it as the real one does): "simulated_at_measured_speed".
+// time with decode at that speed and prefill as profiled (SimulationOptions::decode_time_scale;
+// the simulated router keeps the profile and corrects for it as the real one does):
+// "simulated_at_measured_speed".
 // The first simulation predicts from the profile alone; the second tells a wrong model of the
 // cluster (both miss) from a machine that ran faster or slower than when it was profiled.
 //

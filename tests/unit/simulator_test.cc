@@ -292,14 +292,24 @@ TEST_CASE("each outcome says where it ran, and goodput keeps a prompt off a deco
   CHECK(pair->outcomes.at(0).placed_on == "prefill-0 + decode-0");
 }
 
-TEST_CASE("step_time_scale: a slower machine than profiled, and a router that corrects for it",
+TEST_CASE("decode_time_scale: decode slower than profiled, and a router that corrects for it",
           "[simulator]") {
   SimulationOptions slow;
-  slow.step_time_scale = 2.0;
+  slow.decode_time_scale = 2.0;
   auto r = Simulate(Disaggregated(), Model(), {Request(0, 0, 100, 5)}, slow);
   REQUIRE(r.ok());
-  CHECK(r->outcomes.at(0).ttft_s == Approx(2 * 0.11));
+  CHECK(r->outcomes.at(0).ttft_s == Approx(0.11));  // prefill as modelled
   CHECK(r->outcomes.at(0).tpot_s == Approx(2 * 0.021));
+  // Colocated, chunked: the step that carries request 1's prompt beside request 0's decode
+  // costs its decode share (c5 x 1 sequence + c6 x context = 0.001 s) twice; the prompt's
+  // part is as modelled.
+  const std::vector<WorkloadRequest> mixed = {Request(0, 0, 10, 3), Request(1, 0.01, 50, 1)};
+  auto as_modelled = Simulate(OneColocated(), Model(), mixed);
+  auto slower = Simulate(OneColocated(), Model(), mixed, slow);
+  REQUIRE(as_modelled.ok());
+  REQUIRE(slower.ok());
+  CHECK(slower->outcomes.at(1).e2e_s - as_modelled->outcomes.at(1).e2e_s ==
+        Approx(0.001).margin(1e-9));
   // The goodput router keeps the profile (TPOT 0.021-0.022 s, within 0.03) and learns the real
   // decode speed from the load reports: request 1 arrives while request 0 decodes at twice the
   // modelled step, so its predicted TPOT (~0.044 s) misses and it is turned away. At the
