@@ -8,8 +8,11 @@ lengths, from its run file) through `tandem simulate --trace` with the run's clu
 SLOs and the latency model (also in the simulated router, as the sweep runs the real one), then
 rewrites the simulated summaries in sweep.json and the run files, the attainment_*.dat files,
 and re-makes the PNGs with the sweep's gnuplot scripts. Where the sweep measured the machine's
-speed during a run (perf/sweep.h, "measured_speed"), it also re-simulates that run at that speed. Use it to check a new latency model
-against old measurements, or to redo the simulation of a sweep whose measured half is good.
+decode speed during a run (perf/sweep.h, "measured_speed"), it also re-simulates that run with
+decode at that speed (`tandem simulate --decode-time-scale`). Use it to check a new latency
+model against old measurements, or to redo the simulation of a sweep whose measured half is
+good. The replay uses each request's measured send time as its arrival (the sweep's own
+simulation uses the scheduled arrival), which can move a request at a point near a threshold.
 """
 import argparse
 import glob

@@ -205,7 +205,7 @@ bool RunGnuplot(const std::string& dir, const std::string& script) {
   return WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
-// The machine's speed during a run, as the router measures it: its
+// The machine's decode speed during a run, as the router measures it: its
 // tandem_router_decode_model_correction gauge (per decode/colocated instance, the recent decode
 // forward passes over the latency model's prediction for the same batch and context,
 // router/placement.h), sampled every interval_s while the run goes. A sample counts only when
@@ -290,8 +290,8 @@ struct Point {
   bool simulated = false;
   RunSummary simulated_summary;
   std::string simulated_error;
-  // The machine's speed during the run (SpeedSampler; 0 = not measured) and the simulation
-  // whose steps take the latency model's time x that speed.
+  // The machine's decode speed during the run (SpeedSampler; 0 = not measured) and the
+  // simulation with decode at that speed (SimulationOptions::decode_time_scale).
   double measured_speed = 0;
   int64_t speed_samples = 0;
   bool simulated_at_speed = false;
