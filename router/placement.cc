@@ -33,11 +33,19 @@ SloTarget SloForClass(const SloSection& slo, std::string_view slo_class) {
   return SloTarget{slo.ttft_s, slo.tpot_s};
 }
 
+namespace {
+
+// Without a latency model: the instance's measured prefill time per token, or the default.
+double PrefillSecondsPerToken(const LoadReport& load) {
+  return load.prefill_seconds_per_token > 0 ? load.prefill_seconds_per_token
+                                            : kDefaultPrefillSecondsPerToken;
+}
+
+}  // namespace
+
 double PredictTtftSeconds(const LoadReport& load, int64_t prompt_tokens) {
-  double per_token = load.prefill_seconds_per_token > 0 ? load.prefill_seconds_per_token
-                                                        : kDefaultPrefillSecondsPerToken;
   return static_cast<double>(std::max<int64_t>(load.queued_prefill_tokens, 0) + prompt_tokens) *
-         per_token;
+         PrefillSecondsPerToken(load);
 }
 
 double PredictTpotSeconds(const LoadReport& load) {
@@ -262,10 +270,7 @@ double PredictStalledResidentTpotSeconds(const InstanceLoad& x, int64_t prompt_t
     stall = x.latency_model->PrefillSeconds(prompt, prompt * prompt);
   } else {
     step_now = PredictTpotSeconds(x.load);
-    const double per_token = x.load.prefill_seconds_per_token > 0
-                                 ? x.load.prefill_seconds_per_token
-                                 : kDefaultPrefillSecondsPerToken;
-    stall = prompt * per_token;
+    stall = prompt * PrefillSecondsPerToken(x.load);
   }
   const double prefill_begins_s = std::max(ttft_s - stall, 0.0);
   double worst = 0;
@@ -334,6 +339,7 @@ struct Scored {
   // The request's own slack, which decides admission; `slack` ranks, and for a colocated
   // instance it also counts the residents the request's prefill would stall.
   double own_slack = -kInf;
+  double predicted_tpot = 0;  // colocated: the request's TPOT there (`predicted` is its TTFT)
 };
 
 // Goodput: the best prefill by TTFT slack and the best decode by TPOT slack. The objective
@@ -385,12 +391,11 @@ StatusOr<Placement> Goodput(const PlacementInput& in, const std::vector<int>& p,
                             HasBlocksFor(x, kv_tokens) ? Slack(tpot, slo.tpot_s) : -kInf);
       double stalled = PredictStalledResidentTpotSeconds(x, in.prompt_tokens, ttft);
       double residents = stalled > 0 ? Slack(stalled, slo.tpot_s) : kInf;
-      return Scored{-1, std::min(own, residents), ttft, Idle(x.load), own};
+      return Scored{-1, std::min(own, residents), ttft, Idle(x.load), own, tpot};
     };
     first = BestBy(*in.colocated, c, in.round_robin, both);
     second = first;
-    second.predicted = PredictColocatedTpotSeconds((*in.colocated)[first.index], in.prompt_tokens,
-                                                   in.max_tokens, first.predicted);
+    second.predicted = first.predicted_tpot;
     placement.colocated = first.index;
   }
   placement.predicted_ttft_s = first.predicted;
