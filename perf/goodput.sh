@@ -3,7 +3,8 @@
 # disaggregated and colocated layouts of the same 2 cores on two workloads (measured and
 # simulated on the same requests), and plan a 16-GPU H100 cluster for OPT-13B.
 #
-#   bash perf/goodput.sh [profile|sweep|plan|all]    (default all; ~50 minutes on 2 cores)
+#   bash perf/goodput.sh [profile|sweep|plan|all]    (default all; ~110 minutes on 2 cores:
+#   profile 4, sweep ~95 at 80 requests per rate, plan ~10)
 #
 # Needs an idle machine: the sweep's timings are wall-clock. Results go to perf/results/
 # (git-ignored); perf/README.md quotes them.
@@ -47,10 +48,10 @@ if [[ $step == sweep || $step == all ]]; then
   # Workload lengths at a 1024-token scale (cluster/workload.h): summarization prompts ~410
   # tokens (~1.2 s of prefill on one core), chatbot ~100 in / ~60 out.
   "$TANDEM" bench sweep "${clusters[@]}" --workload summarization --max-model-len 1024 \
-    --slo-ttft 8 --slo-tpot 0.05 --rates 0.15,0.2,0.3,0.4,0.5,0.6,0.8 --num-requests 40 --probe-down 1 \
+    --slo-ttft 8 --slo-tpot 0.05 --rates 0.15,0.2,0.3,0.4,0.5,0.6,0.8 --num-requests 80 --probe-down 1 \
     --latency-model "$SWEEP_LM" --out-dir "$OUT/sweep-summarization"
   "$TANDEM" bench sweep "${clusters[@]}" --workload chatbot --max-model-len 1024 \
-    --slo-ttft 2 --slo-tpot 0.06 --rates 0.4,0.6,0.8,1,1.2,1.6 --num-requests 40 --probe-down 1 \
+    --slo-ttft 2 --slo-tpot 0.06 --rates 0.4,0.5,0.6,0.8,1,1.2,1.6 --num-requests 80 --probe-down 1 \
     --latency-model "$SWEEP_LM" --out-dir "$OUT/sweep-chatbot"
   # To replay these runs with another latency model:
   #   python3 perf/resimulate.py "$OUT/sweep-W" OTHER.yaml --tandem "$TANDEM"
@@ -76,4 +77,7 @@ if [[ $step == plan || $step == all ]]; then
       --slo-ttft "$3" --slo-tpot "$4" --gpus 16 --affinity "$5" --max-model-len 2048 \
       --gpu-memory-gb 80 --weights-gb 26 --out "$name.yaml" | tee "$name.txt"
   done
+  # DistServe's own OPT-13B pair of layouts (its prefill tp2 + decode tp1 against vLLM at tp1)
+  # on the A100 model, for telling a planner result apart from a latency-model one.
+  python3 perf/distserve_layout.py --tandem "$TANDEM" --out "$OUT/plan/distserve_layout.json"
 fi
