@@ -48,23 +48,27 @@ def attainment(args, config, workload, ttft, tpot, rate):
 
 
 def goodput(args, config, workload, ttft, tpot):
-    """Highest rate meeting the target (0 if even the lowest probed rate misses), to 1%."""
-    low, high = 0.0, args.start_rate
-    while attainment(args, config, workload, ttft, tpot, high) >= args.target:
-        low, high = high, high * 2
-        if high > 1e4:
-            sys.exit("attainment never drops below the target: check the SLOs")
-    if low == 0.0:  # the start rate misses: probe downwards before bisecting
-        while high > args.start_rate / 64:
-            high_miss, high = high, high / 2
-            if attainment(args, config, workload, ttft, tpot, high) >= args.target:
-                low, high = high, high_miss
-                break
-        else:
-            return 0.0
+    """Highest rate meeting the target, to 1% (0 if even start_rate / 64 misses)."""
+    def passes(rate):
+        return attainment(args, config, workload, ttft, tpot, rate) >= args.target
+
+    # Bracket the crossing, low passing and high missing: double up from the start rate, or
+    # halve down from it when it misses.
+    if passes(args.start_rate):
+        low, high = args.start_rate, 2 * args.start_rate
+        while passes(high):
+            if high > 1e4:
+                sys.exit("attainment never drops below the target: check the SLOs")
+            low, high = high, 2 * high
+    else:
+        low, high = args.start_rate / 2, args.start_rate
+        while not passes(low):
+            if low <= args.start_rate / 64:
+                return 0.0
+            low, high = low / 2, low
     while high - low > 0.01 * high:
         mid = (low + high) / 2
-        if attainment(args, config, workload, ttft, tpot, mid) >= args.target:
+        if passes(mid):
             low = mid
         else:
             high = mid
