@@ -20,9 +20,9 @@
 #include <set>
 #include <thread>
 
-#include "common/flags.h"
-#include "common/log.h"
-#include "common/model_store.h"
+#include "common/base/flags.h"
+#include "common/base/log.h"
+#include "common/model/model_store.h"
 #include "router/cluster_backend.h"
 
 namespace tandem {

@@ -8,7 +8,7 @@
 #include <sstream>
 
 #include "cluster/simulator.h"
-#include "common/flags.h"
+#include "common/base/flags.h"
 
 namespace tandem {
 namespace {

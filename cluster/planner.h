@@ -1,6 +1,6 @@
 // `tandem plan`: DistServe's placement planner (OSDI'24, section 4, Algorithms 1 and 2).
 //
-// Given a latency model of the GPU (common/latency_model.h: one entry per tensor x pipeline
+// Given a latency model of the GPU (common/engine/latency_model.h: one entry per tensor x pipeline
 // degree), a workload, the SLOs and a GPU budget, it chooses the parallelism of prefill and
 // decode instances and how many of each, by simulating (cluster/simulator.h) rather than
 // measuring:
@@ -33,9 +33,9 @@
 #include <vector>
 
 #include "cluster/workload.h"
-#include "common/config.h"
-#include "common/latency_model.h"
-#include "common/status.h"
+#include "common/config/config.h"
+#include "common/engine/latency_model.h"
+#include "common/base/status.h"
 
 namespace tandem {
 

@@ -18,13 +18,13 @@
 #include <sstream>
 #include <thread>
 
-#include "common/config.h"
-#include "common/flags.h"
-#include "common/forward.h"
-#include "common/kv_cache.h"
-#include "common/latency_model.h"
-#include "common/model.h"
-#include "common/model_store.h"
+#include "common/config/config.h"
+#include "common/base/flags.h"
+#include "common/engine/forward.h"
+#include "common/engine/kv_cache.h"
+#include "common/engine/latency_model.h"
+#include "common/model/model.h"
+#include "common/model/model_store.h"
 
 namespace tandem {
 namespace {
@@ -41,7 +41,6 @@ std::vector<int32_t> RandomTokens(int n, int vocab, std::mt19937& rng) {
   return out;
 }
 
-int BlocksFor(int tokens, int block_size) { return (tokens + block_size - 1) / block_size; }
 
 // Median over `reps` of the mean time of `inner` calls. The first call chooses `inner` so that
 // each rep lasts at least `min_rep_s` (tiny models run a step in microseconds, below the
@@ -93,7 +92,7 @@ class Background {
       options.max_batch_tokens = prefill ? kPrompt : kBatch;
       options.max_batch_sequences = batch;
       TANDEM_ASSIGN_OR_RETURN(worker->forward, CpuForward::Create(model, options));
-      const int per_seq = BlocksFor(tokens, block_size);
+      const int per_seq = BlocksForTokens(tokens, block_size);
       TANDEM_ASSIGN_OR_RETURN(
           worker->cache,
           KvCache::Create(worker->forward->MakeKvLayout(block_size), batch * per_seq));
@@ -213,7 +212,7 @@ int ProfileMain(const std::vector<std::string>& args) {
       "Measures the wall-clock time of real forward passes (the engine's CpuForward over a paged "
       "KV cache, as the servers run them): prefill batches over a grid of batch size x prompt "
       "length and decode steps over batch size x context per sequence, median of R reps each. "
-      "Fits the latency model of common/latency_model.h (DistServe's form), prints measured vs "
+      "Fits the latency model of common/engine/latency_model.h (DistServe's form), prints measured vs "
       "predicted for every grid point and the fit quality, and writes the YAML (--append: "
       "merges this entry, keyed by device/threads/tp/pp/role, into an existing file).");
   flags.AddString("config", "", "cluster config (model section, kv_cache.block_size, max_model_len)");
@@ -341,7 +340,7 @@ int ProfileMain(const std::vector<std::string>& args) {
     for (int ctx : decode_contexts) {
       if (ctx + 1 > max_len || b * ctx > decode_tokens_cap) continue;
       decode_grid.push_back({b, ctx});
-      max_decode_tokens = std::max(max_decode_tokens, b * BlocksFor(ctx + 1, block_size) * block_size);
+      max_decode_tokens = std::max(max_decode_tokens, b * BlocksForTokens(ctx + 1, block_size) * block_size);
       max_decode_batch = std::max(max_decode_batch, b);
     }
   }
@@ -361,7 +360,7 @@ int ProfileMain(const std::vector<std::string>& args) {
   if (!forward.ok()) return fail(forward.status());
   const KvLayout layout = (*forward)->MakeKvLayout(block_size);
   const int num_blocks =
-      std::max(BlocksFor(max_prefill_tokens, block_size) + 8, max_decode_tokens / block_size + 8);
+      std::max(BlocksForTokens(max_prefill_tokens, block_size) + 8, max_decode_tokens / block_size + 8);
   StatusOr<std::unique_ptr<KvCache>> cache = KvCache::Create(layout, num_blocks);
   if (!cache.ok()) return fail(cache.status());
   KvCache& kv = **cache;
@@ -394,7 +393,7 @@ int ProfileMain(const std::vector<std::string>& args) {
     std::vector<SequenceInput> batch;
     for (int i = 0; i < b; ++i) {
       tokens[i] = RandomTokens(l, mc.vocab_size, rng);
-      if (Status s = kv.blocks().Allocate(BlocksFor(l, block_size), &tables[i]); !s.ok())
+      if (Status s = kv.blocks().Allocate(BlocksForTokens(l, block_size), &tables[i]); !s.ok())
         return fail(s);
       batch.push_back(SequenceInput{tokens[i], 0, tables[i]});
     }
@@ -424,7 +423,7 @@ int ProfileMain(const std::vector<std::string>& args) {
     std::vector<int32_t> next(b);
     std::vector<SequenceInput> batch;
     for (int i = 0; i < b; ++i) {
-      if (Status s = kv.blocks().Allocate(BlocksFor(ctx + 1, block_size), &tables[i]); !s.ok())
+      if (Status s = kv.blocks().Allocate(BlocksForTokens(ctx + 1, block_size), &tables[i]); !s.ok())
         return fail(s);
       next[i] = static_cast<int32_t>(rng() % mc.vocab_size);
       batch.push_back(SequenceInput{{&next[i], 1}, ctx, tables[i]});
@@ -496,7 +495,7 @@ int ProfileMain(const std::vector<std::string>& args) {
     comments = LeadingComments(out_path);
     if (!transfer_given) transfer = file.transfer;  // the first profile's link stays
   } else {
-    comments.push_back("written by tandem profile (common/latency_model.h explains the form)");
+    comments.push_back("written by tandem profile (common/engine/latency_model.h explains the form)");
   }
   lm.role = role;
   bool replaced = false;

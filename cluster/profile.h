@@ -1,5 +1,5 @@
 // `tandem profile`: measures an instance's prefill and decode step times on this hardware and
-// fits the latency model of common/latency_model.h, written as YAML.
+// fits the latency model of common/engine/latency_model.h, written as YAML.
 #pragma once
 
 #include <string>

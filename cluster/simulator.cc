@@ -58,7 +58,8 @@
 #include <queue>
 #include <string>
 
-#include "common/flags.h"
+#include "common/engine/kv_cache.h"
+#include "common/base/flags.h"
 #include "decode/colocated_scheduler.h"
 #include "decode/decode_scheduler.h"
 #include "prefill/prefill_scheduler.h"
@@ -73,9 +74,6 @@ void Average(double* avg, double sample) {
   *avg = *avg == 0 ? sample : (1 - kAverageWeight) * *avg + kAverageWeight * sample;
 }
 
-int32_t BlocksFor(int64_t tokens, int32_t block_size) {
-  return static_cast<int32_t>((tokens + block_size - 1) / block_size);
-}
 
 enum class EventType : uint8_t {
   kArrival,
@@ -510,7 +508,7 @@ void Simulation::OnArrival(int64_t id) {
   }
   if (r.colocated >= 0) {
     EngineInstance& e = engines_[r.colocated];
-    if (BlocksFor(total, block_size_) > e.total_blocks) {
+    if (BlocksForTokens(total, block_size_) > e.total_blocks) {
       Fail(id, "request needs more KV blocks than the instance has");
       return;
     }
@@ -522,7 +520,7 @@ void Simulation::OnArrival(int64_t id) {
     return;
   }
   PrefillInstance& p = prefill_[r.prefill];
-  if (BlocksFor(r.prompt, block_size_) > p.total_blocks) {
+  if (BlocksForTokens(r.prompt, block_size_) > p.total_blocks) {
     Fail(id, "prompt needs more KV blocks than the instance has");
     return;
   }
@@ -715,7 +713,7 @@ void Simulation::OnPrefillDone(int pi) {
 double Simulation::TransferSeconds(int64_t id) const {
   const Req& r = reqs_[id];
   const LatencyModel* lm = prefill_[r.prefill].lm;
-  double bytes = static_cast<double>(BlocksFor(r.prompt, block_size_)) * block_size_ *
+  double bytes = static_cast<double>(BlocksForTokens(r.prompt, block_size_)) * block_size_ *
                  lm->kv_bytes_per_token;
   double seconds = models_.transfer.Seconds(bytes);
   // transfer.layerwise: the layers stream while prefill's last pass computes them, so a pull
@@ -729,7 +727,7 @@ double Simulation::TransferSeconds(int64_t id) const {
 void Simulation::HandOff(int64_t id) {
   Req& r = reqs_[id];
   EngineInstance& e = engines_[r.decode];
-  if (BlocksFor(int64_t{r.prompt} + r.max_tokens, block_size_) > e.total_blocks) {
+  if (BlocksForTokens(int64_t{r.prompt} + r.max_tokens, block_size_) > e.total_blocks) {
     PrefillInstance& p = prefill_[r.prefill];
     p.free_blocks += r.prefill_blocks;
     r.prefill_blocks = 0;

@@ -2,7 +2,7 @@
 // prefill, decode and colocated instances, each running the same scheduling rules as the real
 // servers (prefill: FCFS batches by token budget; decode: continuous batching with a KV block
 // pool and back-pressure on pulls; colocated: colocated.scheduling's policy of
-// decode/colocated_scheduler.h, chunked mixed steps or prefill-first), with step times from a latency model (common/latency_model.h)
+// decode/colocated_scheduler.h, chunked mixed steps or prefill-first), with step times from a latency model (common/engine/latency_model.h)
 // and KV transfer time from its transfer model.
 //
 // It answers "what would this cluster do with this workload" without running it: the bench
@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "cluster/workload.h"
-#include "common/config.h"
-#include "common/latency_model.h"
-#include "common/status.h"
+#include "common/config/config.h"
+#include "common/engine/latency_model.h"
+#include "common/base/status.h"
 
 namespace tandem {
 

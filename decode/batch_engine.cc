@@ -2,7 +2,8 @@
 
 #include <algorithm>
 
-#include "common/log.h"
+#include "common/engine/kv_cache.h"
+#include "common/base/log.h"
 
 namespace tandem {
 namespace {
@@ -14,9 +15,6 @@ void Average(double* avg, double sample) {
   *avg = *avg == 0 ? sample : (1 - kAverageWeight) * *avg + kAverageWeight * sample;
 }
 
-int32_t BlocksFor(int64_t tokens, int32_t block_size) {
-  return static_cast<int32_t>((tokens + block_size - 1) / block_size);
-}
 
 }  // namespace
 
@@ -115,7 +113,7 @@ Status BatchEngine::Validate(const std::vector<int32_t>& prompt,
     return TooLarge("prompt (" + std::to_string(prompt.size()) + ") + max_tokens (" +
                     std::to_string(sampling.max_tokens) + ") exceeds max_model_len " +
                     std::to_string(options_.max_model_len));
-  if (BlocksFor(total, options_.block_size) > options_.kv_blocks)
+  if (BlocksForTokens(total, options_.block_size) > options_.kv_blocks)
     return TooLarge("request needs more KV blocks than the instance has (" +
                     std::to_string(options_.kv_blocks) + ")");
   return Status();
@@ -323,7 +321,7 @@ bool BatchEngine::Step(EngineSink& sink) {
     StopUpdate update = r.stop->Append(sample.token_id, "");
     Tokens out;
     out.request_id = r.id;
-    TokenRecord record;
+    GeneratedToken record;
     record.token_id = sample.token_id;
     record.logprob = sample.logprob;
     for (const TokenLogprob& t : sample.top()) record.top_logprobs.push_back({t.token_id, t.logprob});

@@ -19,12 +19,12 @@
 #include <string>
 #include <vector>
 
-#include "common/control_wire.h"
-#include "common/forward.h"
-#include "common/kv_cache.h"
-#include "common/metrics.h"
-#include "common/model.h"
-#include "common/sampling.h"
+#include "common/net/control_wire.h"
+#include "common/engine/forward.h"
+#include "common/engine/kv_cache.h"
+#include "common/base/metrics.h"
+#include "common/model/model.h"
+#include "common/engine/sampling.h"
 #include "decode/colocated_scheduler.h"
 
 namespace tandem {

@@ -2,12 +2,11 @@
 
 #include <algorithm>
 
+#include "common/engine/kv_cache.h"
+
 namespace tandem {
 namespace {
 
-int32_t BlocksFor(int64_t tokens, int32_t block_size) {
-  return static_cast<int32_t>((tokens + block_size - 1) / block_size);
-}
 
 }  // namespace
 
@@ -27,7 +26,7 @@ StepPlan ScheduleStep(std::span<const SeqState> running, std::span<const SeqStat
     const int32_t n = std::min(s.num_tokens - s.num_computed, budget);
     if (n <= 0) continue;
     const int32_t need =
-        std::max(0, BlocksFor(s.num_computed + n, limits.block_size) - s.num_blocks);
+        std::max(0, BlocksForTokens(s.num_computed + n, limits.block_size) - s.num_blocks);
     while (need > free_blocks && end > i + 1) {
       --end;
       plan.preempted.push_back(end);
@@ -51,7 +50,7 @@ StepPlan ScheduleStep(std::span<const SeqState> running, std::span<const SeqStat
     const int32_t n = std::min(s.num_tokens - s.num_computed, budget);
     if (n <= 0) continue;
     const int32_t need =
-        std::max(0, BlocksFor(s.num_computed + n, limits.block_size) - s.num_blocks);
+        std::max(0, BlocksForTokens(s.num_computed + n, limits.block_size) - s.num_blocks);
     if (need > free_blocks) break;
     free_blocks -= need;
     budget -= n;
@@ -66,7 +65,7 @@ StepPlan SchedulePrefillFirstStep(std::span<const SeqState> running,
   // Blocks the running sequences take in their next decode step stay free for it.
   int32_t reserved = 0;
   for (const SeqState& s : running)
-    reserved += std::max(0, BlocksFor(s.num_computed + 1, limits.block_size) - s.num_blocks);
+    reserved += std::max(0, BlocksForTokens(s.num_computed + 1, limits.block_size) - s.num_blocks);
   int32_t available = free_blocks - reserved;
   int32_t budget = limits.token_budget;
   int32_t slots = limits.max_batch_size - static_cast<int32_t>(running.size());
@@ -77,7 +76,7 @@ StepPlan SchedulePrefillFirstStep(std::span<const SeqState> running,
     const int32_t n = s.num_tokens - s.num_computed;  // the whole prompt, never a chunk
     if (n <= 0) continue;
     if (n > budget && !plan.scheduled.empty()) break;  // alone, it may exceed the budget
-    const int32_t need = std::max(0, BlocksFor(s.num_tokens, limits.block_size) - s.num_blocks);
+    const int32_t need = std::max(0, BlocksForTokens(s.num_tokens, limits.block_size) - s.num_blocks);
     if (need > available) break;
     available -= need;
     budget = std::max(0, budget - n);

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <span>
 
+#include "common/engine/kv_cache.h"
 #include "decode/colocated_scheduler.h"
 
 namespace tandem {
@@ -21,7 +22,7 @@ struct PullLimits {
 
 // Blocks a pulled request needs: its prompt and the first token.
 inline int32_t BlocksForPull(int32_t prompt_tokens, int32_t block_size) {
-  return static_cast<int32_t>((int64_t{prompt_tokens} + 1 + block_size - 1) / block_size);
+  return BlocksForTokens(int64_t{prompt_tokens} + 1, block_size);
 }
 
 // How many requests at the front of the pull queue to admit now. blocks_needed: per queued

@@ -18,14 +18,14 @@
 #include <thread>
 #include <variant>
 
-#include "common/connection_table.h"
-#include "common/control_channel.h"
-#include "common/flags.h"
-#include "common/log.h"
-#include "common/metrics.h"
-#include "common/metrics_http.h"
-#include "common/model.h"
-#include "common/model_store.h"
+#include "common/net/connection_table.h"
+#include "common/net/control_channel.h"
+#include "common/base/flags.h"
+#include "common/base/log.h"
+#include "common/base/metrics.h"
+#include "common/net/metrics_http.h"
+#include "common/model/model.h"
+#include "common/model/model_store.h"
 #include "decode/batch_engine.h"
 #include "decode/decode_scheduler.h"
 #include "decode/kv_pull_link.h"
@@ -261,10 +261,6 @@ struct DecodeServer::Impl : public EngineSink {
     p.blocks_needed = BlocksForPull(static_cast<int32_t>(ready.prompt.size()), bs);
     p.ready = std::move(ready);
     pull_queue.push_back(std::move(p));
-  }
-
-  static int32_t BlocksForTokens(size_t tokens, int32_t bs) {
-    return static_cast<int32_t>((tokens + bs - 1) / bs);
   }
 
   void StartPull(PendingPull p) {
@@ -625,10 +621,7 @@ StatusOr<std::unique_ptr<DecodeServer>> DecodeServer::Start(const InstanceOption
   eo.token_budget = section.token_budget;
   if (colocated) eo.policy = StepPolicyFromConfig(section.scheduling);
   eo.max_model_len = options.config.model.max_model_len;
-  eo.kv_blocks = section.kv_blocks > 0
-                     ? section.kv_blocks
-                     : ((options.config.model.max_model_len + eo.block_size - 1) / eo.block_size) *
-                           section.max_batch_size;
+  eo.kv_blocks = KvPoolBlocks(options.config, section);
   eo.metrics = impl.metrics.get();
   // A request joins the batch only once every layer was announced: the pull ends within the
   // transfer timeout, and the step's wait for a layer a little later.

@@ -32,9 +32,9 @@
 #include <string>
 #include <vector>
 
-#include "common/config.h"
-#include "common/control_wire.h"
-#include "common/status.h"
+#include "common/config/config.h"
+#include "common/net/control_wire.h"
+#include "common/base/status.h"
 
 namespace tandem {
 

@@ -1,6 +1,6 @@
 // Adapter over kvtransfer's KvPuller for the decode server.
 //
-// Why it exists: common/control_wire.h and kvtransfer/wire.h both define tandem::kMaxBlobBytes
+// Why it exists: common/net/control_wire.h and kvtransfer/wire.h both define tandem::kMaxBlobBytes
 // (with different values), so no translation unit can include both. This adapter is the only
 // decode file that includes kvtransfer headers; its interface takes the encoded PeerInfo and
 // KvDescriptor blobs exactly as they arrive in KvReady.
@@ -17,9 +17,9 @@
 #include <utility>
 #include <vector>
 
-#include "common/kv_cache.h"
-#include "common/metrics.h"
-#include "common/status.h"
+#include "common/engine/kv_cache.h"
+#include "common/base/metrics.h"
+#include "common/base/status.h"
 
 namespace tandem {
 

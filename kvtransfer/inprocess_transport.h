@@ -16,8 +16,8 @@
 #include <chrono>
 #include <memory>
 
-#include "common/metrics.h"
-#include "common/status.h"
+#include "common/base/metrics.h"
+#include "common/base/status.h"
 #include "kvtransfer/transfer.h"
 
 namespace tandem {

@@ -36,8 +36,8 @@
 #include <string>
 #include <vector>
 
-#include "common/metrics.h"
-#include "common/status.h"
+#include "common/base/metrics.h"
+#include "common/base/status.h"
 #include "kvtransfer/wire.h"
 
 namespace tandem {

@@ -16,7 +16,7 @@
 #include <thread>
 #include <unordered_map>
 
-#include "common/log.h"
+#include "common/base/log.h"
 
 namespace tandem {
 namespace {

@@ -20,8 +20,8 @@
 #include <memory>
 #include <string>
 
-#include "common/metrics.h"
-#include "common/status.h"
+#include "common/base/metrics.h"
+#include "common/base/status.h"
 #include "kvtransfer/transfer.h"
 
 namespace tandem {

@@ -1,6 +1,6 @@
 #include "kvtransfer/wire.h"
 
-#include "common/wire_codec.h"
+#include "common/net/wire_codec.h"
 
 #include <cstring>
 #include <limits>
@@ -9,7 +9,7 @@
 namespace tandem {
 namespace {
 
-// Framing and bounded reads come from common/wire_codec.h; this file adds the KV messages.
+// Framing and bounded reads come from common/net/wire_codec.h; this file adds the KV messages.
 WireWriter Start(KvWireType type) {
   return WireWriter(kKvWireMagic, kKvWireVersion, static_cast<uint16_t>(type));
 }

@@ -7,7 +7,7 @@
 #include <random>
 
 #include "cluster/workload.h"
-#include "common/flags.h"
+#include "common/base/flags.h"
 #include "perf/bench_client.h"
 #include "perf/bench_report.h"
 #include "perf/sweep.h"

@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "cluster/workload.h"
-#include "common/status.h"
+#include "common/base/status.h"
 
 namespace tandem {
 

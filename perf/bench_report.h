@@ -14,7 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cluster/workload.h"
-#include "common/status.h"
+#include "common/base/status.h"
 
 namespace tandem {
 

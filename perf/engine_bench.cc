@@ -29,11 +29,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/flags.h"
-#include "common/forward.h"
-#include "common/kv_cache.h"
-#include "common/make_model.h"
-#include "common/model.h"
+#include "common/base/flags.h"
+#include "common/engine/forward.h"
+#include "common/engine/kv_cache.h"
+#include "common/model/make_model.h"
+#include "common/model/model.h"
 
 namespace tandem {
 namespace {

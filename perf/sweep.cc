@@ -23,10 +23,10 @@
 
 #include "cluster/simulator.h"
 #include "cluster/workload.h"
-#include "common/config.h"
-#include "common/flags.h"
-#include "common/latency_model.h"
-#include "common/metrics.h"
+#include "common/config/config.h"
+#include "common/base/flags.h"
+#include "common/engine/latency_model.h"
+#include "common/base/metrics.h"
 #include "perf/bench_client.h"
 #include "perf/bench_report.h"
 

@@ -1,6 +1,6 @@
 // Adapter over kvtransfer's KvPublisher for the prefill server.
 //
-// Why it exists: common/control_wire.h and kvtransfer/wire.h both define tandem::kMaxBlobBytes
+// Why it exists: common/net/control_wire.h and kvtransfer/wire.h both define tandem::kMaxBlobBytes
 // (with different values), so no translation unit can include both. The server speaks the
 // control plane; this adapter is the only prefill file that includes kvtransfer headers, and
 // its interface carries KV descriptors and peer info as encoded blobs.
@@ -16,9 +16,9 @@
 #include <utility>
 #include <vector>
 
-#include "common/kv_cache.h"
-#include "common/metrics.h"
-#include "common/status.h"
+#include "common/engine/kv_cache.h"
+#include "common/base/metrics.h"
+#include "common/base/status.h"
 
 namespace tandem {
 

@@ -11,6 +11,8 @@
 #include <span>
 #include <vector>
 
+#include "common/engine/kv_cache.h"
+
 namespace tandem {
 
 struct PrefillLimits {
@@ -32,10 +34,6 @@ struct PrefillChunk {
   int32_t new_blocks = 0;     // blocks to allocate before running it
 };
 
-// Blocks that hold `tokens` tokens.
-inline int32_t BlocksForTokens(int64_t tokens, int32_t block_size) {
-  return static_cast<int32_t>((tokens + block_size - 1) / block_size);
-}
 
 // The next prefill batch. Uses at most free_blocks new blocks. Empty when nothing fits.
 std::vector<PrefillChunk> SchedulePrefill(std::span<const PrefillItem> queue,

@@ -18,18 +18,18 @@
 #include <thread>
 #include <variant>
 
-#include "common/connection_table.h"
-#include "common/control_channel.h"
-#include "common/control_wire.h"
-#include "common/flags.h"
-#include "common/forward.h"
-#include "common/kv_cache.h"
-#include "common/log.h"
-#include "common/metrics.h"
-#include "common/metrics_http.h"
-#include "common/model.h"
-#include "common/model_store.h"
-#include "common/sampling.h"
+#include "common/net/connection_table.h"
+#include "common/net/control_channel.h"
+#include "common/net/control_wire.h"
+#include "common/base/flags.h"
+#include "common/engine/forward.h"
+#include "common/engine/kv_cache.h"
+#include "common/base/log.h"
+#include "common/base/metrics.h"
+#include "common/net/metrics_http.h"
+#include "common/model/model.h"
+#include "common/model/model_store.h"
+#include "common/engine/sampling.h"
 #include "prefill/kv_publish_link.h"
 #include "prefill/prefill_scheduler.h"
 
@@ -313,7 +313,7 @@ struct PrefillServer::Impl {
   }
 
   // The request's first token is sampled and it continues: publish its KV and tell decode.
-  void HandOff(Request& r, const TokenRecord& first, const SamplingParams& sampling) {
+  void HandOff(Request& r, const GeneratedToken& first, const SamplingParams& sampling) {
     const std::string id = r.submit.request_id;
     auto fail = [&](const Status& s) {
       handoff_failures->Inc();
@@ -385,7 +385,7 @@ struct PrefillServer::Impl {
 
   // After the pass of an announced request: its first token (or that it ended there) to decode.
   // The blocks stay held until decode's KvReleased or the transport's release either way.
-  void FinishAnnounced(Request& r, const TokenRecord& first, bool finished) {
+  void FinishAnnounced(Request& r, const GeneratedToken& first, bool finished) {
     r.blocks.clear();  // owned by `held` (or freed already if decode gave up)
     // The hold runs from now, as for a handoff after the pass: a long pass must not eat it.
     if (auto it = held.find(r.submit.request_id); it != held.end())
@@ -461,7 +461,7 @@ struct PrefillServer::Impl {
       }
       Sampler sampler(r.submit.sampling, workspace.get(), r.submit.prompt.size());
       SampleResult sample = sampler.Sample(logits->subspan(i * vocab, vocab), r.submit.prompt);
-      TokenRecord first;
+      GeneratedToken first;
       first.token_id = sample.token_id;
       first.logprob = sample.logprob;
       for (const TokenLogprob& t : sample.top()) first.top_logprobs.push_back({t.token_id, t.logprob});
@@ -590,11 +590,7 @@ StatusOr<std::unique_ptr<PrefillServer>> PrefillServer::Start(const PrefillOptio
   fo.max_batch_sequences = section.max_batch_size;
   TANDEM_ASSIGN_OR_RETURN(impl.forward, CpuForward::Create(*impl.model, fo));
   const int block_size = options.config.kv_cache.block_size;
-  const int kv_blocks =
-      section.kv_blocks > 0
-          ? section.kv_blocks
-          : ((options.config.model.max_model_len + block_size - 1) / block_size) *
-                section.max_batch_size;
+  const int kv_blocks = KvPoolBlocks(options.config, section);
   const KvLayout kv_layout = impl.forward->MakeKvLayout(block_size);
   const TransferSection& t = options.config.transfer;
   KvPublishOptions po;

@@ -11,8 +11,8 @@
 #include <utility>
 #include <vector>
 
-#include "common/sampling.h"
-#include "common/status.h"
+#include "common/engine/sampling.h"
+#include "common/base/status.h"
 
 namespace tandem {
 
@@ -29,16 +29,10 @@ struct GenerateRequest {
   std::chrono::steady_clock::time_point arrival_time;  // when the router received it
 };
 
-struct TokenEvent {
-  int32_t token_id = -1;
-  float logprob = 0.0f;  // meaningful when sampling.logprobs
-  std::vector<std::pair<int32_t, float>> top_logprobs;  // sampling.top_logprobs entries, best first
-};
-
 // One of: tokens (finish_reason unset, error OK), finished (finish_reason set; may carry the
 // last tokens), failed (error non-OK; no tokens).
 struct BackendEvent {
-  std::vector<TokenEvent> tokens;            // new tokens, in order
+  std::vector<GeneratedToken> tokens;            // new tokens, in order
   std::optional<std::string> finish_reason;  // "stop" | "length" when the backend finished
   Status error;                              // non-OK: the request failed (the client sees it)
 };

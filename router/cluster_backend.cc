@@ -5,7 +5,7 @@
 #include <filesystem>
 #include <utility>
 
-#include "common/log.h"
+#include "common/base/log.h"
 
 namespace tandem {
 
@@ -516,8 +516,8 @@ void ClusterBackend::OnTokens(size_t index, Tokens tokens) {
     if (it == requests_.end()) return;  // finished, failed or cancelled already
     request = it->second;
     BackendEvent event;
-    for (TokenRecord& t : tokens.tokens)
-      event.tokens.push_back(TokenEvent{t.token_id, t.logprob, std::move(t.top_logprobs)});
+    for (GeneratedToken& t : tokens.tokens)
+      event.tokens.push_back(GeneratedToken{t.token_id, t.logprob, std::move(t.top_logprobs)});
     int from = static_cast<int>(index);
     if (from == request->prefill || from == request->decode || from == request->colocated)
       request->generated += static_cast<int32_t>(event.tokens.size());

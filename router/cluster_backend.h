@@ -1,4 +1,4 @@
-// The router's Backend over the control plane (common/control_channel.h): one control
+// The router's Backend over the control plane (common/net/control_channel.h): one control
 // connection to every configured instance, placement per request (router/placement.h), and the
 // token stream of each request routed back to its callback by request id.
 //
@@ -48,10 +48,10 @@
 #include <thread>
 #include <vector>
 
-#include "common/config.h"
-#include "common/control_channel.h"
-#include "common/latency_model.h"
-#include "common/metrics.h"
+#include "common/config/config.h"
+#include "common/net/control_channel.h"
+#include "common/engine/latency_model.h"
+#include "common/base/metrics.h"
 #include "router/backend.h"
 #include "router/placement.h"
 

@@ -12,7 +12,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
-#include "common/log.h"
+#include "common/base/log.h"
 #include "router/errors.h"
 
 namespace tandem {

@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/model_config.h"
+#include "common/model/model_config.h"
 
 namespace tandem {
 
@@ -489,12 +489,12 @@ std::string NewRequestId(ApiKind kind) {
 }
 
 std::vector<LogprobToken> MakeLogprobTokens(const Tokenizer& tokenizer,
-                                            std::span<const TokenEvent> tokens,
+                                            std::span<const GeneratedToken> tokens,
                                             size_t first_text_offset) {
   std::vector<LogprobToken> out;
   out.reserve(tokens.size());
   size_t offset = first_text_offset;
-  for (const TokenEvent& t : tokens) {
+  for (const GeneratedToken& t : tokens) {
     LogprobToken entry;
     int32_t id = t.token_id;
     entry.token = tokenizer.Decode(std::span<const int32_t>(&id, 1), false);

@@ -14,9 +14,9 @@
 #include <utility>
 #include <vector>
 
-#include "common/chat_template.h"
-#include "common/status.h"
-#include "common/tokenizer.h"
+#include "common/text/chat_template.h"
+#include "common/base/status.h"
+#include "common/text/tokenizer.h"
 #include "router/backend.h"
 
 namespace tandem {
@@ -66,7 +66,7 @@ struct LogprobToken {
 
 // Token texts for the logprobs formats (one entry per event, in order).
 std::vector<LogprobToken> MakeLogprobTokens(const Tokenizer& tokenizer,
-                                            std::span<const TokenEvent> tokens,
+                                            std::span<const GeneratedToken> tokens,
                                             size_t first_text_offset);
 
 struct Usage {

@@ -13,7 +13,7 @@
 //                 the SLO is placed anyway on the best pair: retrying later would not help.
 //                 Colocated instances are ranked also by the decodes the new prompt's
 //                 prefill would stall there (PredictStalledResidentTpotSeconds).
-//                 Predictions come from the instance's latency model (common/latency_model.h,
+//                 Predictions come from the instance's latency model (common/engine/latency_model.h,
 //                 `router.latency_model`) when it has one, its decode steps corrected by the
 //                 step times the instance measures (DecodeModelCorrection), else from its
 //                 measured averages.
@@ -28,10 +28,10 @@
 #include <string_view>
 #include <vector>
 
-#include "common/config.h"
-#include "common/control_wire.h"
-#include "common/latency_model.h"
-#include "common/status.h"
+#include "common/config/config.h"
+#include "common/net/control_wire.h"
+#include "common/engine/latency_model.h"
+#include "common/base/status.h"
 
 namespace tandem {
 

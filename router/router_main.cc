@@ -6,11 +6,11 @@
 #include <chrono>
 #include <cstdio>
 
-#include "common/config.h"
-#include "common/flags.h"
-#include "common/log.h"
-#include "common/metrics.h"
-#include "common/model_store.h"
+#include "common/config/config.h"
+#include "common/base/flags.h"
+#include "common/base/log.h"
+#include "common/base/metrics.h"
+#include "common/model/model_store.h"
 #include "router/cluster_backend.h"
 #include "router/http_server.h"
 #include "router/openai_api.h"

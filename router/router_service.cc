@@ -6,7 +6,7 @@
 #include <optional>
 #include <utility>
 
-#include "common/log.h"
+#include "common/base/log.h"
 #include "router/errors.h"
 
 namespace tandem {
@@ -179,7 +179,7 @@ class RequestContext : public std::enable_shared_from_this<RequestContext> {
     std::optional<std::string> finish;
     bool matched_stop = false;
     size_t used = 0;
-    for (const TokenEvent& token : event.tokens) {
+    for (const GeneratedToken& token : event.tokens) {
       if (num_tokens_ == 0) first_token_time_ = now;
       last_token_time_ = now;
       ++num_tokens_;
@@ -210,7 +210,7 @@ class RequestContext : public std::enable_shared_from_this<RequestContext> {
     std::vector<LogprobToken> logprobs;
     if (request_.generate.sampling.logprobs && used > 0) {
       logprobs = MakeLogprobTokens(shared_->model.tokenizer,
-                                   std::span<const TokenEvent>(event.tokens.data(), used),
+                                   std::span<const GeneratedToken>(event.tokens.data(), used),
                                    text_offset_);
       if (!logprobs.empty()) text_offset_ = logprobs.back().text_offset + logprobs.back().token.size();
     }

@@ -21,7 +21,7 @@
 #include <memory>
 #include <string>
 
-#include "common/metrics.h"
+#include "common/base/metrics.h"
 #include "router/backend.h"
 #include "router/http_server.h"
 #include "router/openai_api.h"

@@ -4,7 +4,7 @@
     python3 cluster/gpu/make_latency_models.py     # rewrites h100-opt13b.yaml, a100-opt13b.yaml
 
 The formulas are the ones spelled out in h100-opt13b.yaml's header (DistServe's latency form,
-common/latency_model.h); only the GPU's peak numbers differ between the files. a100-opt13b.yaml
+common/engine/latency_model.h); only the GPU's peak numbers differ between the files. a100-opt13b.yaml
 is the hardware DistServe (OSDI'24) measured OPT-13B on: 8x A100-80GB SXM per node.
 """
 import os

@@ -16,7 +16,7 @@
 #include <thread>
 #include <utility>
 
-#include "common/cuda/cuda_util.h"
+#include "common/engine/cuda/cuda_util.h"
 
 namespace tandem {
 namespace {

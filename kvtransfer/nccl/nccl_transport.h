@@ -53,8 +53,8 @@
 #include <string_view>
 #include <vector>
 
-#include "common/metrics.h"
-#include "common/status.h"
+#include "common/base/metrics.h"
+#include "common/base/status.h"
 #include "kvtransfer/transfer.h"
 #include "kvtransfer/wire.h"
 

@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "common/cuda/cuda_util.h"
-#include "common/cuda/kernels.h"
+#include "common/engine/cuda/cuda_util.h"
+#include "common/engine/cuda/kernels.h"
 
 namespace tandem::cuda {
 namespace {

@@ -31,7 +31,7 @@
 #include <string>
 #include <vector>
 
-#include "common/cuda/cuda_util.h"
+#include "common/engine/cuda/cuda_util.h"
 #include "kvtransfer/nccl/nccl_transport.h"
 #include "kvtransfer/wire.h"
 

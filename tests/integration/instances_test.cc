@@ -24,8 +24,8 @@
 #include <thread>
 #include <vector>
 
-#include "common/control_channel.h"
-#include "common/control_wire.h"
+#include "common/net/control_channel.h"
+#include "common/net/control_wire.h"
 
 namespace tandem {
 namespace {

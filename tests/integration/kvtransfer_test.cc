@@ -28,7 +28,7 @@
 #include <thread>
 #include <vector>
 
-#include "common/metrics.h"
+#include "common/base/metrics.h"
 #include "kvtransfer/transfer.h"
 #include "kvtransfer/ucx_transport.h"
 

@@ -35,7 +35,7 @@ RUN_TIMEOUT_S = 90
 SLO_TTFT, SLO_TPOT = 0.5, 0.05
 
 # A crude but valid latency model for the tiny model on 1 CPU thread (format:
-# common/latency_model.h); the sweep only needs it to run the simulator beside the measurement.
+# common/engine/latency_model.h); the sweep only needs it to run the simulator beside the measurement.
 LATENCY_MODEL = """latency_model:
   - model: tiny
     device: cpu

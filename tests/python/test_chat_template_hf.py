@@ -23,10 +23,10 @@ from transformers import AutoTokenizer
 
 def extract_template(source_dir, name):
     """The C++ source holds the mistral template as concatenated string literals; read it back."""
-    text = open(os.path.join(source_dir, "common", "chat_template.cc"), encoding="utf-8").read()
+    text = open(os.path.join(source_dir, "common", "text", "chat_template.cc"), encoding="utf-8").read()
     m = re.search(r"const char %s\[\] =\s*((?:\"(?:[^\"\\]|\\.)*\"\s*)+);" % name, text)
     if not m:
-        raise RuntimeError(f"{name} not found in common/chat_template.cc")
+        raise RuntimeError(f"{name} not found in common/text/chat_template.cc")
     literals = re.findall(r"\"((?:[^\"\\]|\\.)*)\"", m.group(1))
     return "".join(bytes(s, "utf-8").decode("unicode_escape").encode("latin-1").decode("utf-8") for s in literals)
 

@@ -9,7 +9,7 @@
 #include <map>
 #include <thread>
 
-#include "common/make_model.h"
+#include "common/model/make_model.h"
 #include "tests/unit/test_util.h"
 
 namespace tandem {
@@ -21,7 +21,7 @@ struct Sink : EngineSink {
   std::map<std::string, std::vector<int32_t>> tokens;
   std::map<std::string, Finish> finishes;
   void OnTokens(Tokens t) override {
-    for (const TokenRecord& r : t.tokens) tokens[t.request_id].push_back(r.token_id);
+    for (const GeneratedToken& r : t.tokens) tokens[t.request_id].push_back(r.token_id);
   }
   void OnFinish(Finish f) override { finishes[f.request_id] = f; }
 };

@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/chat_template.h"
+#include "common/text/chat_template.h"
 
 namespace tandem {
 namespace {

@@ -1,7 +1,7 @@
 // Drives the real `tandem` binary: help, version, exit codes, config errors.
 #include <catch2/catch.hpp>
 
-#include "common/flags.h"
+#include "common/base/flags.h"
 #include "test_util.h"
 
 using namespace tandem;

@@ -4,7 +4,7 @@
 #include <condition_variable>
 #include <thread>
 
-#include "common/control_channel.h"
+#include "common/net/control_channel.h"
 #include "io_thread.h"
 #include "router/cluster_backend.h"
 
@@ -85,7 +85,7 @@ class FakeInstance {
   void SendTokens(const std::string& id, std::vector<int32_t> ids) {
     Tokens t;
     t.request_id = id;
-    for (int32_t x : ids) t.tokens.push_back(TokenRecord{x, 0, {}});
+    for (int32_t x : ids) t.tokens.push_back(GeneratedToken{x, 0, {}});
     Send(t);
   }
   void SendFinish(const std::string& id, std::string reason = "length") {

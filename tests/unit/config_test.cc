@@ -1,6 +1,6 @@
 #include <catch2/catch.hpp>
 
-#include "common/config.h"
+#include "common/config/config.h"
 #include "test_util.h"
 
 using namespace tandem;

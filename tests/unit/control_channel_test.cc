@@ -4,7 +4,7 @@
 #include <condition_variable>
 #include <thread>
 
-#include "common/control_channel.h"
+#include "common/net/control_channel.h"
 #include "io_thread.h"
 
 using namespace tandem;

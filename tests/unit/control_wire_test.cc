@@ -2,8 +2,8 @@
 
 #include <random>
 
-#include "common/control_wire.h"
-#include "common/wire_codec.h"
+#include "common/net/control_wire.h"
+#include "common/net/wire_codec.h"
 
 using namespace tandem;
 
@@ -52,8 +52,8 @@ std::vector<ControlMessage> Samples() {
   early.first_token.reset();
   early.layers_ready = 0;
   KvProgress progress{"cmpl-3", 5, std::nullopt, false};
-  KvProgress last{"cmpl-3", kAllLayersReady, TokenRecord{12, -0.3f, {{12, -0.3f}}}, false};
-  KvProgress ended{"cmpl-4", 32, TokenRecord{2, -0.01f, {}}, true};
+  KvProgress last{"cmpl-3", kAllLayersReady, GeneratedToken{12, -0.3f, {{12, -0.3f}}}, false};
+  KvProgress ended{"cmpl-4", 32, GeneratedToken{2, -0.01f, {}}, true};
   return {hello, load, submit, Cancel{"cmpl-1"}, tokens, finish, ready,
           KvReleased{"cmpl-2", StatusCode::kDeadlineExceeded, "pull timed out"},
           early, progress, last, ended};

@@ -1,4 +1,4 @@
-#include "common/forward.h"
+#include "common/engine/forward.h"
 
 #include <catch2/catch.hpp>
 
@@ -10,7 +10,7 @@
 #include <memory>
 #include <vector>
 
-#include "common/make_model.h"
+#include "common/model/make_model.h"
 #include "tests/unit/test_util.h"
 
 // Counts operator new calls so a test can show the decode step allocates nothing once warm.

@@ -1,4 +1,4 @@
-#include "common/kv_cache.h"
+#include "common/engine/kv_cache.h"
 
 #include <catch2/catch.hpp>
 

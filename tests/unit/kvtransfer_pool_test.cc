@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "common/kv_cache.h"
+#include "common/engine/kv_cache.h"
 #include "decode/kv_pull_link.h"
 #include "kvtransfer/transfer.h"
 #include "kvtransfer/ucx_transport.h"

@@ -2,7 +2,7 @@
 
 #include <random>
 
-#include "common/latency_model.h"
+#include "common/engine/latency_model.h"
 #include "test_util.h"
 
 using namespace tandem;

@@ -1,6 +1,6 @@
 #include <catch2/catch.hpp>
 
-#include "common/log.h"
+#include "common/base/log.h"
 
 using namespace tandem;
 

@@ -3,7 +3,7 @@
 #include <cmath>
 #include <thread>
 
-#include "common/metrics.h"
+#include "common/base/metrics.h"
 #include "test_util.h"
 
 using namespace tandem;

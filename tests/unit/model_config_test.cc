@@ -1,12 +1,12 @@
-#include "common/model_config.h"
+#include "common/model/model_config.h"
 
 #include <catch2/catch.hpp>
 
 #include <filesystem>
 
-#include "common/make_model.h"
-#include "common/model.h"
-#include "common/safetensors.h"
+#include "common/model/make_model.h"
+#include "common/model/model.h"
+#include "common/model/safetensors.h"
 #include "tests/unit/test_util.h"
 
 namespace tandem {

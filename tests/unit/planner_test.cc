@@ -1,7 +1,7 @@
 #include <catch2/catch.hpp>
 
 #include "cluster/planner.h"
-#include "common/config.h"
+#include "common/config/config.h"
 
 using namespace tandem;
 

@@ -5,7 +5,7 @@
 #include <fstream>
 #include <iterator>
 
-#include "common/latency_model.h"
+#include "common/engine/latency_model.h"
 #include "test_util.h"
 
 using namespace tandem;

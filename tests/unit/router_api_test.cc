@@ -6,7 +6,8 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
-#include "common/make_model.h"
+#include "cluster/make_model_cli.h"
+#include "common/model/make_model.h"
 #include "router/errors.h"
 #include "router/openai_api.h"
 #include "tests/unit/test_util.h"
@@ -323,8 +324,8 @@ TEST_CASE("logprobs in the OpenAI formats", "[router]") {
   const Tokenizer& tok = Model().tokenizer;
   std::vector<int32_t> ids = tok.Encode(" hello world", false);
   REQUIRE(ids.size() >= 2);
-  std::vector<TokenEvent> events;
-  for (int32_t id : ids) events.push_back(TokenEvent{id, -0.5f, {{id, -0.5f}, {0, -2.0f}}});
+  std::vector<GeneratedToken> events;
+  for (int32_t id : ids) events.push_back(GeneratedToken{id, -0.5f, {{id, -0.5f}, {0, -2.0f}}});
   std::vector<LogprobToken> lp = MakeLogprobTokens(tok, events, 0);
   REQUIRE(lp.size() == ids.size());
   std::string joined;

@@ -15,7 +15,8 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
-#include "common/make_model.h"
+#include "cluster/make_model_cli.h"
+#include "common/model/make_model.h"
 #include "router/backend.h"
 #include "router/http_server.h"
 #include "router/openai_api.h"
@@ -80,7 +81,7 @@ class FakeBackend : public Backend {
         int32_t id = static_cast<size_t>(i) < n ? tokens_[i] : eos_;
         if (sp.ignore_eos && static_cast<size_t>(i) >= n) id = tokens_[i % n];
         BackendEvent event;
-        TokenEvent token{id, -0.25f, {}};
+        GeneratedToken token{id, -0.25f, {}};
         for (int k = 0; k < sp.top_logprobs; ++k) token.top_logprobs.emplace_back(id + k, -0.25f - k);
         event.tokens.push_back(token);
         bool is_eos = id == eos_ && !sp.ignore_eos;

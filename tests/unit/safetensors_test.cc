@@ -1,4 +1,4 @@
-#include "common/safetensors.h"
+#include "common/model/safetensors.h"
 
 #include <catch2/catch.hpp>
 
@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "common/model_config.h"
+#include "common/model/model_config.h"
 #include "tests/unit/test_util.h"
 
 namespace tandem {

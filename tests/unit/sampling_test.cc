@@ -1,4 +1,4 @@
-#include "common/sampling.h"
+#include "common/engine/sampling.h"
 
 #include <algorithm>
 #include <cmath>

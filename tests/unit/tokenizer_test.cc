@@ -15,11 +15,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/bpe.h"
-#include "common/bpe_trainer.h"
-#include "common/pretokenizer.h"
-#include "common/tokenizer.h"
-#include "common/unicode.h"
+#include "common/text/bpe.h"
+#include "common/text/bpe_trainer.h"
+#include "common/text/pretokenizer.h"
+#include "common/text/tokenizer.h"
+#include "common/text/unicode.h"
 
 namespace tandem {
 namespace {

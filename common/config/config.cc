@@ -1,0 +1,251 @@
+#include "common/config/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "common/config/yaml_fields.h"
+
+namespace tandem {
+namespace {
+
+void ReadInstance(YamlErrors* v, YAML::Node node, const std::string& name, InstanceSection* s) {
+  YamlFields sec(v, node, name);
+  sec.Int("instances", &s->instances, 0, 1024);
+  sec.Int("threads", &s->threads, 1, 1024);
+  sec.String("device", &s->device, {"cpu", "cuda"});
+  sec.Int("tensor_parallel", &s->tensor_parallel, 1, 64);
+  sec.Int("pipeline_parallel", &s->pipeline_parallel, 1, 64);
+  sec.Int("kv_blocks", &s->kv_blocks, 0, 1 << 24);
+  sec.Int("max_batch_size", &s->max_batch_size, 1, 4096);
+  sec.Int("token_budget", &s->token_budget, 1, 1 << 20);
+  sec.Double("kv_usage_watermark", &s->kv_usage_watermark, 0.01, 1.0);
+  sec.String("preemption", &s->preemption, {"recompute", "swap"});
+  sec.Double("kv_hold_timeout_s", &s->kv_hold_timeout_s, 0.001, 86400);
+  sec.String("scheduling", &s->scheduling, {"chunked", "prefill_first"});
+  sec.Int("port", &s->port, 0, 65535);
+  sec.Int("metrics_port", &s->metrics_port, 0, 65535);
+}
+
+void ReadConfig(YamlErrors* v, const YAML::Node& root, ClusterConfig* c) {
+  YamlFields top(v, root, "");
+  {
+    YamlFields sec(v, top.Child("model"), "model");
+    sec.String("path", &c->model.path);
+    sec.String("preset", &c->model.preset, {"tiny", "small", "medium"});
+    sec.String("name", &c->model.name);
+    sec.String("chat_template", &c->model.chat_template,
+               {"auto", "llama3", "chatml", "mistral", "none"});
+    sec.Int("max_model_len", &c->model.max_model_len, 16, 1 << 20);
+  }
+  {
+    YamlFields sec(v, top.Child("router"), "router");
+    sec.String("host", &c->router.host);
+    sec.Int("port", &c->router.port, 0, 65535);
+    sec.String("policy", &c->router.policy, {"goodput", "least_loaded", "round_robin"});
+    sec.Int("max_concurrent_requests", &c->router.max_concurrent_requests, 1, 1 << 20);
+    sec.Int("max_body_bytes", &c->router.max_body_bytes, 1024, 1 << 30);
+    sec.Double("request_timeout_s", &c->router.request_timeout_s, 0.001, 86400);
+    sec.Int("http_threads", &c->router.http_threads, 1, 256);
+    sec.String("latency_model", &c->router.latency_model);
+  }
+  ReadInstance(v, top.Child("prefill"), "prefill", &c->prefill);
+  ReadInstance(v, top.Child("decode"), "decode", &c->decode);
+  c->colocated.instances = 0;
+  ReadInstance(v, top.Child("colocated"), "colocated", &c->colocated);
+  {
+    YamlFields sec(v, top.Child("slo"), "slo");
+    sec.Double("ttft_s", &c->slo.ttft_s, 1e-6, 3600);
+    sec.Double("tpot_s", &c->slo.tpot_s, 1e-6, 3600);
+    sec.Double("attainment_target", &c->slo.attainment_target, 0.0, 1.0);
+    YAML::Node classes = sec.Child("classes");
+    if (classes && !classes.IsNull()) {
+      if (!classes.IsSequence()) {
+        v->Add(classes, "slo.classes", "must be a list, got " + DescribeYaml(classes));
+      } else {
+        std::set<std::string> names;
+        for (size_t i = 0; i < classes.size(); ++i) {
+          std::string prefix = "slo.classes[" + std::to_string(i) + "]";
+          SloClass cls{"", c->slo.ttft_s, c->slo.tpot_s};
+          YamlFields item(v, classes[i], prefix);
+          item.String("name", &cls.name);
+          item.Double("ttft_s", &cls.ttft_s, 1e-6, 3600);
+          item.Double("tpot_s", &cls.tpot_s, 1e-6, 3600);
+          if (cls.name.empty()) v->Add(classes[i], prefix + ".name", "is required");
+          else if (!names.insert(cls.name).second)
+            v->Add(classes[i], prefix + ".name", "duplicate class '" + cls.name + "'");
+          c->slo.classes.push_back(cls);
+        }
+      }
+    }
+  }
+  {
+    YamlFields sec(v, top.Child("kv_cache"), "kv_cache");
+    sec.Int("block_size", &c->kv_cache.block_size, 1, 1024);
+    if (c->kv_cache.block_size & (c->kv_cache.block_size - 1))
+      v->Add(root["kv_cache"]["block_size"], "kv_cache.block_size", "must be a power of two");
+  }
+  {
+    YamlFields sec(v, top.Child("transfer"), "transfer");
+    sec.String("backend", &c->transfer.backend, {"ucx", "nccl", "inproc"});
+    sec.String("ucx_tls", &c->transfer.ucx_tls);
+    sec.Double("timeout_s", &c->transfer.timeout_s, 0.001, 3600);
+    sec.Int("max_inflight", &c->transfer.max_inflight, 1, 1 << 16);
+    sec.Bool("layerwise", &c->transfer.layerwise);
+  }
+  {
+    YamlFields sec(v, top.Child("control"), "control");
+    sec.Double("heartbeat_interval_s", &c->control.heartbeat_interval_s, 0.001, 60);
+    sec.Double("heartbeat_timeout_s", &c->control.heartbeat_timeout_s, 0.01, 3600);
+    sec.Double("connect_timeout_s", &c->control.connect_timeout_s, 0.001, 3600);
+    if (c->control.heartbeat_timeout_s < 3 * c->control.heartbeat_interval_s)
+      v->Add(root["control"]["heartbeat_timeout_s"], "control.heartbeat_timeout_s",
+             "must be at least 3 x control.heartbeat_interval_s, so that one late report fails "
+             "nothing");
+  }
+  {
+    YamlFields sec(v, top.Child("logging"), "logging");
+    sec.String("level", &c->logging.level, {"debug", "info", "warn", "error"});
+    sec.String("format", &c->logging.format, {"text", "json"});
+  }
+}
+
+// Applies "a.b.c=value" onto the tree; returns the dotted keys it set.
+Status ApplyOverrides(YAML::Node& root, const std::vector<std::string>& overrides,
+                      std::set<std::string>* overridden) {
+  for (const std::string& o : overrides) {
+    size_t eq = o.find('=');
+    if (eq == std::string::npos || eq == 0)
+      return InvalidArgument("config override '" + o + "' is not KEY=VALUE");
+    std::string key = o.substr(0, eq);
+    std::vector<std::string> parts;
+    std::stringstream ss(key);
+    for (std::string part; std::getline(ss, part, '.');) {
+      if (part.empty()) return InvalidArgument("config override '" + o + "' has an empty key");
+      parts.push_back(part);
+    }
+    if (!root.IsDefined() || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+    YAML::Node value;
+    try {
+      value = YAML::Load(o.substr(eq + 1));
+    } catch (const YAML::Exception& e) {
+      return InvalidArgument("flag --" + key + ": cannot parse value: " + e.msg);
+    }
+    // Walk down, creating maps; yaml-cpp nodes are handles, so assign through a chain.
+    std::vector<YAML::Node> chain{root};
+    for (size_t i = 0; i + 1 < parts.size(); ++i) {
+      YAML::Node next = chain.back()[parts[i]];
+      if (!next.IsDefined() || next.IsNull()) {
+        chain.back()[parts[i]] = YAML::Node(YAML::NodeType::Map);
+        next = chain.back()[parts[i]];
+      } else if (!next.IsMap()) {
+        return InvalidArgument("flag --" + key + ": '" + parts[i] + "' is not a section");
+      }
+      chain.push_back(next);
+    }
+    chain.back()[parts.back()] = value;
+    overridden->insert(key);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+StatusOr<ClusterConfig> ParseConfig(const std::string& yaml_text, const std::string& source_name,
+                                    const std::vector<std::string>& overrides) {
+  TANDEM_ASSIGN_OR_RETURN(YAML::Node root, ParseYaml(yaml_text, source_name));
+  std::set<std::string> overridden;
+  TANDEM_RETURN_IF_ERROR(ApplyOverrides(root, overrides, &overridden));
+  ClusterConfig config;
+  config.source = source_name;
+  YamlErrors errors(source_name, overridden);
+  ReadConfig(&errors, root, &config);
+  TANDEM_RETURN_IF_ERROR(errors.ToStatus());
+  return config;
+}
+
+StatusOr<ClusterConfig> LoadConfig(const std::string& path,
+                                   const std::vector<std::string>& overrides) {
+  if (path.empty()) return ParseConfig("", "<defaults>", overrides);
+  std::ifstream in(path);
+  if (!in) return NotFound(path + ": cannot open config file");
+  std::stringstream text;
+  text << in.rdbuf();
+  return ParseConfig(text.str(), path, overrides);
+}
+
+std::string ConfigToYaml(const ClusterConfig& c) {
+  YAML::Emitter out;
+  auto instance = [&out](const char* name, const InstanceSection& s) {
+    out << YAML::Key << name << YAML::Value << YAML::BeginMap;
+    out << YAML::Key << "instances" << YAML::Value << s.instances;
+    out << YAML::Key << "threads" << YAML::Value << s.threads;
+    out << YAML::Key << "device" << YAML::Value << s.device;
+    out << YAML::Key << "tensor_parallel" << YAML::Value << s.tensor_parallel;
+    out << YAML::Key << "pipeline_parallel" << YAML::Value << s.pipeline_parallel;
+    out << YAML::Key << "kv_blocks" << YAML::Value << s.kv_blocks;
+    out << YAML::Key << "max_batch_size" << YAML::Value << s.max_batch_size;
+    out << YAML::Key << "token_budget" << YAML::Value << s.token_budget;
+    out << YAML::Key << "kv_usage_watermark" << YAML::Value << s.kv_usage_watermark;
+    out << YAML::Key << "preemption" << YAML::Value << s.preemption;
+    out << YAML::Key << "kv_hold_timeout_s" << YAML::Value << s.kv_hold_timeout_s;
+    out << YAML::Key << "scheduling" << YAML::Value << s.scheduling;
+    out << YAML::Key << "port" << YAML::Value << s.port;
+    out << YAML::Key << "metrics_port" << YAML::Value << s.metrics_port;
+    out << YAML::EndMap;
+  };
+  out << YAML::BeginMap;
+  out << YAML::Key << "model" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "path" << YAML::Value << c.model.path;
+  out << YAML::Key << "preset" << YAML::Value << c.model.preset;
+  out << YAML::Key << "name" << YAML::Value << c.model.name;
+  out << YAML::Key << "chat_template" << YAML::Value << c.model.chat_template;
+  out << YAML::Key << "max_model_len" << YAML::Value << c.model.max_model_len;
+  out << YAML::EndMap;
+  out << YAML::Key << "router" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "host" << YAML::Value << c.router.host;
+  out << YAML::Key << "port" << YAML::Value << c.router.port;
+  out << YAML::Key << "policy" << YAML::Value << c.router.policy;
+  out << YAML::Key << "max_concurrent_requests" << YAML::Value << c.router.max_concurrent_requests;
+  out << YAML::Key << "max_body_bytes" << YAML::Value << c.router.max_body_bytes;
+  out << YAML::Key << "request_timeout_s" << YAML::Value << c.router.request_timeout_s;
+  out << YAML::Key << "http_threads" << YAML::Value << c.router.http_threads;
+  out << YAML::Key << "latency_model" << YAML::Value << c.router.latency_model;
+  out << YAML::EndMap;
+  instance("prefill", c.prefill);
+  instance("decode", c.decode);
+  instance("colocated", c.colocated);
+  out << YAML::Key << "slo" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "ttft_s" << YAML::Value << c.slo.ttft_s;
+  out << YAML::Key << "tpot_s" << YAML::Value << c.slo.tpot_s;
+  out << YAML::Key << "attainment_target" << YAML::Value << c.slo.attainment_target;
+  out << YAML::Key << "classes" << YAML::Value << YAML::BeginSeq;
+  for (const SloClass& cls : c.slo.classes) {
+    out << YAML::BeginMap << YAML::Key << "name" << YAML::Value << cls.name << YAML::Key
+        << "ttft_s" << YAML::Value << cls.ttft_s << YAML::Key << "tpot_s" << YAML::Value
+        << cls.tpot_s << YAML::EndMap;
+  }
+  out << YAML::EndSeq << YAML::EndMap;
+  out << YAML::Key << "kv_cache" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "block_size" << YAML::Value << c.kv_cache.block_size << YAML::EndMap;
+  out << YAML::Key << "transfer" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "backend" << YAML::Value << c.transfer.backend;
+  out << YAML::Key << "ucx_tls" << YAML::Value << c.transfer.ucx_tls;
+  out << YAML::Key << "timeout_s" << YAML::Value << c.transfer.timeout_s;
+  out << YAML::Key << "max_inflight" << YAML::Value << c.transfer.max_inflight;
+  out << YAML::Key << "layerwise" << YAML::Value << c.transfer.layerwise << YAML::EndMap;
+  out << YAML::Key << "control" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "heartbeat_interval_s" << YAML::Value << c.control.heartbeat_interval_s;
+  out << YAML::Key << "heartbeat_timeout_s" << YAML::Value << c.control.heartbeat_timeout_s;
+  out << YAML::Key << "connect_timeout_s" << YAML::Value << c.control.connect_timeout_s
+      << YAML::EndMap;
+  out << YAML::Key << "logging" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "level" << YAML::Value << c.logging.level;
+  out << YAML::Key << "format" << YAML::Value << c.logging.format << YAML::EndMap;
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+}  // namespace tandem

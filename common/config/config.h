@@ -1,0 +1,137 @@
+// The cluster configuration: one YAML file for the router, the prefill and decode instances,
+// the SLOs, the model and the KV transfer. Schema and defaults: README.md "Configuration".
+//
+// LoadConfig validates every field at load: types, ranges, allowed values, and unknown keys
+// (a typo is an error, never silently ignored). Each error names the file, the line and the
+// dotted field ("cluster.yaml:12:3: decode.max_batch_size: must be an integer in [1, 4096],
+// got 'lots'"). Command-line overrides ("decode.max_batch_size=32") are applied before
+// validation and are reported as "flag --decode.max_batch_size" when wrong.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "common/base/status.h"
+
+namespace tandem {
+
+struct ModelSection {
+  std::string path;            // HF checkpoint directory; empty = the built-in model
+  std::string preset = "medium";  // built-in model preset when path is empty
+  std::string name;            // served model name (/v1/models); empty = derived from path
+  std::string chat_template = "auto";  // auto|llama3|chatml|mistral|none
+  int max_model_len = 4096;    // prompt + output tokens per request
+};
+
+struct RouterSection {
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string policy = "goodput";  // goodput|least_loaded|round_robin
+  int max_concurrent_requests = 1024;  // beyond this, 429
+  int max_body_bytes = 8 << 20;        // beyond this, 413
+  double request_timeout_s = 600;
+  int http_threads = 2;
+  // Latency model YAML from `tandem profile` (common/engine/latency_model.h) for the goodput policy;
+  // empty = predict from the instances' measured averages. A relative path is relative to the
+  // config file's directory.
+  std::string latency_model;
+};
+
+// Shared by prefill, decode and colocated instances.
+struct InstanceSection {
+  int instances = 1;
+  int threads = 1;            // CPU threads for the forward pass
+  std::string device = "cpu";  // cpu|cuda
+  int tensor_parallel = 1;
+  int pipeline_parallel = 1;  // pipeline stages (GPU planner output; CPU instances use 1)
+  int kv_blocks = 0;          // 0 = size the pool from max_model_len and max_batch_size
+  int max_batch_size = 64;    // sequences in one forward pass
+  int token_budget = 2048;    // prefill: tokens in one batch
+  double kv_usage_watermark = 0.95;  // decode: admit only below this KV usage
+  std::string preemption = "recompute";  // decode: recompute|swap
+  double kv_hold_timeout_s = 30;  // prefill: free unpulled KV after this
+  // colocated: "chunked" mixes prompt chunks into decode steps (vLLM today); "prefill_first"
+  // runs waiting prompts whole, in prefill-only steps that pause every decode (vLLM 2023, the
+  // baseline DistServe measured against).
+  std::string scheduling = "chunked";
+  int port = 0;               // control-plane port of the first instance; 0 = pick
+  int metrics_port = 0;       // HTTP /metrics and /health port of the first instance; 0 = none
+};
+
+struct SloClass {
+  std::string name;
+  double ttft_s = 0;
+  double tpot_s = 0;
+};
+
+struct SloSection {
+  double ttft_s = 2.0;
+  double tpot_s = 0.2;
+  double attainment_target = 0.9;
+  std::vector<SloClass> classes;  // per request class (the "x-tandem-slo-class" header)
+};
+
+struct KvCacheSection {
+  int block_size = 16;  // tokens per block
+};
+
+struct TransferSection {
+  std::string backend = "ucx";  // ucx|nccl|inproc
+  std::string ucx_tls = "tcp,sm,self";
+  double timeout_s = 5.0;
+  int max_inflight = 64;
+  // Stream the KV layer by layer: prefill announces a request's KV before its last forward pass
+  // and publishes each layer as it is computed; decode pulls layer l as soon as it is published
+  // and starts its first step on layer 0 while later layers still arrive. Ignored by nccl.
+  bool layerwise = true;
+};
+
+// Whether the KV handoff streams layer by layer: transfer.layerwise, over a backend that can
+// (NCCL cannot). The prefill and decode servers and the simulator all ask this.
+inline bool StreamsLayerwise(const TransferSection& t) { return t.layerwise && t.backend != "nccl"; }
+
+// The control plane between the router and the instances (common/net, common/serving).
+struct ControlSection {
+  // Every instance sends a LoadReport to each router connection this often.
+  double heartbeat_interval_s = 0.1;
+  // The router declares an instance down (fails the requests it holds and closes its session)
+  // when no LoadReport arrived for this long. Must be several intervals, so that one late report
+  // fails nothing.
+  double heartbeat_timeout_s = 3.0;
+  // Opening a control connection (TCP connect + Hello) gives up after this long.
+  double connect_timeout_s = 2.0;
+};
+
+struct LoggingSection {
+  std::string level = "info";   // debug|info|warn|error
+  std::string format = "text";  // text|json
+};
+
+struct ClusterConfig {
+  ModelSection model;
+  RouterSection router;
+  InstanceSection prefill;
+  InstanceSection decode;
+  InstanceSection colocated;
+  SloSection slo;
+  KvCacheSection kv_cache;
+  TransferSection transfer;
+  ControlSection control;
+  LoggingSection logging;
+  std::string source;  // where it came from, for messages ("cluster.yaml", "<defaults>")
+};
+
+// Loads and validates a YAML file. `overrides` are "dotted.key=value" strings (from CLI flags);
+// values are parsed as YAML scalars. On error returns InvalidArgument naming file:line and field
+// (all errors found, one per line).
+StatusOr<ClusterConfig> LoadConfig(const std::string& path,
+                                   const std::vector<std::string>& overrides = {});
+
+// Same, from YAML text; `source_name` stands in for the file name in messages.
+StatusOr<ClusterConfig> ParseConfig(const std::string& yaml_text, const std::string& source_name,
+                                    const std::vector<std::string>& overrides = {});
+
+// The effective configuration as YAML (every field, defaults included).
+std::string ConfigToYaml(const ClusterConfig& config);
+
+}  // namespace tandem

@@ -1,0 +1,105 @@
+// CUDA kernels of the Llama forward pass, as plain launch functions.
+//
+// Includable from plain C++: pointers are void* (their element type given by a DType) or typed
+// host-language types; streams are cudaStream_t (forward-declared in cuda_util.h).
+//
+// Contract shared by every function here:
+// - All pointers are device pointers, except where a parameter says host.
+// - Work is queued on `stream` and the function returns at once; results are visible after
+//   the stream is synchronised. Buffers must stay alive until then.
+// - Arithmetic is fp32 whatever the storage type (bf16 values are widened on load and rounded
+//   to nearest even on store), so fp32 storage matches the CPU backend to rounding.
+// - Shapes that break the contract (negative sizes, head_dim > 256, num_heads not a multiple of
+//   num_kv_heads) are bugs: TANDEM_CHECK aborts. The returned Status reports a failed launch
+//   (Internal), which in practice means the device is in a bad state.
+// - Zero-sized work launches nothing and returns OK.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/engine/cuda/cuda_util.h"
+#include "common/base/status.h"
+
+namespace tandem::cuda {
+
+enum class DType { kF32, kBF16 };
+
+size_t DTypeSize(DType dtype);
+
+// out[n] = dtype_out(in[n]); kF32 <-> kBF16 (same types copy).
+Status Convert(DType in_dtype, const void* in, DType out_dtype, void* out, int64_t n,
+               cudaStream_t stream);
+
+// out[t][i] = x[t][i] / sqrt(mean_i(x[t][i]^2) + eps) * weight[i], for t < num_tokens,
+// i < hidden. x, weight and out share `dtype`; out may alias x.
+Status RmsNorm(DType dtype, const void* x, const void* weight, void* out, int32_t num_tokens,
+               int32_t hidden, float eps, cudaStream_t stream);
+
+// out[n] = a[n] + b[n] (the residual add); out may alias a or b.
+Status Add(DType dtype, const void* a, const void* b, void* out, int64_t n, cudaStream_t stream);
+
+// out[t][i] = silu(gate[t*in_stride + i]) * up[t*in_stride + i], out row stride = inter.
+// A fused [gate | up] projection passes up = gate + inter elements and in_stride = 2 * inter.
+Status SiluAndMul(DType dtype, const void* gate, const void* up, void* out, int32_t num_tokens,
+                  int32_t inter, int32_t in_stride, cudaStream_t stream);
+
+// out[t][:] = table[token_ids[t]][:] (rows of `hidden`). An id outside [0, vocab) is a bug the
+// kernel cannot report: it writes a zero row instead of reading out of bounds.
+Status EmbeddingGather(DType dtype, const void* table, const int32_t* token_ids, void* out,
+                       int32_t num_tokens, int32_t hidden, int32_t vocab, cudaStream_t stream);
+
+// Rotary embedding in place, HF rotate_half convention: for each head, pairs (i, i + half),
+// half = head_dim / 2, angle = float(position) * inv_freq[i] in fp32, cos/sin of it in double
+// rounded to fp32 (as the CPU backend does). inv_freq[half] is precomputed by the caller with
+// any scaling applied (llama3, linear). q row t starts at q + t * q_stride elements and holds
+// num_heads heads of head_dim; k likewise with num_kv_heads (k may be null for q only).
+Status Rope(DType dtype, void* q, void* k, const int32_t* positions, const float* inv_freq,
+            int32_t num_tokens, int32_t num_heads, int32_t num_kv_heads, int32_t head_dim,
+            int32_t q_stride, int32_t k_stride, cudaStream_t stream);
+
+// Paged KV layout of one layer (common/engine/kv_cache.h): block b starts at
+// layer_base + b * 2 * num_kv_heads * block_size * head_dim elements and holds
+// [kv: K, V][kv_head][slot < block_size][head_dim].
+struct PagedKvShape {
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+  int32_t block_size = 0;
+  int64_t BlockElements() const {
+    return int64_t{2} * num_kv_heads * block_size * head_dim;
+  }
+};
+
+// Writes K and V of num_tokens new tokens into the cache: token t goes to slot
+// slot_mapping[t] = block * block_size + offset. k/v row t starts at t * kv_stride elements and
+// holds num_kv_heads * head_dim values of `dtype`; the cache holds `kv_dtype`. A negative slot
+// skips the token (padding).
+Status WriteKvCache(DType dtype, const void* k, const void* v, int32_t kv_stride,
+                    DType kv_dtype, void* layer_base, const PagedKvShape& shape,
+                    const int64_t* slot_mapping, int32_t num_tokens, cudaStream_t stream);
+
+// Decode attention: one query token per sequence, GQA, over the sequence's paged KV.
+// q: fp32 [num_seqs][num_heads][head_dim]; out: fp32, same shape.
+// block_tables: [num_seqs][max_blocks_per_seq]; seq_lens[s]: the number of cached tokens to
+// attend over (the current token's K/V already written). out = softmax(q.K^T * scale) V, with
+// an online softmax in fp32, so any length fits. seq_lens[s] == 0 gives a zero row.
+// head_dim <= 256 and num_heads % num_kv_heads == 0 (checked).
+Status PagedAttentionDecode(const float* q, DType kv_dtype, const void* layer_base,
+                            const PagedKvShape& shape, const int32_t* block_tables,
+                            int32_t max_blocks_per_seq, const int32_t* seq_lens,
+                            int32_t num_seqs, int32_t num_heads, float scale, float* out,
+                            cudaStream_t stream);
+
+// Greedy sampling: out_ids[r] = argmax of logits[r][0..vocab), lowest id on ties, NaN never
+// chosen (as tandem::Sampler with temperature 0 and no penalties). A row with no number gives 0.
+Status ArgmaxRows(const float* logits, int32_t num_rows, int32_t vocab, int32_t* out_ids,
+                  cudaStream_t stream);
+
+// y[m][n] = x[m][k] . w[n][k]^T (row-major, a linear layer with HF weight layout), through
+// cublasGemmEx with fp32 accumulation (CUBLAS_COMPUTE_32F). x and w share in_dtype (kBF16 is
+// the fast path; kF32 for checks), y is out_dtype. The handle must already be on the stream the
+// caller wants (CublasHandle::SetStream). beta = 0: y is overwritten.
+Status Gemm(const CublasHandle& handle, DType in_dtype, const void* x, const void* w,
+            DType out_dtype, void* y, int32_t m, int32_t n, int32_t k);
+
+}  // namespace tandem::cuda

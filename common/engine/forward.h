@@ -1,0 +1,125 @@
+// The CPU forward pass of a Llama-family decoder over a paged KV cache.
+//
+// One call runs ONE forward pass for a batch of sequences. Each sequence brings its new tokens
+// (a prefill chunk or a single decode token; any mix in one batch, no padding), the position of
+// its first new token, and its block table. The pass writes the new tokens' K (after RoPE) and V
+// into the cache, attends over positions [0, position] of each token (causal; Mistral sliding
+// window when configured), and returns the logits of the last token of each sequence (or of
+// every new token, for tests).
+//
+// Compute is fp32: GEMMs through OpenBLAS cblas_sgemm/sgemv, RMSNorm, RoPE (incl. llama3 and
+// linear scaling), GQA attention over paged blocks multi-threaded over (sequence, kv head, chunk
+// of tokens) on the instance's own thread pool, SwiGLU, qkv/o bias, tied embeddings.
+//
+// Memory: every workspace is sized at Create for ForwardOptions::max_batch_tokens and
+// max_batch_sequences; Forward allocates nothing (except, once, when LogitsMode::kAllTokens
+// needs more room than the last-token buffer).
+//
+// Threads: a CpuForward belongs to one engine thread; Forward is not reentrant. The Model must
+// outlive it. openblas_set_num_threads is process-wide: Create sets it to num_threads, so
+// instances in one process should agree on the count.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "common/engine/kv_cache.h"
+#include "common/model/model.h"
+#include "common/base/status.h"
+#include "common/base/thread_pool.h"
+
+namespace tandem {
+
+struct SequenceInput {
+  std::span<const int32_t> tokens;       // the new tokens; at least one
+  int32_t start_position = 0;            // position of tokens[0]; KV of [0, start) is cached
+  std::span<const int32_t> block_table;  // covers positions [0, start + tokens.size())
+};
+
+struct ForwardOptions {
+  int num_threads = 1;
+  int max_batch_tokens = 2048;     // sum of new tokens over a batch
+  int max_batch_sequences = 256;
+};
+
+enum class LogitsMode { kLastToken, kAllTokens };
+
+// Optional per-layer hooks for one Forward call, run on the calling thread (layer-wise KV
+// streaming: decode waits for a pulled layer, prefill announces a computed one).
+//   before_layer(l): before layer l reads or writes any KV of the cache.
+//   after_layer(l):  after layer l's K/V of every token of the batch are in the cache.
+// Both run for l = 0, 1, ..., num_layers - 1 in order; either may be empty. They must not call
+// back into this CpuForward. They run only when Validate passed.
+struct ForwardHooks {
+  std::function<void(int layer)> before_layer;
+  std::function<void(int layer)> after_layer;
+};
+
+class CpuForward {
+ public:
+  // InvalidArgument when the options or the model's shape are out of range (head_dim > 256).
+  static StatusOr<std::unique_ptr<CpuForward>> Create(const Model& model,
+                                                      const ForwardOptions& options);
+
+  CpuForward(const CpuForward&) = delete;
+  CpuForward& operator=(const CpuForward&) = delete;
+
+  // The KV layout this model needs, with the given block size.
+  KvLayout MakeKvLayout(int block_size = kDefaultBlockSize) const;
+
+  // Runs one forward pass. Returns row-major logits: [batch.size(), vocab] for kLastToken, or
+  // [total new tokens, vocab] (sequences in order) for kAllTokens. The span points into a buffer
+  // owned by this object, valid until the next call.
+  // Errors (nothing is written to the cache then): InvalidArgument for an empty sequence, a
+  // token id outside the vocabulary, a block table that does not cover the positions or names a
+  // block outside the pool, a cache whose layout does not match the model; TooLarge when the
+  // batch exceeds max_batch_tokens or max_batch_sequences.
+  // `hooks` (optional, not kept) see ForwardHooks; they do not change the result.
+  StatusOr<std::span<const float>> Forward(std::span<const SequenceInput> batch, KvCache& cache,
+                                           LogitsMode mode = LogitsMode::kLastToken,
+                                           const ForwardHooks* hooks = nullptr);
+
+  const Model& model() const { return model_; }
+  int num_threads() const { return pool_.num_threads(); }
+
+ private:
+  struct AttentionTask {
+    int32_t seq;
+    int32_t kv_head;
+    int32_t token_begin;  // global token indices [begin, end)
+    int32_t token_end;
+  };
+  struct Buffer {  // 64-byte aligned float array
+    struct Free {
+      void operator()(float* p) const;
+    };
+    std::unique_ptr<float[], Free> data;
+    size_t size = 0;
+    void Resize(size_t n);
+    float* get() const { return data.get(); }
+  };
+
+  CpuForward(const Model& model, const ForwardOptions& options);
+  Status Validate(std::span<const SequenceInput> batch, const KvCache& cache) const;
+  // y[m, n] = x[m, k] w[n, k]^T + beta y, on the pool (small m) or OpenBLAS (large m).
+  void Linear(const float* x, int m, int k, const float* w, int n, float* y, float beta);
+  void Attention(int layer, std::span<const SequenceInput> batch, KvCache& cache);
+
+  const Model& model_;
+  ForwardOptions options_;
+  ThreadPool pool_;
+  bool use_avx2_ = false;
+  std::vector<float> inv_freq_;  // [head_dim / 2]
+
+  // Workspace, sized for max_batch_tokens / max_batch_sequences.
+  Buffer x_, xn_, qkv_, attn_, mlp_, act_, cos_, sin_, last_, logits_;
+  std::vector<int32_t> token_seq_;       // [T] sequence of each token
+  std::vector<int32_t> token_pos_;       // [T] position of each token
+  std::vector<int32_t> seq_first_token_; // [S + 1]
+  std::vector<AttentionTask> tasks_;
+};
+
+}  // namespace tandem

@@ -1,0 +1,163 @@
+#include "common/engine/kv_cache.h"
+
+#include <cstdlib>
+#include <cstring>
+
+namespace tandem {
+
+std::string KvLayout::ToString() const {
+  return "layers=" + std::to_string(num_layers) + " kv_heads=" + std::to_string(num_kv_heads) +
+         " head_dim=" + std::to_string(head_dim) + " block_size=" + std::to_string(block_size) +
+         " fp32";
+}
+
+// ---- BlockManager ----------------------------------------------------------------------------
+
+BlockManager::BlockManager(int num_blocks) : ref_counts_(num_blocks, 0) {
+  free_list_.reserve(num_blocks);
+  // Lowest ids come out first (pop from the back).
+  for (int b = num_blocks - 1; b >= 0; --b) free_list_.push_back(b);
+}
+
+Status BlockManager::Allocate(int n, std::vector<int32_t>* table) {
+  TANDEM_CHECK(n >= 0);
+  if (n > num_free())
+    return ResourceExhausted("KV cache: " + std::to_string(n) + " blocks requested, " +
+                             std::to_string(num_free()) + " free of " +
+                             std::to_string(num_blocks()));
+  for (int i = 0; i < n; ++i) {
+    int32_t b = free_list_.back();
+    free_list_.pop_back();
+    ref_counts_[b] = 1;
+    table->push_back(b);
+  }
+  return Status::Ok();
+}
+
+void BlockManager::AddRef(int32_t block) {
+  TANDEM_CHECK(block >= 0 && block < num_blocks(), "block " + std::to_string(block));
+  TANDEM_CHECK(ref_counts_[block] > 0, "AddRef on free block " + std::to_string(block));
+  ++ref_counts_[block];
+}
+
+void BlockManager::Free(std::span<const int32_t> blocks) {
+  for (int32_t b : blocks) {
+    TANDEM_CHECK(b >= 0 && b < num_blocks(), "block " + std::to_string(b));
+    TANDEM_CHECK(ref_counts_[b] > 0, "double free of block " + std::to_string(b));
+    if (--ref_counts_[b] == 0) free_list_.push_back(b);
+  }
+}
+
+// ---- KvCache ---------------------------------------------------------------------------------
+
+KvCache::KvCache(const KvLayout& layout, int num_blocks)
+    : layout_(layout),
+      num_blocks_(num_blocks),
+      block_floats_(layout.block_bytes() / sizeof(float)),
+      blocks_(num_blocks) {}
+
+size_t KvPoolBytes(const KvLayout& layout, int num_blocks) {
+  return layout.block_bytes() * static_cast<size_t>(num_blocks) * layout.num_layers;
+}
+
+StatusOr<KvPoolMemory> AllocateKvPoolMemory(size_t bytes) {
+  size_t rounded = (bytes + 4095) / 4096 * 4096;
+  void* base = rounded == 0 ? nullptr : std::aligned_alloc(4096, rounded);
+  if (base == nullptr)
+    return ResourceExhausted("KV cache: cannot allocate " + std::to_string(bytes) + " bytes");
+  KvPoolMemory memory;
+  memory.base = static_cast<std::byte*>(base);
+  memory.bytes = rounded;
+  memory.owner = std::shared_ptr<void>(base, [](void* p) { std::free(p); });
+  return memory;
+}
+
+namespace {
+Status CheckLayout(const KvLayout& layout, int num_blocks) {
+  if (layout.num_layers <= 0 || layout.num_kv_heads <= 0 || layout.head_dim <= 0 ||
+      layout.block_size <= 0 || num_blocks <= 0)
+    return InvalidArgument("KV cache: bad layout " + layout.ToString() + " with " +
+                           std::to_string(num_blocks) + " blocks");
+  return Status::Ok();
+}
+}  // namespace
+
+StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvLayout& layout, int num_blocks) {
+  TANDEM_RETURN_IF_ERROR(CheckLayout(layout, num_blocks));
+  TANDEM_ASSIGN_OR_RETURN(KvPoolMemory memory,
+                          AllocateKvPoolMemory(KvPoolBytes(layout, num_blocks)));
+  return Create(layout, num_blocks, std::move(memory));
+}
+
+StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvLayout& layout, int num_blocks,
+                                                   KvPoolMemory memory) {
+  TANDEM_RETURN_IF_ERROR(CheckLayout(layout, num_blocks));
+  const size_t bytes = KvPoolBytes(layout, num_blocks);
+  if (memory.base == nullptr || memory.bytes < bytes)
+    return InvalidArgument("KV cache: " + std::to_string(memory.bytes) + " bytes of memory for a " +
+                           std::to_string(bytes) + "-byte pool");
+  if (reinterpret_cast<uintptr_t>(memory.base) % 64 != 0)
+    return InvalidArgument("KV cache: pool memory is not 64-byte aligned");
+  auto cache = std::unique_ptr<KvCache>(new KvCache(layout, num_blocks));
+  std::memset(memory.base, 0, bytes);  // touch every page now, not in the first decode steps
+  cache->base_ = reinterpret_cast<float*>(memory.base);
+  cache->memory_owner_ = std::move(memory.owner);
+  return cache;
+}
+
+// ---- export / import ---------------------------------------------------------------------------
+
+size_t ExportedKvBytes(const KvLayout& layout, size_t num_blocks) {
+  return layout.block_bytes() * num_blocks * layout.num_layers;
+}
+
+namespace {
+Status CheckTable(const KvCache& cache, std::span<const int32_t> table, size_t bytes) {
+  size_t want = ExportedKvBytes(cache.layout(), table.size());
+  if (bytes != want)
+    return InvalidArgument("KV export/import: buffer has " + std::to_string(bytes) + " bytes, " +
+                           std::to_string(table.size()) + " blocks of " +
+                           cache.layout().ToString() + " need " + std::to_string(want));
+  for (int32_t b : table) {
+    if (b < 0 || b >= cache.num_blocks())
+      return InvalidArgument("KV export/import: block id " + std::to_string(b) +
+                             " outside the pool of " + std::to_string(cache.num_blocks()));
+  }
+  return Status::Ok();
+}
+}  // namespace
+
+Status ExportBlocks(const KvCache& cache, std::span<const int32_t> table,
+                    std::span<std::byte> out) {
+  TANDEM_RETURN_IF_ERROR(CheckTable(cache, table, out.size()));
+  const size_t bb = cache.block_bytes();
+  std::byte* dst = out.data();
+  for (int l = 0; l < cache.layout().num_layers; ++l) {
+    for (int32_t b : table) {
+      std::memcpy(dst, cache.BlockData(l, b), bb);
+      dst += bb;
+    }
+  }
+  return Status::Ok();
+}
+
+Status ImportBlocks(KvCache& cache, std::span<const int32_t> table, std::span<const std::byte> in) {
+  TANDEM_RETURN_IF_ERROR(CheckTable(cache, table, in.size()));
+  const size_t bb = cache.block_bytes();
+  const std::byte* src = in.data();
+  for (int l = 0; l < cache.layout().num_layers; ++l) {
+    for (int32_t b : table) {
+      std::memcpy(cache.BlockData(l, b), src, bb);
+      src += bb;
+    }
+  }
+  return Status::Ok();
+}
+
+int KvPoolBlocks(const ClusterConfig& config, const InstanceSection& section) {
+  if (section.kv_blocks > 0) return section.kv_blocks;
+  return BlocksForTokens(config.model.max_model_len, config.kv_cache.block_size) *
+         section.max_batch_size;
+}
+
+}  // namespace tandem

@@ -1,0 +1,161 @@
+// Paged KV cache: a fixed pool of blocks allocated once, and the BlockManager that hands them out.
+//
+// BYTE LAYOUT (fp32, native little endian), one allocation for the whole pool:
+//
+//   pool[layer][block][kv][kv_head][slot][head_dim]      kv: 0 = K, 1 = V; slot < block_size
+//
+// so block b of layer l is ONE contiguous byte range of block_bytes() =
+// 2 * num_kv_heads * block_size * head_dim * 4 bytes, at offset
+// (l * num_blocks + b) * block_bytes(). Token at position p of a request lives in block
+// block_table[p / block_size], slot p % block_size, in every layer. K of head h is at
+// BlockData(l, b) + (0 * num_kv_heads + h) * block_size * head_dim + slot * head_dim, V likewise
+// with kv = 1. One request's KV for one layer is therefore the list of ranges
+// {BlockData(l, b), block_bytes()} for b in its block table: the unit kvtransfer moves.
+//
+// K is stored after RoPE (what attention reads). Two pools can exchange blocks when their
+// KvLayout values are equal.
+//
+// Threads: a KvCache and its BlockManager belong to one engine thread; the forward pass may
+// read and write block memory from its worker threads while that thread waits for it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/base/status.h"
+#include "common/config/config.h"
+
+namespace tandem {
+
+inline constexpr int kDefaultBlockSize = 16;
+
+struct KvLayout {
+  int num_layers = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int block_size = kDefaultBlockSize;
+
+  // Bytes of one (layer, block) range.
+  size_t block_bytes() const {
+    return size_t{2} * num_kv_heads * block_size * head_dim * sizeof(float);
+  }
+  bool operator==(const KvLayout&) const = default;
+  std::string ToString() const;  // "layers=2 kv_heads=2 head_dim=32 block_size=16 fp32"
+};
+
+// Hands out block ids of a pool of `num_blocks`. Reference counts let requests share prefix
+// blocks: a block returns to the free list when its count falls to zero. The free list is
+// preallocated: Allocate/Free allocate no memory (Allocate appends to the caller's table, which
+// allocates only when that vector lacks capacity: reserve it).
+class BlockManager {
+ public:
+  explicit BlockManager(int num_blocks);
+
+  // Appends n fresh blocks (ref count 1) to *table. All or nothing: ResourceExhausted leaves
+  // *table unchanged when fewer than n blocks are free.
+  Status Allocate(int n, std::vector<int32_t>* table);
+  // One more owner for a block that is in use (a shared prefix).
+  void AddRef(int32_t block);
+  // Drops one reference from each block; frees those that reach zero. Freeing a free block is a
+  // bug (TANDEM_CHECK).
+  void Free(std::span<const int32_t> blocks);
+
+  int num_blocks() const { return static_cast<int>(ref_counts_.size()); }
+  int num_free() const { return static_cast<int>(free_list_.size()); }
+  int ref_count(int32_t block) const { return ref_counts_[block]; }
+
+ private:
+  std::vector<int32_t> ref_counts_;
+  std::vector<int32_t> free_list_;  // stack; capacity num_blocks
+};
+
+// The bytes of a pool and what keeps them alive: `owner` frees them when its last copy goes (a
+// KvCache holds one). A transport that can only do fast RMA on memory it allocated itself (UCX
+// over shared memory) hands the pool one of these instead of the heap.
+struct KvPoolMemory {
+  std::byte* base = nullptr;  // at least 64-byte aligned
+  size_t bytes = 0;
+  std::shared_ptr<void> owner;
+};
+
+// Bytes a pool of `num_blocks` blocks per layer needs.
+size_t KvPoolBytes(const KvLayout& layout, int num_blocks);
+
+// The blocks that hold `tokens` tokens: ceil(tokens / block_size). The one place this is written.
+inline int32_t BlocksForTokens(int64_t tokens, int32_t block_size) {
+  return static_cast<int32_t>((tokens + block_size - 1) / block_size);
+}
+
+// The KV pool size of an instance of `section`: section.kv_blocks when set, else the default
+// (enough for max_batch_size requests of model.max_model_len tokens).
+int KvPoolBlocks(const ClusterConfig& config, const InstanceSection& section);
+
+// `bytes` of 4096-aligned heap memory. ResourceExhausted when it is not available.
+StatusOr<KvPoolMemory> AllocateKvPoolMemory(size_t bytes);
+
+class KvCache {
+ public:
+  // Allocates (and zeroes) the pool on the heap. ResourceExhausted when the memory is not
+  // available.
+  static StatusOr<std::unique_ptr<KvCache>> Create(const KvLayout& layout, int num_blocks);
+  // Places the pool in `memory` (zeroes and touches it now) and keeps memory.owner alive.
+  // InvalidArgument when it is smaller than KvPoolBytes or misaligned.
+  static StatusOr<std::unique_ptr<KvCache>> Create(const KvLayout& layout, int num_blocks,
+                                                   KvPoolMemory memory);
+
+  KvCache(const KvCache&) = delete;
+  KvCache& operator=(const KvCache&) = delete;
+
+  const KvLayout& layout() const { return layout_; }
+  int num_blocks() const { return num_blocks_; }
+  size_t block_bytes() const { return layout_.block_bytes(); }
+  size_t total_bytes() const { return block_bytes() * num_blocks_ * layout_.num_layers; }
+  BlockManager& blocks() { return blocks_; }
+  const BlockManager& blocks() const { return blocks_; }
+
+  // The contiguous range of (layer, block); block_bytes() long.
+  float* BlockData(int layer, int32_t block) {
+    return base_ + (size_t{static_cast<size_t>(layer)} * num_blocks_ + block) * block_floats_;
+  }
+  const float* BlockData(int layer, int32_t block) const {
+    return const_cast<KvCache*>(this)->BlockData(layer, block);
+  }
+  // K (kv = 0) or V (kv = 1) of one head in a block: [block_size][head_dim].
+  float* HeadData(int layer, int32_t block, int kv, int head) {
+    return BlockData(layer, block) +
+           (size_t{static_cast<size_t>(kv)} * layout_.num_kv_heads + head) * layout_.block_size *
+               layout_.head_dim;
+  }
+  const float* HeadData(int layer, int32_t block, int kv, int head) const {
+    return const_cast<KvCache*>(this)->HeadData(layer, block, kv, head);
+  }
+  // Start of the whole pool (for registering it with a transport).
+  std::byte* data() { return reinterpret_cast<std::byte*>(base_); }
+
+ private:
+  KvCache(const KvLayout& layout, int num_blocks);
+
+  KvLayout layout_;
+  int num_blocks_;
+  size_t block_floats_;
+  float* base_ = nullptr;
+  std::shared_ptr<void> memory_owner_;  // keeps base_ alive
+  BlockManager blocks_;
+};
+
+// Bytes of a request's KV exported as raw bytes: num_layers * blocks * block_bytes.
+size_t ExportedKvBytes(const KvLayout& layout, size_t num_blocks);
+
+// Copies the blocks in `table` (in order) to `out`, layer-major: for each layer, for each
+// block of the table, its block_bytes() range. InvalidArgument when out has the wrong size or a
+// block id is out of range.
+Status ExportBlocks(const KvCache& cache, std::span<const int32_t> table, std::span<std::byte> out);
+// The inverse: writes `in` (as produced by ExportBlocks from a pool of the same KvLayout) into
+// the blocks of `table` in `cache`. InvalidArgument on a size mismatch; nothing is written then.
+Status ImportBlocks(KvCache& cache, std::span<const int32_t> table, std::span<const std::byte> in);
+
+}  // namespace tandem

@@ -1,0 +1,411 @@
+#include "common/engine/sampling.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <sstream>
+
+namespace tandem {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+std::string FormatFloat(double v) {
+  std::ostringstream out;
+  out << v;
+  return out.str();
+}
+
+Status RangeError(std::string_view field, std::string_view range, double got) {
+  return InvalidArgument(std::string(field) + " must be in " + std::string(range) + ", got " +
+                         FormatFloat(got));
+}
+
+// SplitMix64's finaliser: a good 64-bit mixer, cheap enough to call once per token.
+uint64_t Mix64(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// NaN counts as masked: a NaN logit must not win an argmax or poison a softmax.
+bool Usable(float v) { return v > kNegInf; }
+
+// Higher score first; on a tie the lower id, so results never depend on sort stability.
+struct ByScoreDesc {
+  const float* scores;
+  bool operator()(int32_t a, int32_t b) const {
+    if (scores[a] != scores[b]) return scores[a] > scores[b];
+    return a < b;
+  }
+};
+
+}  // namespace
+
+// ---- SamplingParams ------------------------------------------------------------------------
+
+Status SamplingParams::Validate() const {
+  // Written as !(in range) so that NaN fails too.
+  if (!(temperature >= 0.0f && temperature <= 2.0f)) {
+    return RangeError("temperature", "[0, 2]", temperature);
+  }
+  if (top_k < -1) {
+    return InvalidArgument("top_k must be -1 or 0 (disabled) or at least 1, got " +
+                           std::to_string(top_k));
+  }
+  if (!(top_p > 0.0f && top_p <= 1.0f)) return RangeError("top_p", "(0, 1]", top_p);
+  if (!(min_p >= 0.0f && min_p <= 1.0f)) return RangeError("min_p", "[0, 1]", min_p);
+  if (!(repetition_penalty > 0.0f && repetition_penalty <= 2.0f)) {
+    return RangeError("repetition_penalty", "(0, 2]", repetition_penalty);
+  }
+  if (!(presence_penalty >= -2.0f && presence_penalty <= 2.0f)) {
+    return RangeError("presence_penalty", "[-2, 2]", presence_penalty);
+  }
+  if (!(frequency_penalty >= -2.0f && frequency_penalty <= 2.0f)) {
+    return RangeError("frequency_penalty", "[-2, 2]", frequency_penalty);
+  }
+  if (max_tokens < 1) {
+    return InvalidArgument("max_tokens must be at least 1, got " + std::to_string(max_tokens));
+  }
+  for (int32_t id : stop_token_ids) {
+    if (id < 0) {
+      return InvalidArgument("stop_token_ids must be non-negative, got " + std::to_string(id));
+    }
+  }
+  if (stop.size() > kMaxStopStrings) {
+    return InvalidArgument("stop may hold at most " + std::to_string(kMaxStopStrings) +
+                           " sequences, got " + std::to_string(stop.size()));
+  }
+  for (const std::string& s : stop) {
+    if (s.empty()) return InvalidArgument("stop sequences must not be empty");
+  }
+  if (top_logprobs < 0 || top_logprobs > kMaxTopLogprobs) {
+    return InvalidArgument("top_logprobs must be in [0, " + std::to_string(kMaxTopLogprobs) +
+                           "], got " + std::to_string(top_logprobs));
+  }
+  if (top_logprobs > 0 && !logprobs) {
+    return InvalidArgument("logprobs must be set to true if top_logprobs is used");
+  }
+  return Status::Ok();
+}
+
+Status SamplingParams::ValidateForVocab(int32_t vocab_size) const {
+  TANDEM_RETURN_IF_ERROR(Validate());
+  for (int32_t id : stop_token_ids) {
+    if (id >= vocab_size) {
+      return InvalidArgument("stop_token_ids must be below the vocabulary size " +
+                             std::to_string(vocab_size) + ", got " + std::to_string(id));
+    }
+  }
+  return Status::Ok();
+}
+
+// ---- Sampler -------------------------------------------------------------------------------
+
+SamplerWorkspace::SamplerWorkspace(int32_t vocab_size)
+    : scores(vocab_size),
+      logprob_src(vocab_size),
+      candidates(vocab_size),
+      order(vocab_size),
+      probs(vocab_size),
+      counts(vocab_size, 0),
+      seen(vocab_size, 0) {
+  TANDEM_CHECK(vocab_size > 0, "vocab_size must be positive");
+}
+
+Sampler::Sampler(const SamplingParams& params, int32_t vocab_size, size_t num_prompt_tokens)
+    : Sampler(params, nullptr, num_prompt_tokens) {
+  owned_workspace_ = std::make_unique<SamplerWorkspace>(vocab_size);
+  ws_ = owned_workspace_.get();
+  vocab_size_ = vocab_size;
+}
+
+Sampler::Sampler(const SamplingParams& params, SamplerWorkspace* workspace,
+                 size_t num_prompt_tokens)
+    : params_(params),
+      ws_(workspace),
+      vocab_size_(workspace ? workspace->vocab_size() : 0),
+      num_prompt_tokens_(num_prompt_tokens) {
+  Status status = params_.Validate();
+  TANDEM_CHECK(status.ok(), "Sampler given invalid params: " + status.message());
+  if (params_.seed) {
+    seed_ = *params_.seed;
+  } else {
+    std::random_device device;
+    seed_ = (static_cast<uint64_t>(device()) << 32) ^ device();
+  }
+}
+
+double Sampler::Uniform(uint64_t step) const {
+  uint64_t bits = Mix64(seed_ ^ Mix64(step));
+  return static_cast<double>(bits >> 11) * 0x1.0p-53;
+}
+
+void Sampler::ApplyPenalties(std::span<const float> logits, std::span<const int32_t> tokens) {
+  float* scores = ws_->scores.data();
+  std::copy(logits.begin(), logits.end(), scores);
+
+  const float rep = params_.repetition_penalty;
+  if (rep != 1.0f) {
+    // Once per distinct token, as HF's gather/scatter does.
+    for (int32_t t : tokens) {
+      TANDEM_CHECK(t >= 0 && t < vocab_size_, "token id out of range: " + std::to_string(t));
+      if (ws_->seen[t]) continue;
+      ws_->seen[t] = 1;
+      scores[t] = scores[t] < 0.0f ? scores[t] * rep : scores[t] / rep;
+    }
+    for (int32_t t : tokens) ws_->seen[t] = 0;
+  }
+
+  const float presence = params_.presence_penalty;
+  const float frequency = params_.frequency_penalty;
+  if (presence != 0.0f || frequency != 0.0f) {
+    std::span<const int32_t> output = tokens.subspan(num_prompt_tokens_);
+    for (int32_t t : output) {
+      TANDEM_CHECK(t >= 0 && t < vocab_size_, "token id out of range: " + std::to_string(t));
+      ++ws_->counts[t];
+    }
+    for (int32_t t : output) {
+      int32_t count = ws_->counts[t];
+      if (count == 0) continue;  // already applied
+      scores[t] -= frequency * static_cast<float>(count) + presence;
+      ws_->counts[t] = 0;
+    }
+  }
+}
+
+void Sampler::Warp() {
+  float* scores = ws_->scores.data();
+  int32_t* cand = ws_->candidates.data();
+  double* probs = ws_->probs.data();
+
+  if (params_.temperature != 1.0f) {
+    for (int32_t i = 0; i < vocab_size_; ++i) scores[i] /= params_.temperature;
+  }
+
+  size_t n = 0;
+  for (int32_t i = 0; i < vocab_size_; ++i) {
+    if (Usable(scores[i])) cand[n++] = i;
+  }
+  TANDEM_CHECK(n > 0, "no finite logit to sample from");
+  ByScoreDesc by_score{scores};
+
+  // Top-k: keep everything >= the k-th largest, as HF's `scores < topk[-1]` does.
+  if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < n) {
+    std::nth_element(cand, cand + params_.top_k - 1, cand + n, by_score);
+    const float kth = scores[cand[params_.top_k - 1]];
+    n = std::partition(cand, cand + n, [&](int32_t t) { return scores[t] >= kth; }) - cand;
+  }
+
+  if (params_.top_p < 1.0f) {
+    std::sort(cand, cand + n, by_score);
+    const double max_score = scores[cand[0]];
+    double sum = 0.0;
+    for (size_t j = 0; j < n; ++j) {
+      probs[j] = std::exp(static_cast<double>(scores[cand[j]]) - max_score);
+      sum += probs[j];
+    }
+    // HF sums from the least likely token up and drops while the sum is <= 1 - top_p; the
+    // most likely token always stays (min_tokens_to_keep = 1).
+    const double threshold = 1.0 - static_cast<double>(params_.top_p);
+    double cumulative = 0.0;
+    size_t keep = n;
+    while (keep > 1) {
+      cumulative += probs[keep - 1] / sum;
+      if (cumulative > threshold) break;
+      --keep;
+    }
+    n = keep;
+  }
+
+  if (params_.min_p > 0.0f) {
+    // p_i < min_p * p_max  <=>  exp(s_i - s_max) < min_p; the top token always stays.
+    float max_score = kNegInf;
+    for (size_t j = 0; j < n; ++j) max_score = std::max(max_score, scores[cand[j]]);
+    const double min_p = params_.min_p;
+    n = std::stable_partition(cand, cand + n,
+                              [&](int32_t t) {
+                                return std::exp(static_cast<double>(scores[t]) - max_score) >=
+                                       min_p;
+                              }) -
+        cand;
+  }
+
+  float max_score = kNegInf;
+  for (size_t j = 0; j < n; ++j) max_score = std::max(max_score, scores[cand[j]]);
+  double sum = 0.0;
+  for (size_t j = 0; j < n; ++j) {
+    probs[j] = std::exp(static_cast<double>(scores[cand[j]]) - max_score);
+    sum += probs[j];
+  }
+  for (size_t j = 0; j < n; ++j) probs[j] /= sum;
+  num_candidates_ = n;
+}
+
+Sampler::Distribution Sampler::Process(std::span<const float> logits,
+                                       std::span<const int32_t> prompt_and_output_tokens) {
+  TANDEM_CHECK(logits.size() == static_cast<size_t>(vocab_size_), "logits size != vocab size");
+  ApplyPenalties(logits, prompt_and_output_tokens);
+  Warp();
+  return {std::span<const int32_t>(ws_->candidates.data(), num_candidates_),
+          std::span<const double>(ws_->probs.data(), num_candidates_)};
+}
+
+SampleResult Sampler::Sample(std::span<const float> logits,
+                             std::span<const int32_t> prompt_and_output_tokens) {
+  TANDEM_CHECK(logits.size() == static_cast<size_t>(vocab_size_), "logits size != vocab size");
+  TANDEM_CHECK(prompt_and_output_tokens.size() >= num_prompt_tokens_,
+               "fewer tokens than the prompt");
+  SampleResult result;
+  if (params_.greedy()) {
+    ApplyPenalties(logits, prompt_and_output_tokens);
+    const float* scores = ws_->scores.data();
+    int32_t best = -1;
+    for (int32_t i = 0; i < vocab_size_; ++i) {
+      if (Usable(scores[i]) && (best < 0 || scores[i] > scores[best])) best = i;
+    }
+    TANDEM_CHECK(best >= 0, "no finite logit to sample from");
+    result.token_id = best;
+    if (params_.logprobs && params_.logprobs_mode == LogprobsMode::kProcessed) {
+      std::copy(scores, scores + vocab_size_, ws_->logprob_src.begin());
+    }
+  } else {
+    Distribution dist = Process(logits, prompt_and_output_tokens);
+    const uint64_t step = prompt_and_output_tokens.size() - num_prompt_tokens_;
+    const double u = Uniform(step);
+    double cumulative = 0.0;
+    // If rounding leaves the total a hair under u, the last candidate takes it.
+    result.token_id = dist.token_ids.back();
+    for (size_t j = 0; j < dist.token_ids.size(); ++j) {
+      cumulative += dist.probs[j];
+      if (u < cumulative) {
+        result.token_id = dist.token_ids[j];
+        break;
+      }
+    }
+    if (params_.logprobs && params_.logprobs_mode == LogprobsMode::kProcessed) {
+      std::fill(ws_->logprob_src.begin(), ws_->logprob_src.end(), kNegInf);
+      for (int32_t t : dist.token_ids) ws_->logprob_src[t] = ws_->scores[t];
+    }
+  }
+  if (params_.logprobs) FillLogprobs(logits, &result);
+  return result;
+}
+
+void Sampler::FillLogprobs(std::span<const float> logits, SampleResult* result) {
+  const float* src = params_.logprobs_mode == LogprobsMode::kRaw ? logits.data()
+                                                                 : ws_->logprob_src.data();
+  float max_value = kNegInf;
+  for (int32_t i = 0; i < vocab_size_; ++i) {
+    if (Usable(src[i])) max_value = std::max(max_value, src[i]);
+  }
+  double sum = 0.0;
+  for (int32_t i = 0; i < vocab_size_; ++i) {
+    if (Usable(src[i])) sum += std::exp(static_cast<double>(src[i]) - max_value);
+  }
+  const double log_z = max_value + std::log(sum);
+  auto logprob = [&](int32_t t) {
+    return Usable(src[t]) ? static_cast<float>(src[t] - log_z) : kNegInf;
+  };
+  result->logprob = logprob(result->token_id);
+
+  const int32_t n = std::min(params_.top_logprobs, vocab_size_);
+  if (n == 0) return;
+  int32_t* order = ws_->order.data();
+  std::iota(order, order + vocab_size_, 0);
+  // NaN sorts as masked: treat it as -inf for ordering.
+  auto key = [&](int32_t t) { return Usable(src[t]) ? src[t] : kNegInf; };
+  std::partial_sort(order, order + n, order + vocab_size_, [&](int32_t a, int32_t b) {
+    if (key(a) != key(b)) return key(a) > key(b);
+    return a < b;
+  });
+  for (int32_t j = 0; j < n; ++j) result->top_logprobs[j] = {order[j], logprob(order[j])};
+  result->num_top_logprobs = n;
+}
+
+// ---- StopChecker ---------------------------------------------------------------------------
+
+std::string_view FinishReasonName(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kNone: return "";
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+  }
+  return "";
+}
+
+StopChecker::StopChecker(const SamplingParams& params, std::vector<int32_t> eos_token_ids)
+    : stop_ids_(params.stop_token_ids), stop_strings_(params.stop), max_tokens_(params.max_tokens) {
+  if (!params.ignore_eos) {
+    stop_ids_.insert(stop_ids_.end(), eos_token_ids.begin(), eos_token_ids.end());
+  }
+}
+
+bool StopChecker::IsStopToken(int32_t token_id) const {
+  return std::find(stop_ids_.begin(), stop_ids_.end(), token_id) != stop_ids_.end();
+}
+
+void StopChecker::Flush(StopUpdate* update) {
+  update->text += held_;
+  text_ += held_;
+  held_.clear();
+}
+
+StopUpdate StopChecker::Append(int32_t token_id, std::string_view text_delta) {
+  TANDEM_CHECK(finish_reason_ == FinishReason::kNone, "StopChecker::Append after finish");
+  StopUpdate update;
+  ++num_tokens_;
+
+  if (IsStopToken(token_id)) {
+    Flush(&update);
+    finish_reason_ = update.finish_reason = FinishReason::kStop;
+    return update;
+  }
+
+  held_.append(text_delta);
+  // The earliest stop string wins (on the same start, the first listed).
+  size_t cut = std::string::npos;
+  const std::string* matched = nullptr;
+  for (const std::string& stop : stop_strings_) {
+    size_t at = held_.find(stop);
+    if (at < cut) {
+      cut = at;
+      matched = &stop;
+    }
+  }
+  if (matched != nullptr) {
+    update.text = held_.substr(0, cut);
+    text_ += update.text;
+    held_.clear();
+    matched_stop_ = *matched;
+    finish_reason_ = update.finish_reason = FinishReason::kStop;
+    return update;
+  }
+
+  // Hold back the longest suffix that is a proper prefix of some stop string; no stop string
+  // occurs in held_, so anything before that suffix can never become part of one.
+  size_t hold = 0;
+  for (const std::string& stop : stop_strings_) {
+    size_t max_len = std::min(stop.size() - 1, held_.size());
+    for (size_t len = max_len; len > hold; --len) {
+      if (held_.compare(held_.size() - len, len, stop, 0, len) == 0) {
+        hold = len;
+        break;
+      }
+    }
+  }
+  update.text = held_.substr(0, held_.size() - hold);
+  text_ += update.text;
+  held_.erase(0, held_.size() - hold);
+
+  if (num_tokens_ >= max_tokens_) {
+    Flush(&update);
+    finish_reason_ = update.finish_reason = FinishReason::kLength;
+  }
+  return update;
+}
+
+}  // namespace tandem

@@ -1,0 +1,177 @@
+// Token sampling: request parameters, a per-request sampler, and stop conditions.
+//
+// Processing order (the same as Hugging Face transformers' `generate`, with OpenAI's
+// presence/frequency penalties slotted in after the repetition penalty, as vLLM does):
+//   1. repetition penalty (HF semantics: for every token seen in prompt or output, a positive
+//      logit is divided by the penalty and a negative one multiplied by it)
+//   2. presence and frequency penalties (OpenAI semantics, output tokens only:
+//      logit -= presence_penalty * [count > 0] + frequency_penalty * count)
+//   3. temperature (logit / temperature); temperature == 0 means greedy: argmax after 1-2,
+//      steps 3-6 are skipped, lowest token id wins a tie (as torch.argmax)
+//   4. top-k (keeps every token whose logit is >= the k-th largest, so ties at the edge stay)
+//   5. top-p (HF: drop the tokens whose ascending cumulative probability is <= 1 - top_p;
+//      the most likely token always stays)
+//   6. min-p (drop tokens whose probability is < min_p * the largest probability)
+// then one draw from the softmax of what is left.
+//
+// Randomness is counter-based: the draw for output position i is a pure function of
+// (seed, i). The same seed gives the same tokens whatever the batch composition, and a request
+// that moves from a prefill instance to a decode instance keeps its stream if the seed moves
+// with it (Sampler::seed() reports the seed chosen for an unseeded request).
+//
+// Logprobs: by default reported from the RAW model distribution (log-softmax of the logits as
+// given, before any penalty or warper), as OpenAI and vLLM (V1 default) do. LogprobsMode::
+// kProcessed reports log-softmax of the distribution actually sampled from instead (tokens cut by
+// top-k/p/min-p get -inf; under greedy, the distribution after penalties).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/base/status.h"
+#include "common/engine/sampling_params.h"
+
+namespace tandem {
+
+// What one Sample() call returns. Fixed size: returning it allocates nothing.
+struct SampleResult {
+  int32_t token_id = -1;
+  float logprob = 0.0f;  // of token_id; 0 when params.logprobs is false
+  int32_t num_top_logprobs = 0;
+  // The top params.top_logprobs tokens, most likely first (ties: lower id first).
+  std::array<TokenLogprob, kMaxTopLogprobs> top_logprobs{};
+
+  std::span<const TokenLogprob> top() const {
+    return {top_logprobs.data(), static_cast<size_t>(num_top_logprobs)};
+  }
+};
+
+// Scratch memory sized to the vocabulary (about 25 bytes per vocab entry). Samplers that run
+// on the same thread one after another may share one, so that a batch of many requests does not
+// hold one each. Its contents mean nothing between calls.
+class SamplerWorkspace {
+ public:
+  explicit SamplerWorkspace(int32_t vocab_size);
+  int32_t vocab_size() const { return static_cast<int32_t>(scores.size()); }
+
+ private:
+  friend class Sampler;
+  std::vector<float> scores;        // processed logits
+  std::vector<float> logprob_src;   // what logprobs are computed from (processed mode)
+  std::vector<int32_t> candidates;  // token ids still in play
+  std::vector<int32_t> order;       // top-n selection
+  std::vector<double> probs;        // probabilities of candidates[0..n)
+  std::vector<int32_t> counts;      // output-token counts; all zero between calls
+  std::vector<uint8_t> seen;        // seen in prompt/output; all zero between calls
+};
+
+// One request's sampler. Not thread-safe; owned by whoever owns the request (the engine
+// thread). Scratch is allocated at construction, so Sample() allocates nothing.
+class Sampler {
+ public:
+  // params must be valid (Validate() OK; checked). num_prompt_tokens says how many leading
+  // entries of the token lists passed to Sample() are prompt (presence/frequency penalties
+  // apply only to what follows). This one owns its workspace.
+  Sampler(const SamplingParams& params, int32_t vocab_size, size_t num_prompt_tokens);
+  // Uses a shared workspace, which must outlive the sampler and not be used concurrently.
+  Sampler(const SamplingParams& params, SamplerWorkspace* workspace, size_t num_prompt_tokens);
+
+  // Samples the next token from logits[vocab_size] given every token so far (prompt first,
+  // then output; at least num_prompt_tokens of them). The draw depends only on the seed and
+  // prompt_and_output_tokens.size(), so calling twice with the same inputs gives the same
+  // token. Aborts if no logit is finite (a broken model, not a request error).
+  SampleResult Sample(std::span<const float> logits,
+                      std::span<const int32_t> prompt_and_output_tokens);
+
+  // The distribution Sample() draws from for non-greedy params: the kept token ids and their
+  // renormalised probabilities, in no particular order. The spans stay valid until the next
+  // call on this sampler or its workspace. Exposed for tests against Hugging Face.
+  struct Distribution {
+    std::span<const int32_t> token_ids;
+    std::span<const double> probs;
+  };
+  Distribution Process(std::span<const float> logits,
+                       std::span<const int32_t> prompt_and_output_tokens);
+
+  uint64_t seed() const { return seed_; }
+  const SamplingParams& params() const { return params_; }
+
+ private:
+  // Copies logits into scores_ and applies the penalties (steps 1-2).
+  void ApplyPenalties(std::span<const float> logits, std::span<const int32_t> tokens);
+  // Steps 3-6 on scores_; fills candidates_ (sorted) and probs_.
+  void Warp();
+  // A uniform double in [0, 1) for output position `step`.
+  double Uniform(uint64_t step) const;
+  void FillLogprobs(std::span<const float> logits, SampleResult* result);
+
+  SamplingParams params_;
+  std::unique_ptr<SamplerWorkspace> owned_workspace_;
+  SamplerWorkspace* ws_;
+  int32_t vocab_size_;
+  size_t num_prompt_tokens_;
+  uint64_t seed_;
+  size_t num_candidates_ = 0;
+};
+
+enum class FinishReason {
+  kNone,    // still generating
+  kStop,    // eos, a stop token id, or a stop string
+  kLength,  // max_tokens reached
+};
+
+// "stop", "length", or "" for kNone (OpenAI's finish_reason values).
+std::string_view FinishReasonName(FinishReason reason);
+
+// What StopChecker::Append says about one token.
+struct StopUpdate {
+  std::string text;  // what may be sent to the client now (may be empty)
+  FinishReason finish_reason = FinishReason::kNone;
+  bool finished() const { return finish_reason != FinishReason::kNone; }
+};
+
+// Decides when a request stops, and what of its streamed text may be shown.
+//
+// Feed it each sampled token with the text that detokenizing it added (complete UTF-8).
+// Text that could be the start of a stop string is held back until it is known not to be one,
+// so a stop string never reaches the client; on a stop string the output is cut right before
+// it. An eos or stop token's own text is never emitted. On finish, held text that turned out
+// not to be a stop string is released. After finishing, Append() must not be called (checked).
+// Not thread-safe.
+class StopChecker {
+ public:
+  // eos_token_ids: the model's end-of-sequence ids (ignored when params.ignore_eos).
+  StopChecker(const SamplingParams& params, std::vector<int32_t> eos_token_ids);
+
+  StopUpdate Append(int32_t token_id, std::string_view text_delta);
+
+  // Everything emitted so far: once finished, the final (truncated) text.
+  const std::string& text() const { return text_; }
+  int32_t num_tokens() const { return num_tokens_; }
+  FinishReason finish_reason() const { return finish_reason_; }
+  // The stop string that ended the request, if one did.
+  std::optional<std::string> matched_stop() const { return matched_stop_; }
+
+ private:
+  bool IsStopToken(int32_t token_id) const;
+  // Emits held_ (all of it) into update; used when finishing without a stop string.
+  void Flush(StopUpdate* update);
+
+  std::vector<int32_t> stop_ids_;
+  std::vector<std::string> stop_strings_;
+  int32_t max_tokens_;
+  int32_t num_tokens_ = 0;
+  std::string held_;  // text not yet emitted: a possible start of a stop string
+  std::string text_;
+  FinishReason finish_reason_ = FinishReason::kNone;
+  std::optional<std::string> matched_stop_;
+};
+
+}  // namespace tandem

@@ -1,0 +1,26 @@
+// Where an instance's model lives: a checkpoint path from the config, or a built-in preset made
+// on first use and cached.
+//
+// Cache: $TANDEM_CACHE_DIR, else ~/.cache/tandem; a preset lives in models/<preset>-llama. It is
+// written into a temporary sibling directory and renamed into place, so concurrent processes
+// may race safely: one rename wins, the losers remove their temporary copy and use the winner's.
+// Thread-safe (no shared state besides the file system).
+#pragma once
+
+#include <string>
+
+#include "common/config/config.h"
+#include "common/base/status.h"
+
+namespace tandem {
+
+// The checkpoint directory for `model`: model.path when set (NotFound if it has no
+// config.json), else the cached built-in preset, created when missing (Internal when the cache
+// cannot be written; nothing partial is left under the final name).
+StatusOr<std::string> ResolveModelDir(const ModelSection& model);
+
+// The served model name: model.name if set, "tandem-<preset>" for a built-in preset, else the
+// basename of the checkpoint directory.
+std::string ServedModelName(const ModelSection& model);
+
+}  // namespace tandem

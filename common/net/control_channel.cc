@@ -1,0 +1,209 @@
+#include "common/net/control_channel.h"
+
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/connect.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/write.hpp>
+#include <chrono>
+#include <future>
+
+#include "common/base/log.h"
+#include "common/net/wire_codec.h"
+
+namespace tandem {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+
+std::shared_ptr<ControlConnection> ControlConnection::Create(tcp::socket socket) {
+  return std::shared_ptr<ControlConnection>(new ControlConnection(std::move(socket)));
+}
+
+ControlConnection::ControlConnection(tcp::socket socket)
+    : socket_(std::move(socket)), strand_(asio::make_strand(socket_.get_executor())) {
+  boost::system::error_code ec;
+  tcp::endpoint remote = socket_.remote_endpoint(ec);
+  peer_ = ec ? "?" : remote.address().to_string() + ":" + std::to_string(remote.port());
+  socket_.set_option(tcp::no_delay(true), ec);  // tokens are small and latency-bound
+}
+
+void ControlConnection::Start(MessageHandler on_message, CloseHandler on_close) {
+  on_message_ = std::move(on_message);
+  on_close_ = std::move(on_close);
+  asio::post(strand_, [self = shared_from_this()] { self->ReadHeader(); });
+}
+
+void ControlConnection::ReadHeader() {
+  read_buffer_.resize(kFrameHeaderBytes);
+  asio::async_read(socket_, asio::buffer(read_buffer_),
+                   asio::bind_executor(strand_, [self = shared_from_this()](
+                                                    boost::system::error_code ec, size_t) {
+                     if (ec) return self->Fail(Unavailable("control connection to " + self->peer_ +
+                                                           " closed: " + ec.message()));
+                     StatusOr<size_t> size = ControlFrameBytes(ByteSpan(self->read_buffer_));
+                     if (!size.ok()) return self->Fail(size.status());
+                     self->ReadBody(*size);
+                   }));
+}
+
+void ControlConnection::ReadBody(size_t frame_bytes) {
+  read_buffer_.resize(frame_bytes);
+  auto body = asio::buffer(read_buffer_.data() + kFrameHeaderBytes, frame_bytes - kFrameHeaderBytes);
+  asio::async_read(socket_, body,
+                   asio::bind_executor(strand_, [self = shared_from_this()](
+                                                    boost::system::error_code ec, size_t) {
+                     if (ec) return self->Fail(Unavailable("control connection to " + self->peer_ +
+                                                           " closed: " + ec.message()));
+                     StatusOr<ControlMessage> message = DecodeControl(ByteSpan(self->read_buffer_));
+                     if (!message.ok())
+                       return self->Fail(message.status().WithContext("from " + self->peer_));
+                     if (self->on_message_) self->on_message_(std::move(message).value());
+                     if (!self->closed()) self->ReadHeader();
+                   }));
+}
+
+bool ControlConnection::Send(const ControlMessage& message) {
+  std::string frame = EncodeControl(message);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (closed_) return false;
+    write_queue_.push_back(std::move(frame));
+    if (writing_) return true;
+    writing_ = true;
+  }
+  asio::post(strand_, [self = shared_from_this()] { self->WriteNext(); });
+  return true;
+}
+
+void ControlConnection::WriteNext() {
+  const std::string* front;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (closed_ || write_queue_.empty()) {
+      writing_ = false;
+      return;
+    }
+    front = &write_queue_.front();  // deque keeps element addresses stable on push_back
+  }
+  asio::async_write(socket_, asio::buffer(*front),
+                    asio::bind_executor(strand_, [self = shared_from_this()](
+                                                     boost::system::error_code ec, size_t) {
+                      if (ec) return self->Fail(Unavailable("write to " + self->peer_ +
+                                                            " failed: " + ec.message()));
+                      {
+                        std::lock_guard<std::mutex> lock(self->mutex_);
+                        if (!self->write_queue_.empty()) self->write_queue_.pop_front();
+                      }
+                      self->WriteNext();
+                    }));
+}
+
+void ControlConnection::Fail(const Status& reason) {
+  CloseHandler on_close;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (closed_) return;
+    closed_ = true;
+    write_queue_.clear();
+    on_close = std::move(on_close_);
+  }
+  boost::system::error_code ec;
+  socket_.shutdown(tcp::socket::shutdown_both, ec);
+  socket_.close(ec);
+  on_message_ = nullptr;
+  if (on_close) on_close(reason);
+}
+
+void ControlConnection::Close() {
+  asio::post(strand_, [self = shared_from_this()] {
+    self->Fail(Cancelled("control connection to " + self->peer_ + " closed locally"));
+  });
+}
+
+bool ControlConnection::closed() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return closed_;
+}
+
+ControlListener::ControlListener(asio::io_context& io, AcceptHandler on_accept)
+    : acceptor_(io), on_accept_(std::move(on_accept)) {}
+
+ControlListener::~ControlListener() { Stop(); }
+
+StatusOr<std::unique_ptr<ControlListener>> ControlListener::Listen(asio::io_context& io,
+                                                                   const std::string& host,
+                                                                   int port,
+                                                                   AcceptHandler on_accept) {
+  std::unique_ptr<ControlListener> listener(new ControlListener(io, std::move(on_accept)));
+  boost::system::error_code ec;
+  asio::ip::address address = asio::ip::make_address(host, ec);
+  if (ec) return InvalidArgument("control listener: bad host '" + host + "': " + ec.message());
+  tcp::endpoint endpoint(address, static_cast<unsigned short>(port));
+  listener->acceptor_.open(endpoint.protocol(), ec);
+  if (!ec) listener->acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
+  if (!ec) listener->acceptor_.bind(endpoint, ec);
+  if (!ec) listener->acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec)
+    return Unavailable("control listener: cannot listen on " + host + ":" + std::to_string(port) +
+                       ": " + ec.message());
+  listener->port_ = listener->acceptor_.local_endpoint().port();
+  listener->AcceptNext();
+  return listener;
+}
+
+void ControlListener::AcceptNext() {
+  acceptor_.async_accept([this](boost::system::error_code ec, tcp::socket socket) {
+    if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
+    if (!ec) on_accept_(ControlConnection::Create(std::move(socket)));
+    AcceptNext();
+  });
+}
+
+void ControlListener::Stop() {
+  boost::system::error_code ec;
+  acceptor_.close(ec);
+}
+
+Status ParseHostPort(const std::string& address, std::string* host, int* port) {
+  size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size())
+    return InvalidArgument("address '" + address + "' is not host:port");
+  char* end = nullptr;
+  long value = std::strtol(address.c_str() + colon + 1, &end, 10);
+  if (*end != '\0' || value <= 0 || value > 65535)
+    return InvalidArgument("address '" + address + "' has a bad port");
+  *host = address.substr(0, colon);
+  *port = static_cast<int>(value);
+  return Status::Ok();
+}
+
+StatusOr<std::shared_ptr<ControlConnection>> ConnectControl(asio::io_context& io,
+                                                           const std::string& address,
+                                                           double timeout_s) {
+  std::string host;
+  int port = 0;
+  TANDEM_RETURN_IF_ERROR(ParseHostPort(address, &host, &port));
+  boost::system::error_code ec;
+  asio::ip::address ip = asio::ip::make_address(host, ec);
+  if (ec) return InvalidArgument("address '" + address + "': bad host: " + ec.message());
+  auto socket = std::make_shared<tcp::socket>(io);
+  auto done = std::make_shared<std::promise<boost::system::error_code>>();
+  std::future<boost::system::error_code> result = done->get_future();
+  socket->async_connect(tcp::endpoint(ip, static_cast<unsigned short>(port)),
+                        [done](boost::system::error_code e) { done->set_value(e); });
+  if (result.wait_for(std::chrono::duration<double>(timeout_s)) != std::future_status::ready) {
+    asio::post(io, [socket] {
+      boost::system::error_code ignored;
+      socket->close(ignored);
+    });
+    result.wait();
+    return DeadlineExceeded("connecting to " + address + " timed out after " +
+                            std::to_string(timeout_s) + " s");
+  }
+  ec = result.get();
+  if (ec) return Unavailable("cannot connect to " + address + ": " + ec.message());
+  return ControlConnection::Create(std::move(*socket));
+}
+
+}  // namespace tandem
