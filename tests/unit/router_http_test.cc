@@ -82,7 +82,7 @@ class FakeBackend : public Backend {
         if (sp.ignore_eos && static_cast<size_t>(i) >= n) id = tokens_[i % n];
         BackendEvent event;
         GeneratedToken token{id, -0.25f, {}};
-        for (int k = 0; k < sp.top_logprobs; ++k) token.top_logprobs.emplace_back(id + k, -0.25f - k);
+        for (int k = 0; k < sp.top_logprobs; ++k) token.top_logprobs.push_back({id + k, -0.25f - k});
         event.tokens.push_back(token);
         bool is_eos = id == eos_ && !sp.ignore_eos;
         if (is_eos) {
