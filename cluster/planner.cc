@@ -84,6 +84,10 @@ class Planner {
   StatusOr<Plan> Run();
 
  private:
+  Status Setup();
+  Status PlanHighAffinity(Plan* plan);
+  Status PlanLowAffinity(Plan* plan);
+  std::string PlanYaml(const Plan& plan) const;
   ClusterConfig BaseConfig(const std::string& policy) const {
     ClusterConfig c;
     c.source = "<plan>";
@@ -349,7 +353,8 @@ double Planner::ClusterRate(const ClusterConfig& config, double estimate, int gp
                          std::max(estimate / scale, 1e-3));
 }
 
-StatusOr<Plan> Planner::Run() {
+// The shapes the budget allows (one per tensor x pipeline degree) and the base workload.
+Status Planner::Setup() {
   TANDEM_ASSIGN_OR_RETURN(WorkloadShape shape, WorkloadShapeByName(options_.workload));
   if (options_.gpus < 1 || options_.gpus_per_node < 1)
     return InvalidArgument("--gpus and --gpus-per-node must be >= 1");
@@ -370,82 +375,80 @@ StatusOr<Plan> Planner::Run() {
   // Whole-cluster runs need more requests than one instance's search.
   wo.num_requests = std::max<int64_t>(options_.num_requests, kMaxRequests);
   base_ = GenerateWorkload(shape, wo);
+  return Status::Ok();
+}
 
-  Plan plan;
-  if (options_.high_affinity) {
-    SearchPhases(&plan);
-    // Replicate: the numbers of prefill and decode instances whose rates balance within the
-    // budget (DistServe: n = ceil(R / rate) per phase for the cluster rate R). DistServe takes
-    // each phase's best shape per GPU; on a small budget the instance granularity matters, so
-    // every pair of shapes is tried and the best balanced rate wins (the per-GPU best pair is
-    // among them).
-    // Per pair of shapes, the split with the best estimate; the best kSimulatedPairs estimates
-    // are then simulated whole (many instances behind one router pool their slack, so a
-    // cluster sustains more than n x one instance's rate, and not equally for every shape).
-    std::vector<PlanCandidate> pairs;
-    for (const PlanCandidate& bp : plan.prefill_candidates) {
-      if (bp.rate <= 0) continue;
-      for (const PlanCandidate& bd : plan.decode_candidates) {
-        if (bd.rate <= 0) continue;
-        PlanCandidate pair;
-        for (int n_p = 1; n_p * bp.gpus + bd.gpus <= options_.gpus && n_p <= 1024; ++n_p) {
-          int n_d = std::min(1024, (options_.gpus - n_p * bp.gpus) / bd.gpus);
-          double rate = std::min(n_p * bp.rate, n_d * bd.rate);
-          int gpus = n_p * bp.gpus + n_d * bd.gpus;
-          if (rate > pair.rate * (1 + 1e-9) || (rate >= pair.rate * (1 - 1e-9) && gpus < pair.gpus))
-            pair = PlanCandidate{"disaggregated", bp.prefill_tp, bp.prefill_pp, n_p,
-                                 bd.decode_tp, bd.decode_pp, n_d, gpus, rate, rate / gpus, ""};
-        }
-        if (pair.rate > 0) pairs.push_back(pair);
+// High node affinity: each phase's instance searched alone, then pairs of shapes replicated.
+Status Planner::PlanHighAffinity(Plan* plan) {
+  SearchPhases(plan);
+  // Replicate: the numbers of prefill and decode instances whose rates balance within the
+  // budget (DistServe: n = ceil(R / rate) per phase for the cluster rate R). DistServe takes
+  // each phase's best shape per GPU; on a small budget the instance granularity matters, so
+  // every pair of shapes is tried and the best balanced rate wins (the per-GPU best pair is
+  // among them).
+  // Per pair of shapes, the split with the best estimate; the best kSimulatedPairs estimates
+  // are then simulated whole (many instances behind one router pool their slack, so a
+  // cluster sustains more than n x one instance's rate, and not equally for every shape).
+  std::vector<PlanCandidate> pairs;
+  for (const PlanCandidate& bp : plan->prefill_candidates) {
+    if (bp.rate <= 0) continue;
+    for (const PlanCandidate& bd : plan->decode_candidates) {
+      if (bd.rate <= 0) continue;
+      PlanCandidate pair;
+      for (int n_p = 1; n_p * bp.gpus + bd.gpus <= options_.gpus && n_p <= 1024; ++n_p) {
+        int n_d = std::min(1024, (options_.gpus - n_p * bp.gpus) / bd.gpus);
+        double rate = std::min(n_p * bp.rate, n_d * bd.rate);
+        int gpus = n_p * bp.gpus + n_d * bd.gpus;
+        if (rate > pair.rate * (1 + 1e-9) || (rate >= pair.rate * (1 - 1e-9) && gpus < pair.gpus))
+          pair = PlanCandidate{"disaggregated", bp.prefill_tp, bp.prefill_pp, n_p,
+                               bd.decode_tp, bd.decode_pp, n_d, gpus, rate, rate / gpus, ""};
       }
+      if (pair.rate > 0) pairs.push_back(pair);
     }
-    std::stable_sort(pairs.begin(), pairs.end(), [](const PlanCandidate& a, const PlanCandidate& b) {
-      return a.rate > b.rate;
-    });
-    report_interval_ = 0.1;
-    double best = -1;
-    for (size_t i = 0; i < pairs.size() && i < kSimulatedPairs; ++i) {
-      PlanCandidate c = pairs[i];
-      c.rate = ClusterRate(DisaggregatedConfig(c), c.rate, c.gpus);
-      c.per_gpu = c.rate / c.gpus;
-      plan.pair_candidates.push_back(c);
-      if (c.rate > best) {
-        best = c.rate;
-        plan.chosen = c;
-      }
-    }
-    std::stable_sort(plan.pair_candidates.begin(), plan.pair_candidates.end(),
-                     [](const PlanCandidate& a, const PlanCandidate& b) { return a.rate > b.rate; });
-    report_interval_ = 0;
-    if (best <= 0)
-      return FailedPrecondition("no prefill + decode pair fits the budget and meets the SLO");
-  } else {
-    SearchPhases(&plan);
-    SearchUnits(&plan);
-    if (plan.unit_candidates.empty())
-      return InvalidArgument("low affinity needs at least one node's worth of GPUs per unit");
-    const PlanCandidate& u = plan.unit_candidates.front();
-    if (u.rate <= 0) return FailedPrecondition("no unit meets the SLO at any rate");
-    int replicas = std::max(1, options_.gpus / u.gpus);
-    plan.chosen = u;
-    plan.chosen.kind = "disaggregated";
-    plan.chosen.prefill_instances = std::min(1024, u.prefill_instances * replicas);
-    plan.chosen.decode_instances = std::min(1024, u.decode_instances * replicas);
-    plan.chosen.gpus = u.gpus * replicas;
-    plan.chosen.rate = u.rate * replicas;
   }
-  plan.colocated_candidates = SearchColocated("chunked");
-  plan.colocated_prefill_first_candidates = SearchColocated("prefill_first");
+  std::stable_sort(pairs.begin(), pairs.end(), [](const PlanCandidate& a, const PlanCandidate& b) {
+    return a.rate > b.rate;
+  });
+  report_interval_ = 0.1;
+  double best = -1;
+  for (size_t i = 0; i < pairs.size() && i < kSimulatedPairs; ++i) {
+    PlanCandidate c = pairs[i];
+    c.rate = ClusterRate(DisaggregatedConfig(c), c.rate, c.gpus);
+    c.per_gpu = c.rate / c.gpus;
+    plan->pair_candidates.push_back(c);
+    if (c.rate > best) {
+      best = c.rate;
+      plan->chosen = c;
+    }
+  }
+  std::stable_sort(plan->pair_candidates.begin(), plan->pair_candidates.end(),
+                   [](const PlanCandidate& a, const PlanCandidate& b) { return a.rate > b.rate; });
+  report_interval_ = 0;
+  if (best <= 0)
+    return FailedPrecondition("no prefill + decode pair fits the budget and meets the SLO");
+  return Status::Ok();
+}
 
-  // Predicted goodput of the clusters, simulated whole as `tandem up` would run them.
-  report_interval_ = 0.1;  // the servers' load report period
-  plan.config = DisaggregatedConfig(plan.chosen);
-  if (!options_.high_affinity)
-    plan.chosen.rate = ClusterRate(plan.config, plan.chosen.rate, plan.chosen.gpus);
-  plan.chosen.per_gpu = plan.chosen.rate / std::max(1, plan.chosen.gpus);
-  plan.colocated = ColocatedCluster(plan.colocated_candidates);
-  plan.colocated_prefill_first = ColocatedCluster(plan.colocated_prefill_first_candidates);
+// Low node affinity: units of one node, replicated.
+Status Planner::PlanLowAffinity(Plan* plan) {
+  SearchPhases(plan);
+  SearchUnits(plan);
+  if (plan->unit_candidates.empty())
+    return InvalidArgument("low affinity needs at least one node's worth of GPUs per unit");
+  const PlanCandidate& u = plan->unit_candidates.front();
+  if (u.rate <= 0) return FailedPrecondition("no unit meets the SLO at any rate");
+  int replicas = std::max(1, options_.gpus / u.gpus);
+  plan->chosen = u;
+  plan->chosen.kind = "disaggregated";
+  plan->chosen.prefill_instances = std::min(1024, u.prefill_instances * replicas);
+  plan->chosen.decode_instances = std::min(1024, u.decode_instances * replicas);
+  plan->chosen.gpus = u.gpus * replicas;
+  plan->chosen.rate = u.rate * replicas;
+  return Status::Ok();
+}
 
+// The chosen layout as a cluster YAML, with the predictions in its header comment.
+std::string Planner::PlanYaml(const Plan& plan) const {
   std::ostringstream y;
   y << "# written by tandem plan: " << options_.workload << " workload, SLO TTFT "
     << options_.slo.ttft_s << " s, TPOT " << options_.slo.tpot_s << " s at "
@@ -470,7 +473,27 @@ StatusOr<Plan> Planner::Run() {
   y << "colocated:\n  instances: 0\nslo:\n  ttft_s: " << options_.slo.ttft_s
     << "\n  tpot_s: " << options_.slo.tpot_s << "\n  attainment_target: " << options_.target
     << "\n";
-  plan.config_yaml = y.str();
+  return y.str();
+}
+
+StatusOr<Plan> Planner::Run() {
+  TANDEM_RETURN_IF_ERROR(Setup());
+  Plan plan;
+  TANDEM_RETURN_IF_ERROR(options_.high_affinity ? PlanHighAffinity(&plan)
+                                                : PlanLowAffinity(&plan));
+  plan.colocated_candidates = SearchColocated("chunked");
+  plan.colocated_prefill_first_candidates = SearchColocated("prefill_first");
+
+  // Predicted goodput of the clusters, simulated whole as `tandem up` would run them.
+  report_interval_ = 0.1;  // the servers' load report period
+  plan.config = DisaggregatedConfig(plan.chosen);
+  if (!options_.high_affinity)
+    plan.chosen.rate = ClusterRate(plan.config, plan.chosen.rate, plan.chosen.gpus);
+  plan.chosen.per_gpu = plan.chosen.rate / std::max(1, plan.chosen.gpus);
+  plan.colocated = ColocatedCluster(plan.colocated_candidates);
+  plan.colocated_prefill_first = ColocatedCluster(plan.colocated_prefill_first_candidates);
+
+  plan.config_yaml = PlanYaml(plan);
   StatusOr<ClusterConfig> check = ParseConfig(plan.config_yaml, "<plan>");
   if (!check.ok()) return Internal("the plan's YAML does not load: " + check.status().message());
   plan.simulations = simulations_;
