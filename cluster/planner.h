@@ -19,12 +19,13 @@
 //   each unit is simulated whole and the best goodput per GPU (of the nodes it occupies) is
 //   replicated over the budget.
 //   colocated (the vLLM-like baseline), under both policies of colocated.scheduling
-//   (decode/colocated_scheduler.h): chunked (prompt chunks ride in decode steps, vLLM today) and
+//   (decode/colocated_scheduler.h): chunked (prompt chunks ride in decode steps, vLLM's default) and
 //   prefill_first (whole prompts in steps that pause every decode, vLLM 2023: the baseline
 //   DistServe measured against). For each, the best shape of a colocated instance by the same
 //   search, replicated over the budget.
-// The chosen layouts (the disaggregated one and both colocated ones) are then simulated whole (router goodput policy, as `tandem up` would run
-// them) to predict cluster goodput: the highest rate meeting `target` attainment.
+// The chosen layouts (the disaggregated one and both colocated ones) are then simulated whole
+// (router goodput policy, as `tandem up` would run them) to predict cluster goodput: the highest
+// rate meeting `target` attainment.
 //
 // Pure computation on the calling thread; deterministic.
 #pragma once
