@@ -19,8 +19,8 @@
 #include <sstream>
 #include <thread>
 
-#include "common/config/config.h"
 #include "common/base/flags.h"
+#include "common/config/config.h"
 #include "common/engine/forward.h"
 #include "common/engine/kv_cache.h"
 #include "common/engine/latency_model.h"
@@ -31,8 +31,7 @@ namespace tandem {
 namespace {
 
 double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 std::vector<int32_t> RandomTokens(int n, int vocab, std::mt19937& rng) {
@@ -41,7 +40,6 @@ std::vector<int32_t> RandomTokens(int n, int vocab, std::mt19937& rng) {
   for (int32_t& t : out) t = dist(rng);
   return out;
 }
-
 
 // Median over `reps` of the mean time of `inner` calls. The first call chooses `inner` so that
 // each rep lasts at least `min_rep_s` (tiny models run a step in microseconds, below the
@@ -118,8 +116,8 @@ class Background {
           ++worker->steps;
         }
       });
-      worker->cpu_clock_ok = pthread_getcpuclockid(worker->thread.native_handle(),
-                                                   &worker->cpu_clock) == 0;
+      worker->cpu_clock_ok =
+          pthread_getcpuclockid(worker->thread.native_handle(), &worker->cpu_clock) == 0;
     }
     return Status::Ok();
   }
@@ -187,7 +185,6 @@ std::vector<std::string> LeadingComments(const std::string& path) {
   return out;
 }
 
-
 // ---- parse ----
 
 // What the flags ask for, checked.
@@ -225,7 +222,8 @@ FlagParser ProfileFlags() {
       "Fits the latency model of common/engine/latency_model.h (DistServe's form), prints "
       "measured vs predicted for every grid point and the fit quality, and writes the YAML "
       "(--append: merges this entry, keyed by device/threads/tp/pp/role, into an existing file).");
-  flags.AddString("config", "", "cluster config (model section, kv_cache.block_size, max_model_len)");
+  flags.AddString("config", "",
+                  "cluster config (model section, kv_cache.block_size, max_model_len)");
   flags.AddString("model-preset", "", "built-in model preset (tiny|small|medium)");
   flags.AddString("model-path", "", "Hugging Face checkpoint directory");
   flags.AddInt("threads", 1, "compute threads of the measured forward pass");
@@ -353,8 +351,8 @@ ProfileGrid MakeGrid(bool quick, int max_len, int block_size) {
     for (int ctx : decode_contexts) {
       if (ctx + 1 > max_len || b * ctx > decode_tokens_cap) continue;
       grid.decode.push_back({b, ctx});
-      grid.max_decode_tokens = std::max(grid.max_decode_tokens,
-                                        b * BlocksForTokens(ctx + 1, block_size) * block_size);
+      grid.max_decode_tokens =
+          std::max(grid.max_decode_tokens, b * BlocksForTokens(ctx + 1, block_size) * block_size);
       grid.max_decode_batch = std::max(grid.max_decode_batch, b);
     }
   }
@@ -400,8 +398,9 @@ struct ProfileBench {
            static_cast<double>(options.threads);
   }
   StatusOr<double> Time(const std::vector<SequenceInput>& batch) {
-    return TimeIt(static_cast<int>(options.reps), min_rep_s(), [this] { return Now(); },
-                  [&]() -> Status { return forward.Forward(batch, kv).status(); });
+    return TimeIt(
+        static_cast<int>(options.reps), min_rep_s(), [this] { return Now(); },
+        [&]() -> Status { return forward.Forward(batch, kv).status(); });
   }
 };
 
@@ -487,10 +486,11 @@ StatusOr<ProfileRun> RunProfile(const ProfileOptions& o) {
   TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache, KvCache::Create(layout, num_blocks));
   run.kv_bytes_per_token = 2.0 * mc.num_layers * mc.num_kv_heads * mc.head_dim * sizeof(float);
 
-  std::printf("tandem profile: model %s (%s), %ld thread(s), %ld background thread(s), %ld reps, "
-              "block %d, KV %.0f bytes/token, %s clock\n",
-              run.model_name.c_str(), run.model_dir.c_str(), o.threads, o.background, o.reps,
-              run.block_size, run.kv_bytes_per_token, o.clock_name.c_str());
+  std::printf(
+      "tandem profile: model %s (%s), %ld thread(s), %ld background thread(s), %ld reps, "
+      "block %d, KV %.0f bytes/token, %s clock\n",
+      run.model_name.c_str(), run.model_dir.c_str(), o.threads, o.background, o.reps,
+      run.block_size, run.kv_bytes_per_token, o.clock_name.c_str());
   std::printf("grid: %zu prefill batches, %zu decode steps\n", grid.prefill.size(),
               grid.decode.size());
   std::fflush(stdout);
@@ -504,8 +504,8 @@ StatusOr<ProfileRun> RunProfile(const ProfileOptions& o) {
     // --background-kind other: the neighbour switches phase. (Its CpuForward sets OpenBLAS to
     // one thread, which the measured forward also uses: --threads 1 was checked above.)
     neighbour = std::make_unique<Background>();
-    TANDEM_RETURN_IF_ERROR(neighbour->Start(**model, static_cast<int>(o.background),
-                                            run.block_size, o.prefill_neighbour_for_decode));
+    TANDEM_RETURN_IF_ERROR(neighbour->Start(**model, static_cast<int>(o.background), run.block_size,
+                                            o.prefill_neighbour_for_decode));
   }
   TANDEM_RETURN_IF_ERROR(MeasureDecode(bench, grid, &run));
   run.decode_done = Now();
@@ -522,8 +522,8 @@ void PrintTable(const char* phase, const char* length_name, const std::vector<Me
               "predicted_ms", "error");
   for (const Measured& r : rows) {
     double p = predict(r);
-    std::printf("%-8s %6d %8d %12.3f %12.3f %7.1f%%\n", phase, r.batch, r.length,
-                r.seconds * 1e3, p * 1e3, 100.0 * (p - r.seconds) / r.seconds);
+    std::printf("%-8s %6d %8d %12.3f %12.3f %7.1f%%\n", phase, r.batch, r.length, r.seconds * 1e3,
+                p * 1e3, 100.0 * (p - r.seconds) / r.seconds);
   }
 }
 
@@ -537,8 +537,9 @@ void PrintFit(const ProfileOptions& o, const ProfileRun& run, const LatencyModel
   });
   std::printf("\nprefill s = %.6g + %.6g * sum(l) + %.6g * sum(l^2)   R^2 %.4f, max error %.1f%%\n",
               lm.c1, lm.c2, lm.c3, lm.fit.prefill_r2, 100 * lm.fit.prefill_max_rel_error);
-  std::printf("decode  s = %.6g + %.6g * batch + %.6g * sum(context)   R^2 %.4f, max error %.1f%%\n",
-              lm.c4, lm.c5, lm.c6, lm.fit.decode_r2, 100 * lm.fit.decode_max_rel_error);
+  std::printf(
+      "decode  s = %.6g + %.6g * batch + %.6g * sum(context)   R^2 %.4f, max error %.1f%%\n", lm.c4,
+      lm.c5, lm.c6, lm.fit.decode_r2, 100 * lm.fit.decode_max_rel_error);
   auto neighbour_work = [](bool prefill, int64_t steps) {
     return std::to_string(steps) + (prefill ? " prefills" : " decode steps");
   };
@@ -602,7 +603,8 @@ Status WriteProfile(const ProfileOptions& o, const ProfileRun& run, LatencyModel
     comments = LeadingComments(o.out_path);
     if (!o.transfer_given) transfer = file.transfer;  // the first profile's link stays
   } else {
-    comments.push_back("written by tandem profile (common/engine/latency_model.h explains the form)");
+    comments.push_back(
+        "written by tandem profile (common/engine/latency_model.h explains the form)");
   }
   lm.role = o.role;
   bool replaced = false;

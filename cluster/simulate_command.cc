@@ -27,8 +27,7 @@ std::string FormatRunSummary(const RunSummary& s, const Slo& slo) {
   std::snprintf(line, sizeof line,
                 "requests %lld  completed %lld  rejected %lld  failed %lld  duration %.2f s\n",
                 static_cast<long long>(s.requests), static_cast<long long>(s.completed),
-                static_cast<long long>(s.rejected), static_cast<long long>(s.failed),
-                s.duration_s);
+                static_cast<long long>(s.rejected), static_cast<long long>(s.failed), s.duration_s);
   out += line;
   std::snprintf(line, sizeof line, "throughput %.3f req/s  %.1f output tokens/s\n",
                 s.throughput_rps, s.output_tokens_per_s);
@@ -146,10 +145,11 @@ int SimulateMain(const std::vector<std::string>& args) {
   }
   Slo slo{config->slo.ttft_s, config->slo.tpot_s};
   RunSummary summary = Summarize(result->outcomes, slo);
-  std::printf("simulated %zu requests (%s) on %d prefill + %d decode + %d colocated instances "
-              "in %.3f s\n",
-              requests.size(), what.c_str(), config->prefill.instances, config->decode.instances,
-              config->colocated.instances, wall);
+  std::printf(
+      "simulated %zu requests (%s) on %d prefill + %d decode + %d colocated instances "
+      "in %.3f s\n",
+      requests.size(), what.c_str(), config->prefill.instances, config->decode.instances,
+      config->colocated.instances, wall);
   std::fputs(FormatRunSummary(summary, slo).c_str(), stdout);
   if (!flags.GetString("out").empty()) {
     nlohmann::json j;

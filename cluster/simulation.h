@@ -25,7 +25,6 @@
 
 namespace tandem::simulator {
 
-
 enum class EventType : uint8_t {
   kArrival,
   kPrefillDone,
@@ -87,7 +86,7 @@ struct PrefillInstance {
   double stage_free_at = 0;
   double wake_at = -1;
   bool kicked = false;
-  int64_t queued_tokens = 0;  // prompt tokens not yet computed (as PublishLoad counts them)
+  int64_t queued_tokens = 0;      // prompt tokens not yet computed (as PublishLoad counts them)
   MovingAverage avg_s_per_token;  // seconds per prompt token of its batches
   // scratch
   std::vector<PrefillItem> items;
@@ -98,7 +97,7 @@ struct Lane {
   std::vector<int64_t> running;  // admission order, oldest first
   std::deque<int64_t> waiting;   // FCFS, preempted ones at the front
   bool busy = false;
-  double started_at = 0;  // of the step in flight
+  double started_at = 0;                           // of the step in flight
   std::vector<std::pair<int64_t, int32_t>> batch;  // the step in flight
   double seconds = 0;
   int64_t prefill_tokens = 0;
@@ -127,7 +126,6 @@ struct EngineInstance {
   std::vector<int64_t> chunk_new, chunk_past;
   std::vector<int32_t> needs;
 };
-
 
 class Simulation {
  public:

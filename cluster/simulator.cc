@@ -9,10 +9,10 @@
 //              running + 1, context + prompt and the prompt's blocks, until prefill's first
 //              token; first token from prefill: waiting - 1 until the next report). Reports are
 //              what the servers' PublishLoad() computes, including the moving averages
-//              (common/base/moving_average.h) of the measured (here: simulated) step times. load_report_interval_s > 0:
-//              reports reach the router every interval; 0: after every change. With
-//              router.latency_model set, the router predicts from the simulated instances' own
-//              entries (a router whose latency model is exact) and token budgets.
+//              (common/base/moving_average.h) of the measured (here: simulated) step times.
+//              load_report_interval_s > 0: reports reach the router every interval; 0: after every
+//              change. With router.latency_model set, the router predicts from the simulated
+//              instances' own entries (a router whose latency model is exact) and token budgets.
 //              reports_after_steps: a pp 1 instance publishes only when its engine loop does,
 //              after a step (or a loop turn that scheduled nothing), from the state it knew when
 //              the step began: requests that arrived during a step are missing from that report
@@ -185,8 +185,12 @@ StatusOr<SimulationResult> Simulation::Run() {
     events_.pop();
     now_ = ev.t;
     switch (ev.type) {
-      case EventType::kArrival: OnArrival(ev.a); break;
-      case EventType::kPrefillDone: OnPrefillDone(ev.instance); break;
+      case EventType::kArrival:
+        OnArrival(ev.a);
+        break;
+      case EventType::kPrefillDone:
+        OnPrefillDone(ev.instance);
+        break;
       case EventType::kPrefillWake:
         prefill_[ev.instance].wake_at = -1;
         RunPrefill(ev.instance);
@@ -195,8 +199,12 @@ StatusOr<SimulationResult> Simulation::Run() {
         prefill_[ev.instance].kicked = false;
         RunPrefill(ev.instance);
         break;
-      case EventType::kPullDone: OnPullDone(ev.instance, ev.a); break;
-      case EventType::kStepDone: OnStepDone(ev.instance, static_cast<int>(ev.a)); break;
+      case EventType::kPullDone:
+        OnPullDone(ev.instance, ev.a);
+        break;
+      case EventType::kStepDone:
+        OnStepDone(ev.instance, static_cast<int>(ev.a));
+        break;
       case EventType::kEngineWake:
         engines_[ev.instance].wake_at = -1;
         RunEngine(ev.instance);
@@ -205,7 +213,9 @@ StatusOr<SimulationResult> Simulation::Run() {
         engines_[ev.instance].kicked = false;
         RunEngine(ev.instance);
         break;
-      case EventType::kReportTick: OnReportTick(); break;
+      case EventType::kReportTick:
+        OnReportTick();
+        break;
     }
   }
   SimulationResult result;
@@ -347,12 +357,12 @@ void Simulation::ApplyReport(InstanceLoad& view, const LoadReport& report, size_
                              std::vector<int64_t>& placed, std::vector<int64_t>* incoming,
                              bool colocated) {
   view.load = report;
-  std::erase_if(placed, [&](int64_t id) {
-    return reqs_[id].arrival_index < taken_in || reqs_[id].finished;
-  });
+  std::erase_if(
+      placed, [&](int64_t id) { return reqs_[id].arrival_index < taken_in || reqs_[id].finished; });
   for (int64_t id : placed) AddUnreportedSubmit(view.load, reqs_[id].prompt, colocated);
   if (incoming == nullptr) return;
-  std::erase_if(*incoming, [&](int64_t id) { return reqs_[id].first_token >= 0 || reqs_[id].finished; });
+  std::erase_if(*incoming,
+                [&](int64_t id) { return reqs_[id].first_token >= 0 || reqs_[id].finished; });
   for (int64_t id : *incoming) AddUnreportedHandoff(view.load, reqs_[id].prompt, block_size_);
 }
 
@@ -360,7 +370,8 @@ void Simulation::OnReportTick() {
   for (size_t p = 0; p < prefill_.size(); ++p) ApplyPrefillReport(static_cast<int>(p));
   for (size_t e = 0; e < engines_.size(); ++e) ApplyEngineReport(static_cast<int>(e));
   // After the last arrival nobody reads the view: stop ticking so that the run ends.
-  if (now_ < last_arrival_) Push(now_ + options_.load_report_interval_s, EventType::kReportTick, -1, 0);
+  if (now_ < last_arrival_)
+    Push(now_ + options_.load_report_interval_s, EventType::kReportTick, -1, 0);
 }
 
 }  // namespace simulator

@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "cluster/workload.h"
+#include "common/base/status.h"
 #include "common/config/config.h"
 #include "common/engine/latency_model.h"
-#include "common/base/status.h"
 
 namespace tandem {
 

@@ -71,7 +71,8 @@ void Simulation::AdmitPulls(int ei) {
   EngineInstance& e = engines_[ei];
   // ExpireQueuedPulls: prefill would free the KV soon; the request fails instead of pulling.
   // The queue is in arrival order, so the oldest is at the front.
-  while (!e.pull_queue.empty() && now_ - reqs_[e.pull_queue.front()].pull_arrived >= e.pull_expiry_s) {
+  while (!e.pull_queue.empty() &&
+         now_ - reqs_[e.pull_queue.front()].pull_arrived >= e.pull_expiry_s) {
     int64_t id = e.pull_queue.front();
     e.pull_queue.pop_front();
     Req& r = reqs_[id];

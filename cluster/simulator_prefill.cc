@@ -65,7 +65,7 @@ void Simulation::RunPrefill(int pi) {
     }
   }
   std::vector<PrefillChunk> batch = SchedulePrefill(p.items, p.limits, p.free_blocks);
-  if (batch.empty()) {  // waiting for blocks (decode has not pulled yet) or all in flight
+  if (batch.empty()) {   // waiting for blocks (decode has not pulled yet) or all in flight
     PublishPrefill(pi);  // the loop turn that scheduled nothing publishes what it knows
     return;
   }
@@ -103,12 +103,12 @@ void Simulation::OnPrefillDone(int pi) {
     Req& r = reqs_[id];
     p.queued_tokens -= n;
     // Last chunk of the prompt done: first token, to the router and on to decode.
-    if (r.scheduled == r.prompt && !std::any_of(p.in_flight.begin(), p.in_flight.end(),
-                                                [&](const PrefillBatch& later) {
-                                                  for (auto& c : later.chunks)
-                                                    if (c.first == id) return true;
-                                                  return false;
-                                                }))
+    if (r.scheduled == r.prompt &&
+        !std::any_of(p.in_flight.begin(), p.in_flight.end(), [&](const PrefillBatch& later) {
+          for (auto& c : later.chunks)
+            if (c.first == id) return true;
+          return false;
+        }))
       done.push_back(id);
   }
   if (b.tokens > 0) p.avg_s_per_token.Add(b.seconds / static_cast<double>(b.tokens));

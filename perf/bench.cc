@@ -161,7 +161,8 @@ StatusOr<BenchOptions> ParseBenchArgs(const std::vector<std::string>& args) {
     return InvalidArgument("--slo-ttft: required, seconds >= 0");
   if (!flags.IsSet("slo-tpot") || !(o.slo_tpot >= 0))
     return InvalidArgument("--slo-tpot: required, seconds >= 0");
-  if (!(timeout > 0)) return InvalidArgument("--request-timeout-s: must be > 0, got " + Num(timeout));
+  if (!(timeout > 0))
+    return InvalidArgument("--request-timeout-s: must be > 0, got " + Num(timeout));
   if (o.max_model_len < 0 || o.max_model_len > (1 << 24))
     return InvalidArgument("--max-model-len: must be in [0, 16777216], got " +
                            std::to_string(o.max_model_len));
@@ -223,10 +224,9 @@ StatusOr<std::vector<WorkloadRequest>> MakeRequests(const BenchOptions& o, int32
 }
 
 void PrintRunHeader(const BenchOptions& o, size_t num_requests, int32_t max_model_len) {
-  std::string mode = o.load.concurrency > 0
-                         ? "concurrency " + std::to_string(o.load.concurrency)
-                         : (o.rate_set ? "rate " + Num(o.rate) + " req/s"
-                                       : std::string("trace arrivals"));
+  std::string mode = o.load.concurrency > 0 ? "concurrency " + std::to_string(o.load.concurrency)
+                                            : (o.rate_set ? "rate " + Num(o.rate) + " req/s"
+                                                          : std::string("trace arrivals"));
   std::string count = std::to_string(num_requests) + " requests";
   if (o.duration_s > 0) count = "up to " + count + " in " + Num(o.duration_s) + " s";
   std::printf("tandem bench: %s, %s, %s, model %s (max_model_len %d), %s\n",

@@ -14,7 +14,6 @@
 // Models come from make-model presets written to a temp dir (no tokenizer) or from --model.
 #include <cblas.h>
 #include <immintrin.h>
-
 #include <time.h>
 
 #include <algorithm>
@@ -23,11 +22,10 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "common/base/flags.h"
 #include "common/engine/forward.h"
@@ -56,7 +54,9 @@ struct Clock {
   }
 };
 
-double Seconds(double a, double b) { return b - a; }
+double Seconds(double a, double b) {
+  return b - a;
+}
 
 // Best of a few 256 MiB copies: bytes read + written per second.
 double MeasureMemcpyBandwidth() {
@@ -123,12 +123,12 @@ double MeasureSgemmPeak(int threads) {
   const int shapes[][3] = {{512, 3072, 768}, {1024, 2048, 2048}, {2048, 768, 3072}};
   for (const auto& s : shapes) {
     const int m = s[0], n = s[1], k = s[2];
-    std::vector<float> a(size_t{static_cast<size_t>(m)} * k, 0.01f), b(size_t{static_cast<size_t>(n)} * k, 0.02f),
-        c(size_t{static_cast<size_t>(m)} * n);
+    std::vector<float> a(size_t{static_cast<size_t>(m)} * k, 0.01f),
+        b(size_t{static_cast<size_t>(n)} * k, 0.02f), c(size_t{static_cast<size_t>(m)} * n);
     for (int rep = 0; rep < 3; ++rep) {
       auto t0 = Clock::now();
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, a.data(), k, b.data(),
-                  k, 0.0f, c.data(), n);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, a.data(), k, b.data(), k,
+                  0.0f, c.data(), n);
       best = std::max(best, 2.0 * m * n * k / Seconds(t0, Clock::now()));
     }
   }
@@ -316,7 +316,8 @@ int Run(const std::vector<std::string>& args) {
   flags.AddBool("quick", "prompt 128/512 and batch 1/8 only");
   flags.AddBool("cpu-time", "time with process CPU time instead of wall time (shared machines)");
   if (Status s = flags.Parse(args); !s.ok() || flags.help_requested()) {
-    std::fputs(s.ok() ? flags.Help().c_str() : (s.message() + "\n").c_str(), s.ok() ? stdout : stderr);
+    std::fputs(s.ok() ? flags.Help().c_str() : (s.message() + "\n").c_str(),
+               s.ok() ? stdout : stderr);
     return s.ok() ? 0 : 2;
   }
   const int threads = static_cast<int>(flags.GetInt("threads"));
@@ -325,10 +326,11 @@ int Run(const std::vector<std::string>& args) {
 
   std::printf("measuring roofline (threads=%d)...\n", threads);
   const Roofline roof = MeasureRoofline(threads);
-  std::printf("memcpy %.2f GB/s (read+write), read %.2f GB/s, sgemm peak %.1f GFLOP/s (%s time)\n"
-              "decode roofline = read bandwidth; prefill roofline = sgemm peak\n\n",
-              roof.memcpy_bandwidth / 1e9, roof.bandwidth / 1e9, roof.peak / 1e9,
-              g_cpu_time ? "CPU" : "wall");
+  std::printf(
+      "memcpy %.2f GB/s (read+write), read %.2f GB/s, sgemm peak %.1f GFLOP/s (%s time)\n"
+      "decode roofline = read bandwidth; prefill roofline = sgemm peak\n\n",
+      roof.memcpy_bandwidth / 1e9, roof.bandwidth / 1e9, roof.peak / 1e9,
+      g_cpu_time ? "CPU" : "wall");
   const std::filesystem::path tmp = std::filesystem::temp_directory_path() / "tandem-engine-bench";
   auto models = PrepareModels(flags.GetString("model"), flags.GetString("presets"), tmp);
   if (!models.ok()) {

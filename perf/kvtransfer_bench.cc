@@ -47,13 +47,16 @@ constexpr size_t kBlockTokens = 16;
 constexpr size_t kBlockBytes = 2 * kBlockTokens * 4 * 64 * sizeof(float);  // 32 KiB
 constexpr size_t kPoolBlocks = 1024 + 64;  // 16k tokens plus slack, per layer
 
-double MiBps(double bytes, double seconds) { return bytes / seconds / (1 << 20); }
+double MiBps(double bytes, double seconds) {
+  return bytes / seconds / (1 << 20);
+}
 
 // Runs ucx_perftest ucp_get server and client; returns the overall bandwidth in MB/s (2^20).
 double RunPerftest(const std::string& tls, size_t size, int iters, int outstanding, int port) {
   std::string env = "UCX_TLS=" + tls + " ";
   std::string common = " -t ucp_get -s " + std::to_string(size) + " -n " + std::to_string(iters) +
-                       " -w 100 -O " + std::to_string(outstanding) + " -f -p " + std::to_string(port);
+                       " -w 100 -O " + std::to_string(outstanding) + " -f -p " +
+                       std::to_string(port);
   std::string server = env + "timeout 60 ucx_perftest" + common + " >/dev/null 2>&1 &";
   if (std::system(server.c_str()) != 0) return -1;
   std::this_thread::sleep_for(500ms);
@@ -221,8 +224,8 @@ bool BenchRequestSize(TransportRun& run, size_t tokens) {
   const uint64_t get_size = sizes[sizes.size() / 2];
   if (run.args.perftest && !run.perftest_by_size.count(get_size)) {
     int iters = static_cast<int>(std::max<uint64_t>(2000, (512ull << 20) / get_size));
-    run.perftest_by_size[get_size] = RunPerftest(run.tls, get_size, iters,
-                                                 static_cast<int>(run.args.inflight), run.port++);
+    run.perftest_by_size[get_size] =
+        RunPerftest(run.tls, get_size, iters, static_cast<int>(run.args.inflight), run.port++);
   }
   const double perftest_bw = run.args.perftest ? run.perftest_by_size[get_size] : -1;
 
@@ -248,8 +251,8 @@ bool BenchRequestSize(TransportRun& run, size_t tokens) {
               hot_bw, hot_ratio * 100, memcpy_bw);
   std::fflush(stdout);
   run.tsv << run.tls << '\t' << tokens << '\t' << bytes << '\t' << pieces->size() << '\t'
-          << get_size << '\t' << best << '\t' << bw << '\t' << perftest_bw << '\t' << ratio
-          << '\t' << hot_bw << '\t' << hot_ratio << '\t' << memcpy_bw << '\n';
+          << get_size << '\t' << best << '\t' << bw << '\t' << perftest_bw << '\t' << ratio << '\t'
+          << hot_bw << '\t' << hot_ratio << '\t' << memcpy_bw << '\n';
   return true;
 }
 
@@ -268,9 +271,9 @@ int main(int argc, char** argv) {
   std::ofstream tsv("kvtransfer_bench.tsv");
   tsv << "tls\ttokens\tbytes\tgets\tget_bytes_median\tseconds_best\ttandem_MiBps"
          "\tperftest_MiBps\tratio\thot_MiBps\thot_ratio\tmemcpy_MiBps\n";
-  std::printf("%-7s %6s %6s %6s %8s %12s %14s %6s %12s %6s %12s\n", "tls", "tokens", "MiB",
-              "gets", "get size", "tandem MiB/s", "perftest MiB/s", "ratio", "hot MiB/s",
-              "hot r", "memcpy MiB/s");
+  std::printf("%-7s %6s %6s %6s %8s %12s %14s %6s %12s %6s %12s\n", "tls", "tokens", "MiB", "gets",
+              "get size", "tandem MiB/s", "perftest MiB/s", "ratio", "hot MiB/s", "hot r",
+              "memcpy MiB/s");
   int port = 20000 + static_cast<int>(rng() % 20000);
   for (const std::string& tls : args.tls_list) {
     UcxOptions options;
@@ -279,8 +282,7 @@ int main(int argc, char** argv) {
     options.max_inflight_gets = args.inflight;
     StatusOr<std::unique_ptr<Endpoints>> endpoints = MakeEndpoints(args, options, pool_bytes);
     if (!endpoints.ok()) {
-      std::fprintf(stderr, "UCX_TLS=%s: %s\n", tls.c_str(),
-                   endpoints.status().message().c_str());
+      std::fprintf(stderr, "UCX_TLS=%s: %s\n", tls.c_str(), endpoints.status().message().c_str());
       continue;
     }
     Endpoints& e = **endpoints;

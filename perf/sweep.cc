@@ -165,8 +165,7 @@ Status ParseLoad(const FlagParser& flags, SweepOptions* o) {
   o->num_requests = flags.GetInt("num-requests");
   o->duration_s = flags.GetDouble("duration-s");
   if (o->num_requests < 0)
-    return InvalidArgument("--num-requests: must be >= 1, got " +
-                           std::to_string(o->num_requests));
+    return InvalidArgument("--num-requests: must be >= 1, got " + std::to_string(o->num_requests));
   if (!(o->duration_s >= 0 && std::isfinite(o->duration_s)))
     return InvalidArgument("--duration-s: must be >= 0, got " + RateLabel(o->duration_s));
   if (o->num_requests > 0 && o->duration_s > 0)
@@ -217,9 +216,7 @@ Status ParseLimits(const FlagParser& flags, SweepOptions* o) {
 // FailedPrecondition naming every input that did not load, one per line.
 Status LoadInputs(const std::map<std::string, int>& cores_per, SweepOptions* o) {
   std::string errors;
-  auto fail = [&](const std::string& message) {
-    errors += (errors.empty() ? "" : "\n") + message;
-  };
+  auto fail = [&](const std::string& message) { errors += (errors.empty() ? "" : "\n") + message; };
   for (ClusterSpec& spec : o->clusters) {
     StatusOr<ClusterConfig> config = LoadConfig(spec.config_path);
     if (!config.ok()) {
@@ -248,8 +245,7 @@ Status LoadInputs(const std::map<std::string, int>& cores_per, SweepOptions* o) 
   }
   std::error_code ec;
   fs::create_directories(o->out_dir, ec);
-  if (ec)
-    return FailedPrecondition("--out-dir: cannot create " + o->out_dir + ": " + ec.message());
+  if (ec) return FailedPrecondition("--out-dir: cannot create " + o->out_dir + ": " + ec.message());
   // Every cluster runs with the sweep's SLOs (router admission and the goodput policy use
   // them) and, with --latency-model, with that model in its router: what is simulated is what
   // runs.

@@ -123,7 +123,8 @@ json SloScaleCurves(const SweepOptions& options, const std::vector<SweepPoint>& 
       if (p.workload != workload || p.rate != chosen) continue;
       json curve = json::array();
       for (double s : kSloScales) {
-        RunSummary rescored = Summarize(p.outcomes, Slo{options.slo_ttft * s, options.slo_tpot * s});
+        RunSummary rescored =
+            Summarize(p.outcomes, Slo{options.slo_ttft * s, options.slo_tpot * s});
         curve.push_back({{"scale", s}, {"attainment", rescored.attainment}});
       }
       curves[p.cluster] = curve;
@@ -225,8 +226,8 @@ bool PlotAttainment(const SweepOptions& options, const std::vector<SweepPoint>& 
   script += "set yrange [0:1.05]\nset xrange [0:*]\nset grid\nset key bottom left noenhanced\n";
   script += "plot ";
   for (const std::string& item : plot_items) script += item + ", \\\n     ";
-  script += FormatNumber(options.target) +
-            " with lines dt 3 lw 1.5 lc rgb '#555555' title 'target'\n";
+  script +=
+      FormatNumber(options.target) + " with lines dt 3 lw 1.5 lc rgb '#555555' title 'target'\n";
   const std::string gp = "attainment_" + workload + ".gp";
   return WriteTextFile(options.PathIn(gp), script).ok() && RunGnuplot(options.out_dir, gp) && ok;
 }
@@ -258,8 +259,8 @@ bool PlotSloScale(const SweepOptions& options, const json& entry) {
   script += "set output " + GnuplotQuote("slo_scale_" + workload + ".png") + "\n";
   script += "set title " +
             GnuplotQuote(workload + ": SLO attainment vs SLO scale at " +
-                         RateLabel(entry["rate"].get<double>()) + " req/s (scale 1: " +
-                         SloText(options) + ")") +
+                         RateLabel(entry["rate"].get<double>()) +
+                         " req/s (scale 1: " + SloText(options) + ")") +
             " noenhanced\n";
   script +=
       "set xlabel 'SLO scale (TTFT and TPOT objectives x scale)'\n"
@@ -272,8 +273,8 @@ bool PlotSloScale(const SweepOptions& options, const json& entry) {
               " with linespoints lw 2 pt 7 lc rgb '" + kColors[c % std::size(kColors)] +
               "' title " + GnuplotQuote(ordered[i]) + ", \\\n     ";
   }
-  script += FormatNumber(options.target) +
-            " with lines dt 3 lw 1.5 lc rgb '#555555' title 'target'\n";
+  script +=
+      FormatNumber(options.target) + " with lines dt 3 lw 1.5 lc rgb '#555555' title 'target'\n";
   const std::string gp = "slo_scale_" + workload + ".gp";
   return WriteTextFile(options.PathIn(gp), script).ok() && RunGnuplot(options.out_dir, gp) && ok;
 }

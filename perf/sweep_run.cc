@@ -201,8 +201,7 @@ struct ReadyCluster {
 // line "tandem: ready at http://HOST:PORT (model NAME)".
 StatusOr<ReadyCluster> StartCluster(const SweepOptions& options, const ClusterSpec& spec,
                                     ClusterProcess* process) {
-  TANDEM_RETURN_IF_ERROR(process->Start(options.binary, spec.config_path,
-                                        options.cluster_overrides,
+  TANDEM_RETURN_IF_ERROR(process->Start(options.binary, spec.config_path, options.cluster_overrides,
                                         options.PathIn(spec.name + ".log")));
   TANDEM_ASSIGN_OR_RETURN(std::string line, process->WaitReady(options.ready_timeout_s));
   ReadyCluster ready;
@@ -245,9 +244,8 @@ void SimulatePoint(const WorkloadRun& run, const std::vector<WorkloadRequest>& r
   if (!sim.ok()) {
     point->simulated_error = sim.status().message();
     (*record)["simulated"] = {{"error", point->simulated_error}};
-    std::fprintf(stderr, "tandem bench sweep: simulate %s %s rate %g: %s\n",
-                 run.spec.name.c_str(), run.workload.c_str(), point->rate,
-                 point->simulated_error.c_str());
+    std::fprintf(stderr, "tandem bench sweep: simulate %s %s rate %g: %s\n", run.spec.name.c_str(),
+                 run.workload.c_str(), point->rate, point->simulated_error.c_str());
     return;
   }
   point->simulated = true;
@@ -257,7 +255,8 @@ void SimulatePoint(const WorkloadRun& run, const std::vector<WorkloadRequest>& r
   if (point->measured_speed <= 0) return;
   SimulationOptions at_speed = ServerLikeSimulationOptions();
   at_speed.decode_time_scale = point->measured_speed;
-  StatusOr<SimulationResult> scaled = Simulate(run.spec.config, *o.latency_model, requests, at_speed);
+  StatusOr<SimulationResult> scaled =
+      Simulate(run.spec.config, *o.latency_model, requests, at_speed);
   if (!scaled.ok()) return;
   point->simulated_at_speed = true;
   point->simulated_at_speed_summary = Summarize(scaled->outcomes, slo, scaled->makespan_s);
@@ -316,8 +315,8 @@ RateOutcome RunRate(const WorkloadRun& run, double rate, std::vector<SweepPoint>
       SyntheticRequests(run.workload, rate, o.num_requests, o.duration_s,
                         static_cast<uint64_t>(o.seed), WorkloadLength(o, run.spec));
   if (!requests.ok() || requests->empty()) {
-    std::fprintf(stderr, "tandem bench sweep: %s %s rate %g: no requests\n",
-                 run.spec.name.c_str(), run.workload.c_str(), rate);
+    std::fprintf(stderr, "tandem bench sweep: %s %s rate %g: no requests\n", run.spec.name.c_str(),
+                 run.workload.c_str(), rate);
     return RateOutcome::kNoRequests;
   }
   SpeedSampler speed(run.cluster.url, 1.0);
@@ -419,18 +418,13 @@ bool RunCluster(const SweepOptions& options, const ClusterSpec& spec,
 
 SweepResult RunSweep(SweepOptions& options) {
   SweepResult result;
-  result.config = {{"clusters", json::array()},
-                   {"workloads", options.workloads},
-                   {"rates", options.rates},
-                   {"num_requests", options.num_requests},
-                   {"duration_s", options.duration_s},
-                   {"seed", options.seed},
-                   {"target", options.target},
-                   {"slo_ttft_s", options.slo_ttft},
-                   {"slo_tpot_s", options.slo_tpot},
-                   {"latency_model", options.latency_model_path},
-                   {"binary", options.binary},
-                   {"started_at", UtcTimestamp()}};
+  result.config = {
+      {"clusters", json::array()},        {"workloads", options.workloads},
+      {"rates", options.rates},           {"num_requests", options.num_requests},
+      {"duration_s", options.duration_s}, {"seed", options.seed},
+      {"target", options.target},         {"slo_ttft_s", options.slo_ttft},
+      {"slo_tpot_s", options.slo_tpot},   {"latency_model", options.latency_model_path},
+      {"binary", options.binary},         {"started_at", UtcTimestamp()}};
   for (const ClusterSpec& spec : options.clusters)
     result.config["clusters"].push_back(
         {{"name", spec.name}, {"config", spec.config_path}, {"cores", spec.cores}});

@@ -1,12 +1,11 @@
 #include "common/text/bpe_trainer.h"
 
 #include <algorithm>
+#include <nlohmann/json.hpp>
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "common/text/bpe.h"
 #include "common/text/chat_template.h"
@@ -30,31 +29,41 @@ class Rng {
   size_t Below(size_t n) { return static_cast<size_t>(Next() % n); }
   bool Chance(int percent) { return Below(100) < static_cast<size_t>(percent); }
   template <typename T, size_t N>
-  const T& Pick(const T (&items)[N]) { return items[Below(N)]; }
+  const T& Pick(const T (&items)[N]) {
+    return items[Below(N)];
+  }
 
  private:
   uint64_t state_;
 };
 
-const char* const kOnsets[] = {"", "b", "c", "d", "f", "g", "h", "j", "k", "l", "m", "n", "p",
-                               "r", "s", "t", "v", "w", "y", "z", "ch", "sh", "th", "st", "tr",
-                               "pr", "br", "cl", "gr", "pl", "qu", "wh", "str", "sp"};
+const char* const kOnsets[] = {"",   "b",  "c",  "d",  "f",  "g",   "h",  "j",  "k",
+                               "l",  "m",  "n",  "p",  "r",  "s",   "t",  "v",  "w",
+                               "y",  "z",  "ch", "sh", "th", "st",  "tr", "pr", "br",
+                               "cl", "gr", "pl", "qu", "wh", "str", "sp"};
 const char* const kVowels[] = {"a", "e", "i", "o", "u", "ea", "ou", "io", "ai", "ee", "oo", "y"};
-const char* const kCodas[] = {"", "", "", "n", "r", "s", "t", "l", "nd", "ng", "st", "ck", "rt",
-                              "nt", "m", "x", "ss", "ll", "th", "ed", "ing", "er", "ion", "ly"};
+const char* const kCodas[] = {"",   "",   "",   "n",  "r",   "s",  "t",   "l",
+                              "nd", "ng", "st", "ck", "rt",  "nt", "m",   "x",
+                              "ss", "ll", "th", "ed", "ing", "er", "ion", "ly"};
 const char* const kPunct[] = {".", ",", "!", "?", ";", ":", "...", " -", "\"", "'", "(", ")"};
-const char* const kCode[] = {
-    "def main():\n    return 0\n", "for (int i = 0; i < n; ++i) {\n  sum += a[i];\n}\n",
-    "if x == None:\n\tprint('none')\n", "const auto it = map.find(key);\n",
-    "#include <vector>\n", "x = [i * 2 for i in range(10)]\n", "return {\"ok\": true};\n",
-    "std::string name = \"tandem\";\n", "while (!done) { step(); }\n",
-    "SELECT id, name FROM users WHERE age > 30;\n", "let y = x.map(|v| v + 1);\n",
-    "// TODO(user): handle errors\n", "    self.value = value  # cache\n"};
+const char* const kCode[] = {"def main():\n    return 0\n",
+                             "for (int i = 0; i < n; ++i) {\n  sum += a[i];\n}\n",
+                             "if x == None:\n\tprint('none')\n",
+                             "const auto it = map.find(key);\n",
+                             "#include <vector>\n",
+                             "x = [i * 2 for i in range(10)]\n",
+                             "return {\"ok\": true};\n",
+                             "std::string name = \"tandem\";\n",
+                             "while (!done) { step(); }\n",
+                             "SELECT id, name FROM users WHERE age > 30;\n",
+                             "let y = x.map(|v| v + 1);\n",
+                             "// TODO(user): handle errors\n",
+                             "    self.value = value  # cache\n"};
 const char* const kForeign[] = {
-    "café", "naïve", "résumé", "über", "straße", "año", "façade", "crème", "déjà vu",
-    "привет", "мир", "спасибо", "γειά", "σου", "日本語", "中文", "你好", "世界", "東京",
-    "한국어", "안녕하세요", "مرحبا", "שלום", "हिन्दी", "😀", "🚀", "👍🏽", "❤️", "🎉", "→", "€",
-    "±", "°C", "™", "½"};
+    "café",   "naïve",  "résumé",     "über",  "straße", "año",    "façade", "crème", "déjà vu",
+    "привет", "мир",    "спасибо",    "γειά",  "σου",    "日本語", "中文",   "你好",  "世界",
+    "東京",   "한국어", "안녕하세요", "مرحبا", "שלום",   "हिन्दी",  "😀",      "🚀",     "👍🏽",
+    "❤️", "🎉",      "→",          "€",     "±",      "°C",     "™",      "½"};
 const char* const kSpaces[] = {" ", " ", " ", " ", " ", " ", "  ", "\n", "\n\n", "\t", "   "};
 
 std::string MakeWord(Rng& rng) {
@@ -277,8 +286,7 @@ Status LearnMerges(std::vector<Word> words, int num_merges, int vocab_size, Voca
 
 std::vector<std::string> SpecialTokens(bool llama3) {
   return llama3 ? std::vector<std::string>{"<|begin_of_text|>", "<|end_of_text|>",
-                                           "<|start_header_id|>", "<|end_header_id|>",
-                                           "<|eot_id|>"}
+                                           "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"}
                 : std::vector<std::string>{"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
 }
 
@@ -289,14 +297,15 @@ ojson Llama3PostProcessor(const ojson& byte_level_processor, const std::string& 
           {"processors",
            {byte_level_processor,
             {{"type", "TemplateProcessing"},
-             {"single", {{{"SpecialToken", {{"id", bos}, {"type_id", 0}}}},
-                         {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
-             {"pair", {{{"SpecialToken", {{"id", bos}, {"type_id", 0}}}},
-                       {{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
-                       {{"SpecialToken", {{"id", bos}, {"type_id", 1}}}},
-                       {{"Sequence", {{"id", "B"}, {"type_id", 1}}}}}},
-             {"special_tokens",
-              {{bos, {{"id", bos}, {"ids", {bos_id}}, {"tokens", {bos}}}}}}}}}};
+             {"single",
+              {{{"SpecialToken", {{"id", bos}, {"type_id", 0}}}},
+               {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+             {"pair",
+              {{{"SpecialToken", {{"id", bos}, {"type_id", 0}}}},
+               {{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
+               {{"SpecialToken", {{"id", bos}, {"type_id", 1}}}},
+               {{"Sequence", {{"id", "B"}, {"type_id", 1}}}}}},
+             {"special_tokens", {{bos, {{"id", bos}, {"ids", {bos_id}}, {"tokens", {bos}}}}}}}}}};
 }
 
 // tokenizer.json: the vocabulary and merges, specials after them, the family's pre-tokenizer,
@@ -325,24 +334,23 @@ ojson TokenizerJson(bool llama3, const Vocab& v, const std::vector<std::string>&
   root["padding"] = nullptr;
   root["added_tokens"] = added;
   root["normalizer"] = llama3 ? ojson(nullptr) : ojson({{"type", "NFC"}});
-  root["pre_tokenizer"] = {
-      {"type", "Sequence"},
-      {"pretokenizers",
-       {{{"type", "Split"},
-         {"pattern", {{"Regex", SplitRegexText(pattern)}}},
-         {"behavior", "Isolated"},
-         {"invert", false}},
-        {{"type", "ByteLevel"},
-         {"add_prefix_space", false},
-         {"trim_offsets", llama3},
-         {"use_regex", false}}}}};
+  root["pre_tokenizer"] = {{"type", "Sequence"},
+                           {"pretokenizers",
+                            {{{"type", "Split"},
+                              {"pattern", {{"Regex", SplitRegexText(pattern)}}},
+                              {"behavior", "Isolated"},
+                              {"invert", false}},
+                             {{"type", "ByteLevel"},
+                              {"add_prefix_space", false},
+                              {"trim_offsets", llama3},
+                              {"use_regex", false}}}}};
   const ojson byte_level_processor = {{"type", "ByteLevel"},
                                       {"add_prefix_space", llama3},
                                       {"trim_offsets", false},
                                       {"use_regex", llama3}};
-  root["post_processor"] = llama3
-                               ? Llama3PostProcessor(byte_level_processor, specials[0], first_special)
-                               : byte_level_processor;
+  root["post_processor"] =
+      llama3 ? Llama3PostProcessor(byte_level_processor, specials[0], first_special)
+             : byte_level_processor;
   root["decoder"] = {{"type", "ByteLevel"},
                      {"add_prefix_space", true},
                      {"trim_offsets", true},
@@ -366,12 +374,9 @@ ojson TokenizerConfigJson(bool llama3, int32_t first_special,
   ojson config = ojson::object();
   ojson decoder_entries = ojson::object();
   for (size_t k = 0; k < specials.size(); ++k) {
-    decoder_entries[std::to_string(first_special + k)] = {{"content", specials[k]},
-                                                          {"lstrip", false},
-                                                          {"normalized", false},
-                                                          {"rstrip", false},
-                                                          {"single_word", false},
-                                                          {"special", true}};
+    decoder_entries[std::to_string(first_special + k)] = {
+        {"content", specials[k]}, {"lstrip", false},      {"normalized", false},
+        {"rstrip", false},        {"single_word", false}, {"special", true}};
   }
   config["added_tokens_decoder"] = decoder_entries;
   if (llama3) {

@@ -97,7 +97,8 @@ void TokenizerState::SplitAdded(std::string_view text, bool normalized_pass,
       if (token.single_word) {
         const auto before = unicode::Decode(text.substr(segment_start, i - segment_start));
         const size_t end = i + token.content.size();
-        const auto after = unicode::Decode(text.substr(end, std::min<size_t>(4, text.size() - end)));
+        const auto after =
+            unicode::Decode(text.substr(end, std::min<size_t>(4, text.size() - end)));
         if ((!before.empty() && IsWordChar(before.back().value)) ||
             (!after.empty() && IsWordChar(after.front().value))) {
           continue;
@@ -212,8 +213,7 @@ std::string Tokenizer::Decode(std::span<const int32_t> ids, bool skip_special_to
   const TokenizerState& s = *state_;
   auto usable = [&](int32_t id) {
     return id >= 0 && id < static_cast<int32_t>(s.decoded.size()) &&
-           !(skip_special_tokens && s.is_special[id]) &&
-           (!s.id_to_token[id].empty());
+           !(skip_special_tokens && s.is_special[id]) && (!s.id_to_token[id].empty());
   };
   switch (s.decoder.kind) {
     case DecoderSpec::Kind::kByteLevel: {
@@ -293,15 +293,27 @@ std::optional<std::string> Tokenizer::IdToToken(int32_t id) const {
   return state_->id_to_token[id];
 }
 
-int32_t Tokenizer::vocab_size() const { return static_cast<int32_t>(state_->id_to_token.size()); }
+int32_t Tokenizer::vocab_size() const {
+  return static_cast<int32_t>(state_->id_to_token.size());
+}
 bool Tokenizer::IsSpecial(int32_t id) const {
   return id >= 0 && id < vocab_size() && state_->is_special[id] != 0;
 }
-std::optional<int32_t> Tokenizer::bos_id() const { return state_->bos_id; }
-std::optional<int32_t> Tokenizer::eos_id() const { return state_->eos_id; }
-const std::string& Tokenizer::bos_token() const { return state_->bos_token; }
-const std::string& Tokenizer::eos_token() const { return state_->eos_token; }
-const std::string& Tokenizer::chat_template() const { return state_->chat_template; }
+std::optional<int32_t> Tokenizer::bos_id() const {
+  return state_->bos_id;
+}
+std::optional<int32_t> Tokenizer::eos_id() const {
+  return state_->eos_id;
+}
+const std::string& Tokenizer::bos_token() const {
+  return state_->bos_token;
+}
+const std::string& Tokenizer::eos_token() const {
+  return state_->eos_token;
+}
+const std::string& Tokenizer::chat_template() const {
+  return state_->chat_template;
+}
 
 // ---- streaming ---------------------------------------------------------------------------------
 

@@ -3,9 +3,8 @@
 // refused with an error naming it.
 #include <algorithm>
 #include <fstream>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "common/text/tokenizer.h"
 #include "common/text/tokenizer_state.h"
@@ -29,10 +28,14 @@ int ByteTokenValue(std::string_view token) {
   for (size_t i = 3; i < 5; ++i) {
     const char c = token[i];
     int digit;
-    if (c >= '0' && c <= '9') digit = c - '0';
-    else if (c >= 'A' && c <= 'F') digit = c - 'A' + 10;
-    else if (c >= 'a' && c <= 'f') digit = c - 'a' + 10;
-    else return -1;
+    if (c >= '0' && c <= '9')
+      digit = c - '0';
+    else if (c >= 'A' && c <= 'F')
+      digit = c - 'A' + 10;
+    else if (c >= 'a' && c <= 'f')
+      digit = c - 'a' + 10;
+    else
+      return -1;
     value = value * 16 + digit;
   }
   return value;
@@ -63,7 +66,8 @@ Status ParseNormalizer(const json& node, std::vector<NormalizerOp>* ops) {
   if (node.is_null()) return Status::Ok();
   const std::string type = node.value("type", "");
   if (type == "Sequence") {
-    for (const json& child : node.at("normalizers")) TANDEM_RETURN_IF_ERROR(ParseNormalizer(child, ops));
+    for (const json& child : node.at("normalizers"))
+      TANDEM_RETURN_IF_ERROR(ParseNormalizer(child, ops));
     return Status::Ok();
   }
   NormalizerOp op;
@@ -128,7 +132,8 @@ Status ParsePreTokenizer(const json& node, std::vector<PreTokenizerOp>* ops) {
     }
     const std::string behavior = node.value("behavior", "Isolated");
     if (behavior != "Isolated" || node.value("invert", false)) {
-      return InvalidArgument("pre_tokenizer Split: only behavior Isolated without invert is supported");
+      return InvalidArgument(
+          "pre_tokenizer Split: only behavior Isolated without invert is supported");
     }
     PreTokenizerOp op;
     op.kind = PreTokenizerOp::Kind::kSplit;
@@ -161,7 +166,8 @@ Status ParseDecoder(const json& node, DecoderSpec* spec) {
     const std::string type = step.value("type", "");
     if (type == "Replace" && stage == 0) {
       const json& pattern = step.at("pattern");
-      if (!pattern.contains("String")) return InvalidArgument("decoder Replace with a regex is not supported");
+      if (!pattern.contains("String"))
+        return InvalidArgument("decoder Replace with a regex is not supported");
       spec->replacements.emplace_back(pattern.at("String").get<std::string>(),
                                       step.at("content").get<std::string>());
     } else if (type == "ByteFallback" && stage < 1) {
@@ -174,12 +180,14 @@ Status ParseDecoder(const json& node, DecoderSpec* spec) {
       spec->strip_content = step.at("content").get<std::string>();
       spec->strip_start = step.value("start", 0);
       if (step.value("stop", 0) != 0) {
-        return InvalidArgument("decoder Strip with stop > 0 cannot be streamed and is not supported");
+        return InvalidArgument(
+            "decoder Strip with stop > 0 cannot be streamed and is not supported");
       }
       stage = 3;
     } else {
       return InvalidArgument("decoder '" + type +
-                             "' is not supported here (supported: ByteLevel, or Replace/ByteFallback/Fuse/Strip in that order)");
+                             "' is not supported here (supported: ByteLevel, or "
+                             "Replace/ByteFallback/Fuse/Strip in that order)");
     }
   }
   return Status::Ok();
@@ -224,9 +232,11 @@ Status ParsePostProcessor(const json& node, const json& root_added, TokenizerSta
 
 Status ParseModel(const json& model, TokenizerState* state) {
   const std::string type = model.value("type", "BPE");
-  if (type != "BPE") return InvalidArgument("model type '" + type + "' is not supported (only BPE)");
+  if (type != "BPE")
+    return InvalidArgument("model type '" + type + "' is not supported (only BPE)");
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
-    if (model.contains(key) && !model.at(key).is_null() && !model.at(key).get<std::string>().empty()) {
+    if (model.contains(key) && !model.at(key).is_null() &&
+        !model.at(key).get<std::string>().empty()) {
       return InvalidArgument(std::string("model.") + key + " is not supported");
     }
   }
@@ -261,7 +271,8 @@ Status ParseModel(const json& model, TokenizerState* state) {
     } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
       merges.emplace_back(m[0].get<std::string>(), m[1].get<std::string>());
     } else {
-      return InvalidArgument("model.merges[" + std::to_string(i) + "] is neither \"a b\" nor [a, b]");
+      return InvalidArgument("model.merges[" + std::to_string(i) +
+                             "] is neither \"a b\" nor [a, b]");
     }
   }
   BpeOptions options;
@@ -427,8 +438,8 @@ Status Build(const json& root, const json* config, TokenizerState* state) {
     for (int b = 0; b < 256; ++b) {
       if (!state->model.vocab().count(ByteLevelChar(static_cast<uint8_t>(b)))) {
         return InvalidArgument("byte-level tokenizer lacks the token for byte " +
-                               std::to_string(b) + " ('" +
-                               ByteLevelChar(static_cast<uint8_t>(b)) + "')");
+                               std::to_string(b) + " ('" + ByteLevelChar(static_cast<uint8_t>(b)) +
+                               "')");
       }
     }
   }
