@@ -19,6 +19,7 @@
 
 #include "cluster/simulator.h"
 #include "common/base/metrics.h"
+#include "common/base/thread_annotations.h"
 #include "perf/bench_client.h"
 #include "perf/bench_report.h"
 #include "perf/sweep_internal.h"
@@ -137,9 +138,9 @@ class SpeedSampler {
   SpeedSampler(const SpeedSampler&) = delete;
   SpeedSampler& operator=(const SpeedSampler&) = delete;
 
-  void Stop() {
+  void Stop() TANDEM_EXCLUDES(mutex_) {
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(&mutex_);
       stop_ = true;
     }
     wake_.notify_all();
@@ -147,19 +148,21 @@ class SpeedSampler {
   }
   // The mean of the counted samples over all instances (1 = as profiled, 1.2 = steps 20% slower
   // than the model), 0 when none counted; and how many counted.
-  double Mean() const {
-    std::lock_guard<std::mutex> lock(mutex_);
+  double Mean() const TANDEM_EXCLUDES(mutex_) {
+    MutexLock lock(&mutex_);
     return counted_ > 0 ? sum_ / static_cast<double>(counted_) : 0.0;
   }
-  int64_t Counted() const {
-    std::lock_guard<std::mutex> lock(mutex_);
+  int64_t Counted() const TANDEM_EXCLUDES(mutex_) {
+    MutexLock lock(&mutex_);
     return counted_;
   }
 
  private:
-  void Loop(const ServerUrl& url, double interval_s) {
+  // The condition wait holds mutex_ through a std::unique_lock, which the analysis cannot
+  // follow: every access below is under that lock.
+  void Loop(const ServerUrl& url, double interval_s) TANDEM_NO_THREAD_SAFETY_ANALYSIS {
     double last_tokens = -1;  // the previous sample's tokens generated; -1 before the first
-    std::unique_lock<std::mutex> lock(mutex_);
+    std::unique_lock<Mutex> lock(mutex_);
     while (!stop_) {
       lock.unlock();
       StatusOr<std::string> text = HttpGet(url, "/metrics", 2.0);
@@ -179,15 +182,18 @@ class SpeedSampler {
         }
         last_tokens = tokens;
       }
-      wake_.wait_for(lock, std::chrono::duration<double>(interval_s), [this] { return stop_; });
+      const auto next = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(interval_s));
+      while (!stop_ && wake_.wait_until(lock, next) != std::cv_status::timeout) {
+      }
     }
   }
 
-  mutable std::mutex mutex_;
-  std::condition_variable wake_;
-  bool stop_ = false;
-  double sum_ = 0;
-  int64_t counted_ = 0;
+  mutable Mutex mutex_;
+  std::condition_variable_any wake_;
+  bool stop_ TANDEM_GUARDED_BY(mutex_) = false;
+  double sum_ TANDEM_GUARDED_BY(mutex_) = 0;
+  int64_t counted_ TANDEM_GUARDED_BY(mutex_) = 0;
   std::thread thread_;  // last: starts once the members above exist
 };
 
