@@ -49,7 +49,21 @@ std::string FormatRunSummary(const RunSummary& s, const Slo& slo) {
   return out;
 }
 
-int SimulateMain(const std::vector<std::string>& args) {
+namespace {
+
+// What the flags ask for: the cluster, its latency model, the requests and the options.
+struct SimulateCommand {
+  bool help = false;  // --help: the help text is printed, nothing runs
+  std::string help_text;
+  ClusterConfig config;
+  LatencyModelFile models;
+  std::vector<WorkloadRequest> requests;
+  std::string what;  // "trace FILE" or "WORKLOAD at R req/s"
+  SimulationOptions options;
+  std::string out;  // --out, empty = none
+};
+
+FlagParser SimulateFlags() {
   FlagParser flags(
       "tandem simulate --config CLUSTER.yaml --latency-model LM.yaml (--workload NAME --rate R "
       "--num-requests N --seed S | --trace FILE.jsonl) [--out FILE.json]",
@@ -76,93 +90,111 @@ int SimulateMain(const std::vector<std::string>& args) {
                   "(a machine that decodes faster or slower than its profile; the router keeps "
                   "the unscaled model)");
   flags.AllowConfigOverrides();
-  if (Status s = flags.Parse(args); !s.ok()) {
-    std::fprintf(stderr, "tandem simulate: %s\n", s.message().c_str());
-    return kExitUsage;
+  return flags;
+}
+
+// The trace, or the synthetic workload the flags describe. InvalidArgument for an unknown
+// workload (a usage error).
+Status LoadRequests(const FlagParser& flags, SimulateCommand* c) {
+  if (!flags.GetString("trace").empty()) {
+    TANDEM_ASSIGN_OR_RETURN(c->requests, LoadTrace(flags.GetString("trace")));
+    c->what = "trace " + flags.GetString("trace");
+    return Status::Ok();
   }
-  if (!(flags.GetDouble("decode-time-scale") > 0)) {
-    std::fprintf(stderr, "tandem simulate: --decode-time-scale must be > 0, got %g\n",
-                 flags.GetDouble("decode-time-scale"));
-    return kExitUsage;
-  }
+  StatusOr<WorkloadShape> shape = WorkloadShapeByName(flags.GetString("workload"));
+  if (!shape.ok()) return InvalidArgument(shape.status().message());
+  WorkloadOptions wo;
+  wo.rate = flags.GetDouble("rate");
+  wo.num_requests = flags.GetInt("num-requests");
+  wo.seed = static_cast<uint64_t>(flags.GetInt("seed"));
+  wo.max_model_len = flags.GetInt("max-model-len") > 0
+                         ? static_cast<int32_t>(flags.GetInt("max-model-len"))
+                         : c->config.model.max_model_len;
+  c->requests = GenerateWorkload(*shape, wo);
+  c->what = shape->name + " at " + Fmt("%g", wo.rate) + " req/s";
+  return Status::Ok();
+}
+
+// InvalidArgument for a usage error (kExitUsage); any other error is a failure (kExitFailure).
+StatusOr<SimulateCommand> ParseSimulateArgs(const std::vector<std::string>& args) {
+  FlagParser flags = SimulateFlags();
+  if (Status s = flags.Parse(args); !s.ok()) return InvalidArgument(s.message());
+  if (!(flags.GetDouble("decode-time-scale") > 0))
+    return InvalidArgument("--decode-time-scale must be > 0, got " +
+                           Fmt("%g", flags.GetDouble("decode-time-scale")));
+  SimulateCommand c;
   if (flags.help_requested()) {
-    std::fputs(flags.Help().c_str(), stdout);
-    return kExitOk;
+    c.help = true;
+    c.help_text = flags.Help();
+    return c;
   }
-  if (flags.GetString("latency-model").empty()) {
-    std::fprintf(stderr, "tandem simulate: --latency-model is required\n");
-    return kExitUsage;
-  }
+  if (flags.GetString("latency-model").empty())
+    return InvalidArgument("--latency-model is required");
   StatusOr<ClusterConfig> config =
       flags.IsSet("config") ? LoadConfig(flags.GetString("config"), flags.config_overrides())
                             : ParseConfig("", "<defaults>", flags.config_overrides());
-  if (!config.ok()) {
-    std::fprintf(stderr, "tandem simulate: %s\n", config.status().message().c_str());
-    return kExitFailure;
-  }
+  if (!config.ok()) return FailedPrecondition(config.status().message());
+  c.config = std::move(*config);
   StatusOr<LatencyModelFile> models = LoadLatencyModel(flags.GetString("latency-model"));
-  if (!models.ok()) {
-    std::fprintf(stderr, "tandem simulate: %s\n", models.status().message().c_str());
-    return kExitFailure;
+  if (!models.ok()) return FailedPrecondition(models.status().message());
+  c.models = std::move(*models);
+  if (Status s = LoadRequests(flags, &c); !s.ok()) {
+    if (s.code() == StatusCode::kInvalidArgument) return s;
+    return FailedPrecondition(s.message());
   }
-  std::vector<WorkloadRequest> requests;
-  std::string what;
-  if (!flags.GetString("trace").empty()) {
-    StatusOr<std::vector<WorkloadRequest>> trace = LoadTrace(flags.GetString("trace"));
-    if (!trace.ok()) {
-      std::fprintf(stderr, "tandem simulate: %s\n", trace.status().message().c_str());
-      return kExitFailure;
-    }
-    requests = std::move(*trace);
-    what = "trace " + flags.GetString("trace");
-  } else {
-    StatusOr<WorkloadShape> shape = WorkloadShapeByName(flags.GetString("workload"));
-    if (!shape.ok()) {
-      std::fprintf(stderr, "tandem simulate: %s\n", shape.status().message().c_str());
-      return kExitUsage;
-    }
-    WorkloadOptions wo;
-    wo.rate = flags.GetDouble("rate");
-    wo.num_requests = flags.GetInt("num-requests");
-    wo.seed = static_cast<uint64_t>(flags.GetInt("seed"));
-    wo.max_model_len = flags.GetInt("max-model-len") > 0
-                           ? static_cast<int32_t>(flags.GetInt("max-model-len"))
-                           : config->model.max_model_len;
-    requests = GenerateWorkload(*shape, wo);
-    what = shape->name + " at " + Fmt("%g", wo.rate) + " req/s";
+  c.options.router_overhead_s = flags.GetDouble("router-overhead-s");
+  c.options.load_report_interval_s = flags.GetDouble("load-report-interval-s");
+  c.options.reports_after_steps = !flags.GetBool("reports-at-once");
+  c.options.decode_time_scale = flags.GetDouble("decode-time-scale");
+  c.out = flags.GetString("out");
+  return c;
+}
+
+// The summary table, and --out's {"summary", "requests"}.
+Status ReportSimulation(const SimulateCommand& c, const SimulationResult& result, double wall_s) {
+  Slo slo{c.config.slo.ttft_s, c.config.slo.tpot_s};
+  RunSummary summary = Summarize(result.outcomes, slo);
+  std::printf(
+      "simulated %zu requests (%s) on %d prefill + %d decode + %d colocated instances "
+      "in %.3f s\n",
+      c.requests.size(), c.what.c_str(), c.config.prefill.instances, c.config.decode.instances,
+      c.config.colocated.instances, wall_s);
+  std::fputs(FormatRunSummary(summary, slo).c_str(), stdout);
+  if (c.out.empty()) return Status::Ok();
+  nlohmann::json j;
+  j["summary"] = SummaryToJson(summary);
+  j["summary"]["slo_ttft_s"] = slo.ttft_s;
+  j["summary"]["slo_tpot_s"] = slo.tpot_s;
+  j["requests"] = OutcomesToJson(result.outcomes);
+  std::ofstream out(c.out);
+  out << j.dump(1) << "\n";
+  if (!out) return Internal("cannot write " + c.out);
+  return Status::Ok();
+}
+
+}  // namespace
+
+int SimulateMain(const std::vector<std::string>& args) {
+  StatusOr<SimulateCommand> command = ParseSimulateArgs(args);
+  if (!command.ok()) {
+    std::fprintf(stderr, "tandem simulate: %s\n", command.status().message().c_str());
+    return command.status().code() == StatusCode::kInvalidArgument ? kExitUsage : kExitFailure;
   }
-  SimulationOptions options;
-  options.router_overhead_s = flags.GetDouble("router-overhead-s");
-  options.load_report_interval_s = flags.GetDouble("load-report-interval-s");
-  options.reports_after_steps = !flags.GetBool("reports-at-once");
-  options.decode_time_scale = flags.GetDouble("decode-time-scale");
+  if (command->help) {
+    std::fputs(command->help_text.c_str(), stdout);
+    return kExitOk;
+  }
   const auto t0 = std::chrono::steady_clock::now();
-  StatusOr<SimulationResult> result = Simulate(*config, *models, requests, options);
+  StatusOr<SimulationResult> result =
+      Simulate(command->config, command->models, command->requests, command->options);
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!result.ok()) {
     std::fprintf(stderr, "tandem simulate: %s\n", result.status().message().c_str());
     return kExitFailure;
   }
-  Slo slo{config->slo.ttft_s, config->slo.tpot_s};
-  RunSummary summary = Summarize(result->outcomes, slo);
-  std::printf(
-      "simulated %zu requests (%s) on %d prefill + %d decode + %d colocated instances "
-      "in %.3f s\n",
-      requests.size(), what.c_str(), config->prefill.instances, config->decode.instances,
-      config->colocated.instances, wall);
-  std::fputs(FormatRunSummary(summary, slo).c_str(), stdout);
-  if (!flags.GetString("out").empty()) {
-    nlohmann::json j;
-    j["summary"] = SummaryToJson(summary);
-    j["summary"]["slo_ttft_s"] = slo.ttft_s;
-    j["summary"]["slo_tpot_s"] = slo.tpot_s;
-    j["requests"] = OutcomesToJson(result->outcomes);
-    std::ofstream out(flags.GetString("out"));
-    out << j.dump(1) << "\n";
-    if (!out) {
-      std::fprintf(stderr, "tandem simulate: cannot write %s\n", flags.GetString("out").c_str());
-      return kExitFailure;
-    }
+  if (Status s = ReportSimulation(*command, *result, wall); !s.ok()) {
+    std::fprintf(stderr, "tandem simulate: %s\n", s.message().c_str());
+    return kExitFailure;
   }
   return kExitOk;
 }
