@@ -84,6 +84,10 @@ class Planner {
   StatusOr<Plan> Run();
 
  private:
+  Status Setup();
+  Status PlanHighAffinity(Plan* plan);
+  Status PlanLowAffinity(Plan* plan);
+  std::string PlanYaml(const Plan& plan) const;
   ClusterConfig BaseConfig(const std::string& policy) const {
     ClusterConfig c;
     c.source = "<plan>";
@@ -256,15 +260,15 @@ void Planner::SearchUnits(Plan* plan) {
     c.per_gpu = c.rate / c.gpus;
   }
   plan->unit_candidates = std::move(all);
-  std::stable_sort(plan->unit_candidates.begin(),
-                   plan->unit_candidates.begin() +
-                       std::min(plan->unit_candidates.size(), kSimulatedUnits),
-                   [](const PlanCandidate& a, const PlanCandidate& b) {
-                     return a.per_gpu != b.per_gpu
-                                ? a.per_gpu > b.per_gpu
-                                : a.prefill_instances * a.prefill_tp + a.decode_instances * a.decode_tp <
-                                      b.prefill_instances * b.prefill_tp + b.decode_instances * b.decode_tp;
-                   });
+  std::stable_sort(
+      plan->unit_candidates.begin(),
+      plan->unit_candidates.begin() + std::min(plan->unit_candidates.size(), kSimulatedUnits),
+      [](const PlanCandidate& a, const PlanCandidate& b) {
+        return a.per_gpu != b.per_gpu
+                   ? a.per_gpu > b.per_gpu
+                   : a.prefill_instances * a.prefill_tp + a.decode_instances * a.decode_tp <
+                         b.prefill_instances * b.prefill_tp + b.decode_instances * b.decode_tp;
+      });
 }
 
 std::vector<PlanCandidate> Planner::SearchColocated(const std::string& scheduling) {
@@ -320,8 +324,8 @@ ClusterConfig Planner::DisaggregatedConfig(const PlanCandidate& c) const {
 
 ClusterConfig Planner::ColocatedConfig(const PlanCandidate& c) const {
   ClusterConfig config = BaseConfig(kPlanPolicy);
-  SetShape(&config.colocated, *FindShape(shapes_, c.prefill_tp, c.prefill_pp),
-           c.prefill_instances, options_, false);
+  SetShape(&config.colocated, *FindShape(shapes_, c.prefill_tp, c.prefill_pp), c.prefill_instances,
+           options_, false);
   config.colocated.scheduling = c.scheduling;
   return config;
 }
@@ -334,7 +338,8 @@ double Planner::ClusterRate(const ClusterConfig& config, double estimate, int gp
   if (gpus > kSliceGpus) {
     const double k = static_cast<double>(gpus) / kSliceGpus;
     auto shrink = [&](InstanceSection* s) {
-      if (s->instances > 0) s->instances = std::max(1, static_cast<int>(std::lround(s->instances / k)));
+      if (s->instances > 0)
+        s->instances = std::max(1, static_cast<int>(std::lround(s->instances / k)));
     };
     shrink(&slice.prefill);
     shrink(&slice.decode);
@@ -349,7 +354,8 @@ double Planner::ClusterRate(const ClusterConfig& config, double estimate, int gp
                          std::max(estimate / scale, 1e-3));
 }
 
-StatusOr<Plan> Planner::Run() {
+// The shapes the budget allows (one per tensor x pipeline degree) and the base workload.
+Status Planner::Setup() {
   TANDEM_ASSIGN_OR_RETURN(WorkloadShape shape, WorkloadShapeByName(options_.workload));
   if (options_.gpus < 1 || options_.gpus_per_node < 1)
     return InvalidArgument("--gpus and --gpus-per-node must be >= 1");
@@ -370,82 +376,88 @@ StatusOr<Plan> Planner::Run() {
   // Whole-cluster runs need more requests than one instance's search.
   wo.num_requests = std::max<int64_t>(options_.num_requests, kMaxRequests);
   base_ = GenerateWorkload(shape, wo);
+  return Status::Ok();
+}
 
-  Plan plan;
-  if (options_.high_affinity) {
-    SearchPhases(&plan);
-    // Replicate: the numbers of prefill and decode instances whose rates balance within the
-    // budget (DistServe: n = ceil(R / rate) per phase for the cluster rate R). DistServe takes
-    // each phase's best shape per GPU; on a small budget the instance granularity matters, so
-    // every pair of shapes is tried and the best balanced rate wins (the per-GPU best pair is
-    // among them).
-    // Per pair of shapes, the split with the best estimate; the best kSimulatedPairs estimates
-    // are then simulated whole (many instances behind one router pool their slack, so a
-    // cluster sustains more than n x one instance's rate, and not equally for every shape).
-    std::vector<PlanCandidate> pairs;
-    for (const PlanCandidate& bp : plan.prefill_candidates) {
-      if (bp.rate <= 0) continue;
-      for (const PlanCandidate& bd : plan.decode_candidates) {
-        if (bd.rate <= 0) continue;
-        PlanCandidate pair;
-        for (int n_p = 1; n_p * bp.gpus + bd.gpus <= options_.gpus && n_p <= 1024; ++n_p) {
-          int n_d = std::min(1024, (options_.gpus - n_p * bp.gpus) / bd.gpus);
-          double rate = std::min(n_p * bp.rate, n_d * bd.rate);
-          int gpus = n_p * bp.gpus + n_d * bd.gpus;
-          if (rate > pair.rate * (1 + 1e-9) || (rate >= pair.rate * (1 - 1e-9) && gpus < pair.gpus))
-            pair = PlanCandidate{"disaggregated", bp.prefill_tp, bp.prefill_pp, n_p,
-                                 bd.decode_tp, bd.decode_pp, n_d, gpus, rate, rate / gpus, ""};
-        }
-        if (pair.rate > 0) pairs.push_back(pair);
+// High node affinity: each phase's instance searched alone, then pairs of shapes replicated.
+Status Planner::PlanHighAffinity(Plan* plan) {
+  SearchPhases(plan);
+  // Replicate: the numbers of prefill and decode instances whose rates balance within the
+  // budget (DistServe: n = ceil(R / rate) per phase for the cluster rate R). DistServe takes
+  // each phase's best shape per GPU; on a small budget the instance granularity matters, so
+  // every pair of shapes is tried and the best balanced rate wins (the per-GPU best pair is
+  // among them).
+  // Per pair of shapes, the split with the best estimate; the best kSimulatedPairs estimates
+  // are then simulated whole (many instances behind one router pool their slack, so a
+  // cluster sustains more than n x one instance's rate, and not equally for every shape).
+  std::vector<PlanCandidate> pairs;
+  for (const PlanCandidate& bp : plan->prefill_candidates) {
+    if (bp.rate <= 0) continue;
+    for (const PlanCandidate& bd : plan->decode_candidates) {
+      if (bd.rate <= 0) continue;
+      PlanCandidate pair;
+      for (int n_p = 1; n_p * bp.gpus + bd.gpus <= options_.gpus && n_p <= 1024; ++n_p) {
+        int n_d = std::min(1024, (options_.gpus - n_p * bp.gpus) / bd.gpus);
+        double rate = std::min(n_p * bp.rate, n_d * bd.rate);
+        int gpus = n_p * bp.gpus + n_d * bd.gpus;
+        if (rate > pair.rate * (1 + 1e-9) || (rate >= pair.rate * (1 - 1e-9) && gpus < pair.gpus))
+          pair = PlanCandidate{"disaggregated",
+                               bp.prefill_tp,
+                               bp.prefill_pp,
+                               n_p,
+                               bd.decode_tp,
+                               bd.decode_pp,
+                               n_d,
+                               gpus,
+                               rate,
+                               rate / gpus,
+                               ""};
       }
+      if (pair.rate > 0) pairs.push_back(pair);
     }
-    std::stable_sort(pairs.begin(), pairs.end(), [](const PlanCandidate& a, const PlanCandidate& b) {
-      return a.rate > b.rate;
-    });
-    report_interval_ = 0.1;
-    double best = -1;
-    for (size_t i = 0; i < pairs.size() && i < kSimulatedPairs; ++i) {
-      PlanCandidate c = pairs[i];
-      c.rate = ClusterRate(DisaggregatedConfig(c), c.rate, c.gpus);
-      c.per_gpu = c.rate / c.gpus;
-      plan.pair_candidates.push_back(c);
-      if (c.rate > best) {
-        best = c.rate;
-        plan.chosen = c;
-      }
-    }
-    std::stable_sort(plan.pair_candidates.begin(), plan.pair_candidates.end(),
-                     [](const PlanCandidate& a, const PlanCandidate& b) { return a.rate > b.rate; });
-    report_interval_ = 0;
-    if (best <= 0)
-      return FailedPrecondition("no prefill + decode pair fits the budget and meets the SLO");
-  } else {
-    SearchPhases(&plan);
-    SearchUnits(&plan);
-    if (plan.unit_candidates.empty())
-      return InvalidArgument("low affinity needs at least one node's worth of GPUs per unit");
-    const PlanCandidate& u = plan.unit_candidates.front();
-    if (u.rate <= 0) return FailedPrecondition("no unit meets the SLO at any rate");
-    int replicas = std::max(1, options_.gpus / u.gpus);
-    plan.chosen = u;
-    plan.chosen.kind = "disaggregated";
-    plan.chosen.prefill_instances = std::min(1024, u.prefill_instances * replicas);
-    plan.chosen.decode_instances = std::min(1024, u.decode_instances * replicas);
-    plan.chosen.gpus = u.gpus * replicas;
-    plan.chosen.rate = u.rate * replicas;
   }
-  plan.colocated_candidates = SearchColocated("chunked");
-  plan.colocated_prefill_first_candidates = SearchColocated("prefill_first");
+  std::stable_sort(pairs.begin(), pairs.end(),
+                   [](const PlanCandidate& a, const PlanCandidate& b) { return a.rate > b.rate; });
+  report_interval_ = 0.1;
+  double best = -1;
+  for (size_t i = 0; i < pairs.size() && i < kSimulatedPairs; ++i) {
+    PlanCandidate c = pairs[i];
+    c.rate = ClusterRate(DisaggregatedConfig(c), c.rate, c.gpus);
+    c.per_gpu = c.rate / c.gpus;
+    plan->pair_candidates.push_back(c);
+    if (c.rate > best) {
+      best = c.rate;
+      plan->chosen = c;
+    }
+  }
+  std::stable_sort(plan->pair_candidates.begin(), plan->pair_candidates.end(),
+                   [](const PlanCandidate& a, const PlanCandidate& b) { return a.rate > b.rate; });
+  report_interval_ = 0;
+  if (best <= 0)
+    return FailedPrecondition("no prefill + decode pair fits the budget and meets the SLO");
+  return Status::Ok();
+}
 
-  // Predicted goodput of the clusters, simulated whole as `tandem up` would run them.
-  report_interval_ = 0.1;  // the servers' load report period
-  plan.config = DisaggregatedConfig(plan.chosen);
-  if (!options_.high_affinity)
-    plan.chosen.rate = ClusterRate(plan.config, plan.chosen.rate, plan.chosen.gpus);
-  plan.chosen.per_gpu = plan.chosen.rate / std::max(1, plan.chosen.gpus);
-  plan.colocated = ColocatedCluster(plan.colocated_candidates);
-  plan.colocated_prefill_first = ColocatedCluster(plan.colocated_prefill_first_candidates);
+// Low node affinity: units of one node, replicated.
+Status Planner::PlanLowAffinity(Plan* plan) {
+  SearchPhases(plan);
+  SearchUnits(plan);
+  if (plan->unit_candidates.empty())
+    return InvalidArgument("low affinity needs at least one node's worth of GPUs per unit");
+  const PlanCandidate& u = plan->unit_candidates.front();
+  if (u.rate <= 0) return FailedPrecondition("no unit meets the SLO at any rate");
+  int replicas = std::max(1, options_.gpus / u.gpus);
+  plan->chosen = u;
+  plan->chosen.kind = "disaggregated";
+  plan->chosen.prefill_instances = std::min(1024, u.prefill_instances * replicas);
+  plan->chosen.decode_instances = std::min(1024, u.decode_instances * replicas);
+  plan->chosen.gpus = u.gpus * replicas;
+  plan->chosen.rate = u.rate * replicas;
+  return Status::Ok();
+}
 
+// The chosen layout as a cluster YAML, with the predictions in its header comment.
+std::string Planner::PlanYaml(const Plan& plan) const {
   std::ostringstream y;
   y << "# written by tandem plan: " << options_.workload << " workload, SLO TTFT "
     << options_.slo.ttft_s << " s, TPOT " << options_.slo.tpot_s << " s at "
@@ -461,8 +473,9 @@ StatusOr<Plan> Planner::Run() {
   auto section = [&](const char* name, const InstanceSection& s) {
     y << name << ":\n  instances: " << s.instances << "\n  device: " << s.device << "\n";
     if (s.device == "cpu") y << "  threads: " << s.threads << "\n";
-    y << "  tensor_parallel: " << s.tensor_parallel << "\n  pipeline_parallel: "
-      << s.pipeline_parallel << "\n  max_batch_size: " << s.max_batch_size << "\n";
+    y << "  tensor_parallel: " << s.tensor_parallel
+      << "\n  pipeline_parallel: " << s.pipeline_parallel
+      << "\n  max_batch_size: " << s.max_batch_size << "\n";
     if (s.kv_blocks > 0) y << "  kv_blocks: " << s.kv_blocks << "\n";
   };
   section("prefill", plan.config.prefill);
@@ -470,7 +483,26 @@ StatusOr<Plan> Planner::Run() {
   y << "colocated:\n  instances: 0\nslo:\n  ttft_s: " << options_.slo.ttft_s
     << "\n  tpot_s: " << options_.slo.tpot_s << "\n  attainment_target: " << options_.target
     << "\n";
-  plan.config_yaml = y.str();
+  return y.str();
+}
+
+StatusOr<Plan> Planner::Run() {
+  TANDEM_RETURN_IF_ERROR(Setup());
+  Plan plan;
+  TANDEM_RETURN_IF_ERROR(options_.high_affinity ? PlanHighAffinity(&plan) : PlanLowAffinity(&plan));
+  plan.colocated_candidates = SearchColocated("chunked");
+  plan.colocated_prefill_first_candidates = SearchColocated("prefill_first");
+
+  // Predicted goodput of the clusters, simulated whole as `tandem up` would run them.
+  report_interval_ = 0.1;  // the servers' load report period
+  plan.config = DisaggregatedConfig(plan.chosen);
+  if (!options_.high_affinity)
+    plan.chosen.rate = ClusterRate(plan.config, plan.chosen.rate, plan.chosen.gpus);
+  plan.chosen.per_gpu = plan.chosen.rate / std::max(1, plan.chosen.gpus);
+  plan.colocated = ColocatedCluster(plan.colocated_candidates);
+  plan.colocated_prefill_first = ColocatedCluster(plan.colocated_prefill_first_candidates);
+
+  plan.config_yaml = PlanYaml(plan);
   StatusOr<ClusterConfig> check = ParseConfig(plan.config_yaml, "<plan>");
   if (!check.ok()) return Internal("the plan's YAML does not load: " + check.status().message());
   plan.simulations = simulations_;
@@ -491,9 +523,12 @@ void PrintCandidates(const char* title, const std::vector<PlanCandidate>& v, siz
       shape = std::to_string(c.prefill_instances) + "x P(" + Shape2(c.prefill_tp, c.prefill_pp) +
               ") + " + std::to_string(c.decode_instances) + "x D(" +
               Shape2(c.decode_tp, c.decode_pp) + ")";
-    else if (c.kind == "prefill") shape = Shape2(c.prefill_tp, c.prefill_pp);
-    else if (c.kind == "decode") shape = Shape2(c.decode_tp, c.decode_pp);
-    else if (c.kind == "colocated") shape = Shape2(c.prefill_tp, c.prefill_pp);
+    else if (c.kind == "prefill")
+      shape = Shape2(c.prefill_tp, c.prefill_pp);
+    else if (c.kind == "decode")
+      shape = Shape2(c.decode_tp, c.decode_pp);
+    else if (c.kind == "colocated")
+      shape = Shape2(c.prefill_tp, c.prefill_pp);
     else
       shape = std::to_string(c.prefill_instances) + "x P(" + Shape2(c.prefill_tp, c.prefill_pp) +
               ") + " + std::to_string(c.decode_instances) + "x D(" +
@@ -525,14 +560,16 @@ int PlanMain(const std::vector<std::string>& args) {
   flags.AddDouble("slo-tpot", 0.1, "TPOT objective, seconds");
   flags.AddInt("gpus", 16, "GPU budget");
   flags.AddInt("gpus-per-node", 8, "GPUs per node (tensor parallelism stays inside a node)");
-  flags.AddString("affinity", "high", "high: prefill and decode anywhere (fast cross-node links); "
+  flags.AddString("affinity", "high",
+                  "high: prefill and decode anywhere (fast cross-node links); "
                   "low: KV stays inside a node");
   flags.AddDouble("target", 0.9, "SLO attainment to meet");
   flags.AddInt("max-model-len", 2048, "model context: workload lengths and model.max_model_len");
   flags.AddInt("num-requests", 400, "requests per simulated instance search");
   flags.AddInt("seed", 1, "workload seed");
   flags.AddInt("max-batch-size", 256, "decode/colocated max_batch_size (vLLM's max_num_seqs)");
-  flags.AddDouble("gpu-memory-gb", 0, "GPU memory: sizes kv_blocks with --weights-gb (0: the "
+  flags.AddDouble("gpu-memory-gb", 0,
+                  "GPU memory: sizes kv_blocks with --weights-gb (0: the "
                   "servers' formula from max_model_len x max_batch_size)");
   flags.AddDouble("weights-gb", 0, "model weights, split over an instance's GPUs");
   flags.AddString("out", "", "write the chosen cluster YAML here (for tandem up)");
@@ -549,8 +586,9 @@ int PlanMain(const std::vector<std::string>& args) {
       flags.GetInt("gpus") < 1 || flags.GetInt("gpus-per-node") < 1 ||
       flags.GetInt("num-requests") < 10 || flags.GetDouble("target") <= 0 ||
       flags.GetDouble("target") > 1) {
-    std::fprintf(stderr, "tandem plan: needs --latency-model, --affinity high|low, --gpus >= 1, "
-                         "--gpus-per-node >= 1, --num-requests >= 10, 0 < --target <= 1\n");
+    std::fprintf(stderr,
+                 "tandem plan: needs --latency-model, --affinity high|low, --gpus >= 1, "
+                 "--gpus-per-node >= 1, --num-requests >= 10, 0 < --target <= 1\n");
     return kExitUsage;
   }
   StatusOr<LatencyModelFile> models = LoadLatencyModel(flags.GetString("latency-model"));
@@ -578,14 +616,15 @@ int PlanMain(const std::vector<std::string>& args) {
     std::fprintf(stderr, "tandem plan: %s\n", plan.status().message().c_str());
     return plan.status().code() == StatusCode::kInvalidArgument ? kExitUsage : kExitFailure;
   }
-  std::printf("plan: %s, SLO TTFT %.3f s TPOT %.3f s at %.0f%%, %d GPUs (%d per node), %s node "
-              "affinity; %d simulations in %.2f s\n\n",
-              options.workload.c_str(), options.slo.ttft_s, options.slo.tpot_s,
-              options.target * 100, options.gpus, options.gpus_per_node, affinity.c_str(),
-              plan->simulations, wall);
+  std::printf(
+      "plan: %s, SLO TTFT %.3f s TPOT %.3f s at %.0f%%, %d GPUs (%d per node), %s node "
+      "affinity; %d simulations in %.2f s\n\n",
+      options.workload.c_str(), options.slo.ttft_s, options.slo.tpot_s, options.target * 100,
+      options.gpus, options.gpus_per_node, affinity.c_str(), plan->simulations, wall);
   PrintCandidates("prefill instance shapes (alone, TTFT)", plan->prefill_candidates, 5);
   PrintCandidates("decode instance shapes (alone, TPOT)", plan->decode_candidates, 5);
-  PrintCandidates("clusters simulated whole (prefill + decode instances)", plan->pair_candidates, 6);
+  PrintCandidates("clusters simulated whole (prefill + decode instances)", plan->pair_candidates,
+                  6);
   PrintCandidates("node units (prefill + decode segments per node)", plan->unit_candidates, 5);
   PrintCandidates("colocated instance shapes, chunked", plan->colocated_candidates, 5);
   PrintCandidates("colocated instance shapes, prefill_first",

@@ -19,12 +19,13 @@
 //   each unit is simulated whole and the best goodput per GPU (of the nodes it occupies) is
 //   replicated over the budget.
 //   colocated (the vLLM-like baseline), under both policies of colocated.scheduling
-//   (decode/colocated_scheduler.h): chunked (prompt chunks ride in decode steps, vLLM today) and
-//   prefill_first (whole prompts in steps that pause every decode, vLLM 2023: the baseline
+//   (decode/colocated_scheduler.h): chunked (prompt chunks ride in decode steps, vLLM's default)
+//   and prefill_first (whole prompts in steps that pause every decode, vLLM 2023: the baseline
 //   DistServe measured against). For each, the best shape of a colocated instance by the same
 //   search, replicated over the budget.
-// The chosen layouts (the disaggregated one and both colocated ones) are then simulated whole (router goodput policy, as `tandem up` would run
-// them) to predict cluster goodput: the highest rate meeting `target` attainment.
+// The chosen layouts (the disaggregated one and both colocated ones) are then simulated whole
+// (router goodput policy, as `tandem up` would run them) to predict cluster goodput: the highest
+// rate meeting `target` attainment.
 //
 // Pure computation on the calling thread; deterministic.
 #pragma once
@@ -33,9 +34,9 @@
 #include <vector>
 
 #include "cluster/workload.h"
+#include "common/base/status.h"
 #include "common/config/config.h"
 #include "common/engine/latency_model.h"
-#include "common/base/status.h"
 
 namespace tandem {
 
@@ -66,23 +67,23 @@ struct PlanCandidate {
   std::string kind;  // "prefill" | "decode" | "unit" | "colocated"
   int prefill_tp = 0, prefill_pp = 0, prefill_instances = 0;
   int decode_tp = 0, decode_pp = 0, decode_instances = 0;
-  int gpus = 0;             // GPUs the candidate occupies
-  double rate = 0;          // req/s at the target attainment
-  double per_gpu = 0;       // rate / gpus
-  std::string scheduling;   // colocated: "chunked" | "prefill_first"
+  int gpus = 0;            // GPUs the candidate occupies
+  double rate = 0;         // req/s at the target attainment
+  double per_gpu = 0;      // rate / gpus
+  std::string scheduling;  // colocated: "chunked" | "prefill_first"
 };
 
 struct Plan {
   std::vector<PlanCandidate> prefill_candidates;  // best first (high affinity)
   std::vector<PlanCandidate> decode_candidates;
-  std::vector<PlanCandidate> pair_candidates;     // high affinity: clusters simulated whole
-  std::vector<PlanCandidate> unit_candidates;     // low affinity
-  std::vector<PlanCandidate> colocated_candidates;                // chunked, best first
+  std::vector<PlanCandidate> pair_candidates;       // high affinity: clusters simulated whole
+  std::vector<PlanCandidate> unit_candidates;       // low affinity
+  std::vector<PlanCandidate> colocated_candidates;  // chunked, best first
   std::vector<PlanCandidate> colocated_prefill_first_candidates;  // prefill_first, best first
-  PlanCandidate chosen;     // the disaggregated cluster
-  PlanCandidate colocated;  // the colocated cluster on the same budget, chunked
+  PlanCandidate chosen;                                           // the disaggregated cluster
+  PlanCandidate colocated;                // the colocated cluster on the same budget, chunked
   PlanCandidate colocated_prefill_first;  // the same, prefill_first (its own best shape)
-  ClusterConfig config;     // the chosen (disaggregated) layout, loadable by `tandem up`
+  ClusterConfig config;  // the chosen (disaggregated) layout, loadable by `tandem up`
   std::string config_yaml;
   int simulations = 0;
 };

@@ -14,12 +14,13 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <thread>
 
-#include "common/config/config.h"
 #include "common/base/flags.h"
+#include "common/config/config.h"
 #include "common/engine/forward.h"
 #include "common/engine/kv_cache.h"
 #include "common/engine/latency_model.h"
@@ -30,8 +31,7 @@ namespace tandem {
 namespace {
 
 double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 std::vector<int32_t> RandomTokens(int n, int vocab, std::mt19937& rng) {
@@ -40,7 +40,6 @@ std::vector<int32_t> RandomTokens(int n, int vocab, std::mt19937& rng) {
   for (int32_t& t : out) t = dist(rng);
   return out;
 }
-
 
 // Median over `reps` of the mean time of `inner` calls. The first call chooses `inner` so that
 // each rep lasts at least `min_rep_s` (tiny models run a step in microseconds, below the
@@ -117,8 +116,8 @@ class Background {
           ++worker->steps;
         }
       });
-      worker->cpu_clock_ok = pthread_getcpuclockid(worker->thread.native_handle(),
-                                                   &worker->cpu_clock) == 0;
+      worker->cpu_clock_ok =
+          pthread_getcpuclockid(worker->thread.native_handle(), &worker->cpu_clock) == 0;
     }
     return Status::Ok();
   }
@@ -186,36 +185,45 @@ std::vector<std::string> LeadingComments(const std::string& path) {
   return out;
 }
 
-struct Measured {
-  int batch;
-  int length;  // prompt length (prefill) or context per sequence (decode)
-  double seconds;
+// ---- parse ----
+
+// What the flags ask for, checked.
+struct ProfileOptions {
+  bool help = false;  // --help: the help text is printed, nothing runs
+  std::string help_text;
+  std::string config_path;
+  std::vector<std::string> config_overrides;
+  std::string model_preset, model_path;  // empty = from the config
+  long threads = 1;
+  long background = 0;  // neighbour threads
+  std::string background_kind = "decode";
+  // What the neighbour runs while the prefill grid, then the decode grid, is measured.
+  bool prefill_neighbour_for_prefill = false;
+  bool prefill_neighbour_for_decode = false;
+  std::string role;
+  long reps = 3;
+  bool quick = false;
+  std::string clock_name = "wall";
+  bool cpu_clock = false;
+  bool transfer_given = false;  // --transfer-bytes-per-s or --transfer-latency-s set
+  std::optional<double> transfer_bytes_per_s;
+  double transfer_latency_s = 0;
+  std::string out_path;
+  bool append = false;
 };
 
-void PrintTable(const char* phase, const char* length_name, const std::vector<Measured>& rows,
-                const auto& predict) {
-  std::printf("\n%-8s %6s %8s %12s %12s %8s\n", phase, "batch", length_name, "measured_ms",
-              "predicted_ms", "error");
-  for (const Measured& r : rows) {
-    double p = predict(r);
-    std::printf("%-8s %6d %8d %12.3f %12.3f %7.1f%%\n", phase, r.batch, r.length,
-                r.seconds * 1e3, p * 1e3, 100.0 * (p - r.seconds) / r.seconds);
-  }
-}
-
-}  // namespace
-
-int ProfileMain(const std::vector<std::string>& args) {
+FlagParser ProfileFlags() {
   FlagParser flags(
       "tandem profile [--config FILE] [--model-preset P | --model-path DIR] [--threads N] "
       "[--out lm.yaml] [--append] [--role R] [--quick] [--background-threads K] [--reps R]",
       "Measures the wall-clock time of real forward passes (the engine's CpuForward over a paged "
       "KV cache, as the servers run them): prefill batches over a grid of batch size x prompt "
       "length and decode steps over batch size x context per sequence, median of R reps each. "
-      "Fits the latency model of common/engine/latency_model.h (DistServe's form), prints measured vs "
-      "predicted for every grid point and the fit quality, and writes the YAML (--append: "
-      "merges this entry, keyed by device/threads/tp/pp/role, into an existing file).");
-  flags.AddString("config", "", "cluster config (model section, kv_cache.block_size, max_model_len)");
+      "Fits the latency model of common/engine/latency_model.h (DistServe's form), prints "
+      "measured vs predicted for every grid point and the fit quality, and writes the YAML "
+      "(--append: merges this entry, keyed by device/threads/tp/pp/role, into an existing file).");
+  flags.AddString("config", "",
+                  "cluster config (model section, kv_cache.block_size, max_model_len)");
   flags.AddString("model-preset", "", "built-in model preset (tiny|small|medium)");
   flags.AddString("model-path", "", "Hugging Face checkpoint directory");
   flags.AddInt("threads", 1, "compute threads of the measured forward pass");
@@ -243,81 +251,85 @@ int ProfileMain(const std::vector<std::string>& args) {
                   "KV link bandwidth to record (default: memcpy of a 1k-token KV here)");
   flags.AddDouble("transfer-latency-s", 0, "KV link latency per transfer to record");
   flags.AllowConfigOverrides();
-  if (Status s = flags.Parse(args); !s.ok()) {
-    std::fprintf(stderr, "tandem profile: %s\n", s.message().c_str());
-    return kExitUsage;
-  }
+  return flags;
+}
+
+// InvalidArgument for a bad flag (the exit code is kExitUsage).
+StatusOr<ProfileOptions> ParseProfileArgs(const std::vector<std::string>& args) {
+  FlagParser flags = ProfileFlags();
+  TANDEM_RETURN_IF_ERROR(flags.Parse(args));
+  ProfileOptions o;
   if (flags.help_requested()) {
-    std::fputs(flags.Help().c_str(), stdout);
-    return kExitOk;
+    o.help = true;
+    o.help_text = flags.Help();
+    return o;
   }
-  auto usage_error = [](const std::string& message) {
-    std::fprintf(stderr, "tandem profile: %s\n", message.c_str());
-    return kExitUsage;
-  };
-  auto fail = [](const Status& s) {
-    std::fprintf(stderr, "tandem profile: %s\n", s.message().c_str());
-    return kExitFailure;
-  };
-  if (!flags.positional().empty()) return usage_error("unexpected argument " + flags.positional()[0]);
-  const long threads = flags.GetInt("threads");
-  const long background = flags.GetInt("background-threads");
-  const long reps = flags.IsSet("reps") ? flags.GetInt("reps") : (flags.GetBool("quick") ? 5 : 3);
-  const bool quick = flags.GetBool("quick");
-  if (threads < 1 || threads > 1024) return usage_error("--threads must be in [1, 1024]");
-  if (background < 0 || background > 64) return usage_error("--background-threads must be in [0, 64]");
-  const std::string background_kind = flags.GetString("background-kind");
-  if (background_kind != "decode" && background_kind != "prefill" && background_kind != "other")
-    return usage_error("--background-kind must be decode|prefill|other, got '" + background_kind +
-                       "'");
+  if (!flags.positional().empty())
+    return InvalidArgument("unexpected argument " + flags.positional()[0]);
+  o.threads = flags.GetInt("threads");
+  o.background = flags.GetInt("background-threads");
+  o.quick = flags.GetBool("quick");
+  o.reps = flags.IsSet("reps") ? flags.GetInt("reps") : (o.quick ? 5 : 3);
+  if (o.threads < 1 || o.threads > 1024) return InvalidArgument("--threads must be in [1, 1024]");
+  if (o.background < 0 || o.background > 64)
+    return InvalidArgument("--background-threads must be in [0, 64]");
+  o.background_kind = flags.GetString("background-kind");
+  if (o.background_kind != "decode" && o.background_kind != "prefill" &&
+      o.background_kind != "other")
+    return InvalidArgument("--background-kind must be decode|prefill|other, got '" +
+                           o.background_kind + "'");
   // A prefilling neighbour runs OpenBLAS GEMMs, whose thread count is process-wide: it and the
   // measured forward must agree on it, so both run on one thread.
-  if (background > 0 && background_kind != "decode" && threads != 1)
-    return usage_error("--background-kind " + background_kind + " needs --threads 1");
-  // What the neighbour runs while the prefill grid, then the decode grid, is measured.
-  const bool prefill_neighbour_for_prefill = background_kind == "prefill";
-  const bool prefill_neighbour_for_decode = background_kind != "decode";
-  const std::string role = flags.GetString("role");
-  if (!role.empty() && !IsLatencyModelRole(role))
-    return usage_error("--role must be prefill|decode|colocated, got '" + role + "'");
-  if (reps < 1 || reps > 100) return usage_error("--reps must be in [1, 100]");
+  if (o.background > 0 && o.background_kind != "decode" && o.threads != 1)
+    return InvalidArgument("--background-kind " + o.background_kind + " needs --threads 1");
+  o.prefill_neighbour_for_prefill = o.background_kind == "prefill";
+  o.prefill_neighbour_for_decode = o.background_kind != "decode";
+  o.role = flags.GetString("role");
+  if (!o.role.empty() && !IsLatencyModelRole(o.role))
+    return InvalidArgument("--role must be prefill|decode|colocated, got '" + o.role + "'");
+  if (o.reps < 1 || o.reps > 100) return InvalidArgument("--reps must be in [1, 100]");
   if (flags.GetDouble("transfer-bytes-per-s") < 0 || flags.GetDouble("transfer-latency-s") < 0)
-    return usage_error("--transfer-* must not be negative");
-  const std::string clock_name = flags.GetString("clock");
-  if (clock_name != "wall" && clock_name != "cpu")
-    return usage_error("--clock must be wall|cpu, got '" + clock_name + "'");
-  const bool cpu_clock = clock_name == "cpu";
+    return InvalidArgument("--transfer-* must not be negative");
+  o.transfer_given = flags.IsSet("transfer-bytes-per-s") || flags.IsSet("transfer-latency-s");
+  if (flags.IsSet("transfer-bytes-per-s"))
+    o.transfer_bytes_per_s = flags.GetDouble("transfer-bytes-per-s");
+  o.transfer_latency_s = flags.GetDouble("transfer-latency-s");
+  o.clock_name = flags.GetString("clock");
+  if (o.clock_name != "wall" && o.clock_name != "cpu")
+    return InvalidArgument("--clock must be wall|cpu, got '" + o.clock_name + "'");
+  o.cpu_clock = o.clock_name == "cpu";
   if (flags.IsSet("model-preset") && flags.IsSet("model-path"))
-    return usage_error("give at most one of --model-preset and --model-path");
-
-  StatusOr<ClusterConfig> config = LoadConfig(flags.GetString("config"), flags.config_overrides());
-  if (!config.ok()) return fail(config.status());
-  ModelSection model_section = config->model;
+    return InvalidArgument("give at most one of --model-preset and --model-path");
   if (flags.IsSet("model-preset")) {
-    const std::string& p = flags.GetString("model-preset");
-    if (p != "tiny" && p != "small" && p != "medium")
-      return usage_error("--model-preset must be tiny|small|medium, got '" + p + "'");
-    model_section.preset = p;
-    model_section.path.clear();
+    o.model_preset = flags.GetString("model-preset");
+    if (o.model_preset != "tiny" && o.model_preset != "small" && o.model_preset != "medium")
+      return InvalidArgument("--model-preset must be tiny|small|medium, got '" + o.model_preset +
+                             "'");
   }
-  if (flags.IsSet("model-path")) model_section.path = flags.GetString("model-path");
-  const std::string model_name =
-      model_section.path.empty() ? model_section.preset : model_section.path;
-  StatusOr<std::string> dir = ResolveModelDir(model_section);
-  if (!dir.ok()) return fail(dir.status());
-  StatusOr<std::unique_ptr<Model>> model = Model::Load(*dir);
-  if (!model.ok()) return fail(model.status().WithContext(*dir));
-  const ModelConfig& mc = (*model)->config();
-  const int block_size = config->kv_cache.block_size;
-  const int max_len = config->model.max_model_len;
+  if (flags.IsSet("model-path")) o.model_path = flags.GetString("model-path");
+  o.config_path = flags.GetString("config");
+  o.config_overrides = flags.config_overrides();
+  o.out_path = flags.GetString("out");
+  o.append = flags.GetBool("append");
+  return o;
+}
 
-  // The grid. Prefill: a batch of b prompts of length l, with b * l bounded so that the whole
-  // profile fits its time budget (a prefill instance batches up to its token budget anyway).
-  // Decode: b sequences each with ctx tokens of context, b * ctx bounded by the KV memory.
-  std::vector<int> prefill_batches = {1, 2, 4, 8}, prefill_lengths = {16, 64, 128, 256, 512,
-                                                                       1024, 1536};
-  std::vector<int> decode_batches = {1, 2, 4, 8, 16, 32, 64}, decode_contexts = {16, 256, 768,
-                                                                                  1536};
+// ---- run ----
+
+// The grid. Prefill: a batch of b prompts of length l, with b * l bounded so that the whole
+// profile fits its time budget (a prefill instance batches up to its token budget anyway).
+// Decode: b sequences each with ctx tokens of context, b * ctx bounded by the KV memory.
+struct ProfileGrid {
+  std::vector<std::pair<int, int>> prefill;  // (batch, prompt length)
+  std::vector<std::pair<int, int>> decode;   // (batch, context per sequence)
+  int max_prefill_tokens = 1, max_decode_tokens = 0, max_decode_batch = 1;
+};
+
+ProfileGrid MakeGrid(bool quick, int max_len, int block_size) {
+  std::vector<int> prefill_batches = {1, 2, 4, 8};
+  std::vector<int> prefill_lengths = {16, 64, 128, 256, 512, 1024, 1536};
+  std::vector<int> decode_batches = {1, 2, 4, 8, 16, 32, 64};
+  std::vector<int> decode_contexts = {16, 256, 768, 1536};
   int prefill_tokens_cap = 1024, decode_tokens_cap = 49152;
   if (quick) {
     prefill_batches = {1, 2, 4};
@@ -326,178 +338,275 @@ int ProfileMain(const std::vector<std::string>& args) {
     decode_contexts = {16, 256, 512};
     decode_tokens_cap = 8192;
   }
-  std::vector<std::pair<int, int>> prefill_grid, decode_grid;
-  int max_prefill_tokens = 1, max_decode_tokens = 0, max_decode_batch = 1;
+  ProfileGrid grid;
   for (int l : prefill_lengths) {
     if (l > max_len) continue;
     for (int b : prefill_batches) {
       if (b > 1 && b * l > prefill_tokens_cap) continue;
-      prefill_grid.push_back({b, l});
-      max_prefill_tokens = std::max(max_prefill_tokens, b * l);
+      grid.prefill.push_back({b, l});
+      grid.max_prefill_tokens = std::max(grid.max_prefill_tokens, b * l);
     }
   }
   for (int b : decode_batches) {
     for (int ctx : decode_contexts) {
       if (ctx + 1 > max_len || b * ctx > decode_tokens_cap) continue;
-      decode_grid.push_back({b, ctx});
-      max_decode_tokens = std::max(max_decode_tokens, b * BlocksForTokens(ctx + 1, block_size) * block_size);
-      max_decode_batch = std::max(max_decode_batch, b);
+      grid.decode.push_back({b, ctx});
+      grid.max_decode_tokens =
+          std::max(grid.max_decode_tokens, b * BlocksForTokens(ctx + 1, block_size) * block_size);
+      grid.max_decode_batch = std::max(grid.max_decode_batch, b);
     }
   }
+  return grid;
+}
 
-  // The neighbour first: every CpuForward::Create sets OpenBLAS's (process-wide) thread count,
-  // and the measured forward's must win.
-  auto neighbour = std::make_unique<Background>();
-  if (Status s = neighbour->Start(**model, static_cast<int>(background), block_size,
-                                  prefill_neighbour_for_prefill);
-      !s.ok())
-    return fail(s);
-  ForwardOptions options;
-  options.num_threads = static_cast<int>(threads);
-  options.max_batch_tokens = std::max(max_prefill_tokens, max_decode_batch);
-  options.max_batch_sequences = std::max(max_decode_batch, 8);
-  StatusOr<std::unique_ptr<CpuForward>> forward = CpuForward::Create(**model, options);
-  if (!forward.ok()) return fail(forward.status());
-  const KvLayout layout = (*forward)->MakeKvLayout(block_size);
-  const int num_blocks =
-      std::max(BlocksForTokens(max_prefill_tokens, block_size) + 8, max_decode_tokens / block_size + 8);
-  StatusOr<std::unique_ptr<KvCache>> cache = KvCache::Create(layout, num_blocks);
-  if (!cache.ok()) return fail(cache.status());
-  KvCache& kv = **cache;
-  const double kv_bytes_per_token =
-      2.0 * mc.num_layers * mc.num_kv_heads * mc.head_dim * sizeof(float);
+struct Measured {
+  int batch;
+  int length;  // prompt length (prefill) or context per sequence (decode)
+  double seconds;
+};
 
-  std::printf("tandem profile: model %s (%s), %ld thread(s), %ld background thread(s), %ld reps, "
-              "block %d, KV %.0f bytes/token, %s clock\n",
-              model_name.c_str(), dir->c_str(), threads, background, reps, block_size,
-              kv_bytes_per_token, clock_name.c_str());
-  std::printf("grid: %zu prefill batches, %zu decode steps\n", prefill_grid.size(),
-              decode_grid.size());
-  std::fflush(stdout);
-  const double started = Now();
-  // Quick profiles run a tiny model whose steps take microseconds: longer reps keep the noise of
-  // a shared machine down.
-  const double min_rep_s = quick ? 0.05 : 0.02;
-  std::mt19937 rng(1);
-  auto now = [&]() {
-    if (!cpu_clock) return Now();
-    return (CpuSeconds(CLOCK_PROCESS_CPUTIME_ID) - neighbour->CpuSeconds()) /
-           static_cast<double>(threads);
-  };
-
+// What the measurement found, for the fit and the report.
+struct ProfileRun {
+  std::string model_name;
+  std::string model_dir;
+  int block_size = 0;
+  double kv_bytes_per_token = 0;
+  int max_decode_batch = 1;
   std::vector<Measured> prefill_rows, decode_rows;
   std::vector<PrefillSample> prefill_samples;
   std::vector<DecodeSample> decode_samples;
-  for (auto [b, l] : prefill_grid) {
+  double started = 0, prefill_done = 0, decode_done = 0;  // Now()
+  int64_t prefill_neighbour_steps = 0, decode_neighbour_steps = 0;
+};
+
+// The loaded model, its forward pass and KV cache, the neighbour and the clock: what the grids
+// are measured with.
+struct ProfileBench {
+  const ProfileOptions& options;
+  const Model& model;
+  CpuForward& forward;
+  KvCache& kv;
+  std::unique_ptr<Background>& neighbour;
+  int block_size;
+  std::mt19937 rng{1};
+  // Quick profiles run a tiny model whose steps take microseconds: longer reps keep the noise
+  // of a shared machine down.
+  double min_rep_s() const { return options.quick ? 0.05 : 0.02; }
+  double Now() const {
+    if (!options.cpu_clock) return tandem::Now();
+    return (CpuSeconds(CLOCK_PROCESS_CPUTIME_ID) - neighbour->CpuSeconds()) /
+           static_cast<double>(options.threads);
+  }
+  StatusOr<double> Time(const std::vector<SequenceInput>& batch) {
+    return TimeIt(
+        static_cast<int>(options.reps), min_rep_s(), [this] { return Now(); },
+        [&]() -> Status { return forward.Forward(batch, kv).status(); });
+  }
+};
+
+Status MeasurePrefill(ProfileBench& bench, const ProfileGrid& grid, ProfileRun* run) {
+  const int vocab = bench.model.config().vocab_size;
+  for (auto [b, l] : grid.prefill) {
     std::vector<std::vector<int32_t>> tokens(b), tables(b);
     std::vector<SequenceInput> batch;
     for (int i = 0; i < b; ++i) {
-      tokens[i] = RandomTokens(l, mc.vocab_size, rng);
-      if (Status s = kv.blocks().Allocate(BlocksForTokens(l, block_size), &tables[i]); !s.ok())
-        return fail(s);
+      tokens[i] = RandomTokens(l, vocab, bench.rng);
+      if (Status s = bench.kv.blocks().Allocate(BlocksForTokens(l, bench.block_size), &tables[i]);
+          !s.ok())
+        return s;
       batch.push_back(SequenceInput{tokens[i], 0, tables[i]});
     }
-    StatusOr<double> t = TimeIt(static_cast<int>(reps), min_rep_s, now, [&]() -> Status {
-      return (*forward)->Forward(batch, kv).status();
-    });
-    for (auto& table : tables) kv.blocks().Free(table);
-    if (!t.ok()) return fail(t.status());
-    prefill_rows.push_back({b, l, *t});
-    prefill_samples.push_back({double(b) * l, double(b) * l * l, *t});
+    StatusOr<double> t = bench.Time(batch);
+    for (auto& table : tables) bench.kv.blocks().Free(table);
+    if (!t.ok()) return t.status();
+    run->prefill_rows.push_back({b, l, *t});
+    run->prefill_samples.push_back({double(b) * l, double(b) * l * l, *t});
   }
-  const double prefill_done = Now();
-  const int64_t prefill_neighbour_steps = neighbour->steps();
-  if (prefill_neighbour_for_decode != prefill_neighbour_for_prefill) {
-    // --background-kind other: the neighbour switches phase. (Its CpuForward sets OpenBLAS to
-    // one thread, which the measured forward also uses: --threads 1 was checked above.)
-    neighbour = std::make_unique<Background>();
-    if (Status s = neighbour->Start(**model, static_cast<int>(background), block_size,
-                                    prefill_neighbour_for_decode);
-        !s.ok())
-      return fail(s);
-  }
-  for (auto [b, ctx] : decode_grid) {
+  return Status::Ok();
+}
+
+Status MeasureDecode(ProfileBench& bench, const ProfileGrid& grid, ProfileRun* run) {
+  const int vocab = bench.model.config().vocab_size;
+  for (auto [b, ctx] : grid.decode) {
     // The KV of the context is never computed: a decode step's cost does not depend on the
     // values it attends over, only on how many there are.
     std::vector<std::vector<int32_t>> tables(b);
     std::vector<int32_t> next(b);
     std::vector<SequenceInput> batch;
     for (int i = 0; i < b; ++i) {
-      if (Status s = kv.blocks().Allocate(BlocksForTokens(ctx + 1, block_size), &tables[i]); !s.ok())
-        return fail(s);
-      next[i] = static_cast<int32_t>(rng() % mc.vocab_size);
+      if (Status s =
+              bench.kv.blocks().Allocate(BlocksForTokens(ctx + 1, bench.block_size), &tables[i]);
+          !s.ok())
+        return s;
+      next[i] = static_cast<int32_t>(bench.rng() % vocab);
       batch.push_back(SequenceInput{{&next[i], 1}, ctx, tables[i]});
     }
-    StatusOr<double> t = TimeIt(static_cast<int>(reps), min_rep_s, now, [&]() -> Status {
-      return (*forward)->Forward(batch, kv).status();
-    });
-    for (auto& table : tables) kv.blocks().Free(table);
-    if (!t.ok()) return fail(t.status());
-    decode_rows.push_back({b, ctx, *t});
-    decode_samples.push_back({double(b), double(b) * ctx, *t});
+    StatusOr<double> t = bench.Time(batch);
+    for (auto& table : tables) bench.kv.blocks().Free(table);
+    if (!t.ok()) return t.status();
+    run->decode_rows.push_back({b, ctx, *t});
+    run->decode_samples.push_back({double(b), double(b) * ctx, *t});
   }
-  const double decode_done = Now();
-  const int64_t decode_neighbour_steps =
-      prefill_neighbour_for_decode != prefill_neighbour_for_prefill
-          ? neighbour->steps()
-          : neighbour->steps() - prefill_neighbour_steps;
-  neighbour.reset();
+  return Status::Ok();
+}
 
-  LatencyModel lm;
-  lm.model = model_name;
-  lm.device = "cpu";
-  lm.threads = static_cast<int>(threads);
-  lm.kv_bytes_per_token = kv_bytes_per_token;
-  lm.max_batch_size = max_decode_batch;
-  if (Status s = FitPrefill(prefill_samples, &lm); !s.ok()) return fail(s);
-  if (Status s = FitDecode(decode_samples, &lm); !s.ok()) return fail(s);
+// Loads the model, starts the neighbour, measures the prefill grid, then the decode grid.
+StatusOr<ProfileRun> RunProfile(const ProfileOptions& o) {
+  TANDEM_ASSIGN_OR_RETURN(ClusterConfig config, LoadConfig(o.config_path, o.config_overrides));
+  ModelSection model_section = config.model;
+  if (!o.model_preset.empty()) {
+    model_section.preset = o.model_preset;
+    model_section.path.clear();
+  }
+  if (!o.model_path.empty()) model_section.path = o.model_path;
+  ProfileRun run;
+  run.model_name = model_section.path.empty() ? model_section.preset : model_section.path;
+  TANDEM_ASSIGN_OR_RETURN(run.model_dir, ResolveModelDir(model_section));
+  StatusOr<std::unique_ptr<Model>> model = Model::Load(run.model_dir);
+  if (!model.ok()) return model.status().WithContext(run.model_dir);
+  const ModelConfig& mc = (*model)->config();
+  run.block_size = config.kv_cache.block_size;
+  const ProfileGrid grid = MakeGrid(o.quick, config.model.max_model_len, run.block_size);
+  run.max_decode_batch = grid.max_decode_batch;
 
-  PrintTable("prefill", "prompt", prefill_rows, [&](const Measured& r) {
+  // The neighbour first: every CpuForward::Create sets OpenBLAS's (process-wide) thread count,
+  // and the measured forward's must win.
+  auto neighbour = std::make_unique<Background>();
+  TANDEM_RETURN_IF_ERROR(neighbour->Start(**model, static_cast<int>(o.background), run.block_size,
+                                          o.prefill_neighbour_for_prefill));
+  ForwardOptions options;
+  options.num_threads = static_cast<int>(o.threads);
+  options.max_batch_tokens = std::max(grid.max_prefill_tokens, grid.max_decode_batch);
+  options.max_batch_sequences = std::max(grid.max_decode_batch, 8);
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<CpuForward> forward,
+                          CpuForward::Create(**model, options));
+  const KvLayout layout = forward->MakeKvLayout(run.block_size);
+  const int num_blocks = std::max(BlocksForTokens(grid.max_prefill_tokens, run.block_size) + 8,
+                                  grid.max_decode_tokens / run.block_size + 8);
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache, KvCache::Create(layout, num_blocks));
+  run.kv_bytes_per_token = 2.0 * mc.num_layers * mc.num_kv_heads * mc.head_dim * sizeof(float);
+
+  std::printf(
+      "tandem profile: model %s (%s), %ld thread(s), %ld background thread(s), %ld reps, "
+      "block %d, KV %.0f bytes/token, %s clock\n",
+      run.model_name.c_str(), run.model_dir.c_str(), o.threads, o.background, o.reps,
+      run.block_size, run.kv_bytes_per_token, o.clock_name.c_str());
+  std::printf("grid: %zu prefill batches, %zu decode steps\n", grid.prefill.size(),
+              grid.decode.size());
+  std::fflush(stdout);
+  run.started = Now();
+  ProfileBench bench{o, **model, *forward, *cache, neighbour, run.block_size};
+  TANDEM_RETURN_IF_ERROR(MeasurePrefill(bench, grid, &run));
+  run.prefill_done = Now();
+  run.prefill_neighbour_steps = neighbour->steps();
+  const bool switch_phase = o.prefill_neighbour_for_decode != o.prefill_neighbour_for_prefill;
+  if (switch_phase) {
+    // --background-kind other: the neighbour switches phase. (Its CpuForward sets OpenBLAS to
+    // one thread, which the measured forward also uses: --threads 1 was checked above.)
+    neighbour = std::make_unique<Background>();
+    TANDEM_RETURN_IF_ERROR(neighbour->Start(**model, static_cast<int>(o.background), run.block_size,
+                                            o.prefill_neighbour_for_decode));
+  }
+  TANDEM_RETURN_IF_ERROR(MeasureDecode(bench, grid, &run));
+  run.decode_done = Now();
+  run.decode_neighbour_steps =
+      switch_phase ? neighbour->steps() : neighbour->steps() - run.prefill_neighbour_steps;
+  return run;
+}
+
+// ---- report ----
+
+void PrintTable(const char* phase, const char* length_name, const std::vector<Measured>& rows,
+                const auto& predict) {
+  std::printf("\n%-8s %6s %8s %12s %12s %8s\n", phase, "batch", length_name, "measured_ms",
+              "predicted_ms", "error");
+  for (const Measured& r : rows) {
+    double p = predict(r);
+    std::printf("%-8s %6d %8d %12.3f %12.3f %7.1f%%\n", phase, r.batch, r.length, r.seconds * 1e3,
+                p * 1e3, 100.0 * (p - r.seconds) / r.seconds);
+  }
+}
+
+// Measured against predicted for every grid point, the fitted coefficients and the time taken.
+void PrintFit(const ProfileOptions& o, const ProfileRun& run, const LatencyModel& lm) {
+  PrintTable("prefill", "prompt", run.prefill_rows, [&](const Measured& r) {
     return lm.PrefillSeconds(double(r.batch) * r.length, double(r.batch) * r.length * r.length);
   });
-  PrintTable("decode", "context", decode_rows, [&](const Measured& r) {
+  PrintTable("decode", "context", run.decode_rows, [&](const Measured& r) {
     return lm.DecodeStepSeconds(r.batch, double(r.batch) * r.length);
   });
   std::printf("\nprefill s = %.6g + %.6g * sum(l) + %.6g * sum(l^2)   R^2 %.4f, max error %.1f%%\n",
               lm.c1, lm.c2, lm.c3, lm.fit.prefill_r2, 100 * lm.fit.prefill_max_rel_error);
-  std::printf("decode  s = %.6g + %.6g * batch + %.6g * sum(context)   R^2 %.4f, max error %.1f%%\n",
-              lm.c4, lm.c5, lm.c6, lm.fit.decode_r2, 100 * lm.fit.decode_max_rel_error);
+  std::printf(
+      "decode  s = %.6g + %.6g * batch + %.6g * sum(context)   R^2 %.4f, max error %.1f%%\n", lm.c4,
+      lm.c5, lm.c6, lm.fit.decode_r2, 100 * lm.fit.decode_max_rel_error);
   auto neighbour_work = [](bool prefill, int64_t steps) {
     return std::to_string(steps) + (prefill ? " prefills" : " decode steps");
   };
-  std::printf("measured in %.1f s (prefill %.1f s, decode %.1f s)%s\n", decode_done - started,
-              prefill_done - started, decode_done - prefill_done,
-              background > 0
+  std::printf("measured in %.1f s (prefill %.1f s, decode %.1f s)%s\n",
+              run.decode_done - run.started, run.prefill_done - run.started,
+              run.decode_done - run.prefill_done,
+              o.background > 0
                   ? (", neighbour ran " +
-                     neighbour_work(prefill_neighbour_for_prefill, prefill_neighbour_steps) +
+                     neighbour_work(o.prefill_neighbour_for_prefill, run.prefill_neighbour_steps) +
                      " during the prefill grid, " +
-                     neighbour_work(prefill_neighbour_for_decode, decode_neighbour_steps) +
+                     neighbour_work(o.prefill_neighbour_for_decode, run.decode_neighbour_steps) +
                      " during the decode grid")
                         .c_str()
                   : "");
+}
 
+// The YAML comment line that says how this entry was measured.
+std::string EntryNote(const ProfileOptions& o, const std::string& model_name) {
+  std::ostringstream note;
+  note << "entry device=cpu threads=" << o.threads << (o.role.empty() ? "" : " role=" + o.role)
+       << " (" << HostAndDate() << "): model " << model_name << ", " << o.reps
+       << " reps per point, " << (o.quick ? "quick grid" : "full grid") << ", "
+       << (o.cpu_clock ? "CPU time (process minus background threads, / threads)" : "wall clock")
+       << ", ";
+  auto neighbour_note = [&](bool prefill) {
+    std::ostringstream n;
+    n << o.background << " background thread(s) ";
+    if (prefill)
+      n << "prefilling (" << Background::kPrompt << "-token prompts)";
+    else
+      n << "decoding (batch " << Background::kBatch << ", context " << Background::kContext << ")";
+    n << " on their own KV";
+    return n.str();
+  };
+  if (o.background == 0)
+    note << "no background load";
+  else if (o.prefill_neighbour_for_prefill == o.prefill_neighbour_for_decode)
+    note << neighbour_note(o.prefill_neighbour_for_decode) << " while measuring";
+  else
+    note << "prefill measured beside " << neighbour_note(o.prefill_neighbour_for_prefill)
+         << ", decode beside " << neighbour_note(o.prefill_neighbour_for_decode);
+  return note.str();
+}
+
+// Writes (or, with --append, merges) the entry and the KV link into --out.
+Status WriteProfile(const ProfileOptions& o, const ProfileRun& run, LatencyModel lm) {
   // The KV link. Default: an in-process memcpy of a 1k-token KV, the ceiling of any transport.
   TransferModel transfer;
-  bool transfer_given = flags.IsSet("transfer-bytes-per-s") || flags.IsSet("transfer-latency-s");
-  transfer.latency_s = flags.GetDouble("transfer-latency-s");
-  transfer.bytes_per_s = flags.IsSet("transfer-bytes-per-s")
-                             ? flags.GetDouble("transfer-bytes-per-s")
-                             : MemcpyBytesPerSecond(static_cast<size_t>(1024 * kv_bytes_per_token));
-
-  const std::string out_path = flags.GetString("out");
+  transfer.latency_s = o.transfer_latency_s;
+  transfer.bytes_per_s =
+      o.transfer_bytes_per_s
+          ? *o.transfer_bytes_per_s
+          : MemcpyBytesPerSecond(static_cast<size_t>(1024 * run.kv_bytes_per_token));
   LatencyModelFile file;
   std::vector<std::string> comments;
   std::error_code ec;
-  if (flags.GetBool("append") && std::filesystem::exists(out_path, ec)) {
-    StatusOr<LatencyModelFile> old = LoadLatencyModel(out_path);
-    if (!old.ok()) return fail(old.status().WithContext("--append"));
+  if (o.append && std::filesystem::exists(o.out_path, ec)) {
+    StatusOr<LatencyModelFile> old = LoadLatencyModel(o.out_path);
+    if (!old.ok()) return old.status().WithContext("--append");
     file = std::move(*old);
-    comments = LeadingComments(out_path);
-    if (!transfer_given) transfer = file.transfer;  // the first profile's link stays
+    comments = LeadingComments(o.out_path);
+    if (!o.transfer_given) transfer = file.transfer;  // the first profile's link stays
   } else {
-    comments.push_back("written by tandem profile (common/engine/latency_model.h explains the form)");
+    comments.push_back(
+        "written by tandem profile (common/engine/latency_model.h explains the form)");
   }
-  lm.role = role;
+  lm.role = o.role;
   bool replaced = false;
   for (LatencyModel& e : file.entries) {
     if (e.device == lm.device && e.threads == lm.threads && e.role == lm.role &&
@@ -508,46 +617,54 @@ int ProfileMain(const std::vector<std::string>& args) {
   }
   if (!replaced) file.entries.push_back(lm);
   file.transfer = transfer;
-  std::ostringstream note;
-  note << "entry device=cpu threads=" << threads << (role.empty() ? "" : " role=" + role)
-       << " (" << HostAndDate() << "): model " << model_name << ", " << reps << " reps per point, "
-       << (quick ? "quick grid" : "full grid") << ", "
-       << (cpu_clock ? "CPU time (process minus background threads, / threads)" : "wall clock")
-       << ", ";
-  auto neighbour_note = [&](bool prefill) {
-    std::ostringstream n;
-    n << background << " background thread(s) ";
-    if (prefill)
-      n << "prefilling (" << Background::kPrompt << "-token prompts)";
-    else
-      n << "decoding (batch " << Background::kBatch << ", context " << Background::kContext << ")";
-    n << " on their own KV";
-    return n.str();
-  };
-  if (background == 0)
-    note << "no background load";
-  else if (prefill_neighbour_for_prefill == prefill_neighbour_for_decode)
-    note << neighbour_note(prefill_neighbour_for_decode) << " while measuring";
-  else
-    note << "prefill measured beside " << neighbour_note(prefill_neighbour_for_prefill)
-         << ", decode beside " << neighbour_note(prefill_neighbour_for_decode);
-  comments.push_back(note.str());
-  if (!transfer_given && !flags.GetBool("append"))
+  comments.push_back(EntryNote(o, run.model_name));
+  if (!o.transfer_given && !o.append)
     comments.push_back("transfer: bytes_per_s = in-process memcpy of a 1k-token KV here (" +
-                       std::to_string(static_cast<long>(1024 * kv_bytes_per_token)) +
+                       std::to_string(static_cast<long>(1024 * run.kv_bytes_per_token)) +
                        " bytes), latency_s = 0: the ceiling of any transport; pass "
                        "--transfer-bytes-per-s/--transfer-latency-s for a real link");
   std::string comment;
   for (const std::string& c : comments) comment += (comment.empty() ? "" : "\n") + c;
   std::string text = LatencyModelToYaml(file, comment);
-  std::filesystem::path parent = std::filesystem::path(out_path).parent_path();
+  std::filesystem::path parent = std::filesystem::path(o.out_path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-  std::ofstream out(out_path);
+  std::ofstream out(o.out_path);
   out << text;
   out.close();
-  if (!out) return fail(Internal("cannot write " + out_path));
-  std::printf("wrote %s (%zu entr%s)\n", out_path.c_str(), file.entries.size(),
+  if (!out) return Internal("cannot write " + o.out_path);
+  std::printf("wrote %s (%zu entr%s)\n", o.out_path.c_str(), file.entries.size(),
               file.entries.size() == 1 ? "y" : "ies");
+  return Status::Ok();
+}
+
+}  // namespace
+
+int ProfileMain(const std::vector<std::string>& args) {
+  StatusOr<ProfileOptions> options = ParseProfileArgs(args);
+  if (!options.ok()) {
+    std::fprintf(stderr, "tandem profile: %s\n", options.status().message().c_str());
+    return kExitUsage;
+  }
+  if (options->help) {
+    std::fputs(options->help_text.c_str(), stdout);
+    return kExitOk;
+  }
+  auto fail = [](const Status& s) {
+    std::fprintf(stderr, "tandem profile: %s\n", s.message().c_str());
+    return kExitFailure;
+  };
+  StatusOr<ProfileRun> run = RunProfile(*options);
+  if (!run.ok()) return fail(run.status());
+  LatencyModel lm;
+  lm.model = run->model_name;
+  lm.device = "cpu";
+  lm.threads = static_cast<int>(options->threads);
+  lm.kv_bytes_per_token = run->kv_bytes_per_token;
+  lm.max_batch_size = run->max_decode_batch;
+  if (Status s = FitPrefill(run->prefill_samples, &lm); !s.ok()) return fail(s);
+  if (Status s = FitDecode(run->decode_samples, &lm); !s.ok()) return fail(s);
+  PrintFit(*options, *run, lm);
+  if (Status s = WriteProfile(*options, *run, lm); !s.ok()) return fail(s);
   return kExitOk;
 }
 

@@ -2,8 +2,8 @@
 // prefill, decode and colocated instances, each running the same scheduling rules as the real
 // servers (prefill: FCFS batches by token budget; decode: continuous batching with a KV block
 // pool and back-pressure on pulls; colocated: colocated.scheduling's policy of
-// decode/colocated_scheduler.h, chunked mixed steps or prefill-first), with step times from a latency model (common/engine/latency_model.h)
-// and KV transfer time from its transfer model.
+// decode/colocated_scheduler.h, chunked mixed steps or prefill-first), with step times from a
+// latency model (common/engine/latency_model.h) and KV transfer time from its transfer model.
 //
 // It answers "what would this cluster do with this workload" without running it: the bench
 // sweep compares it with measured runs (same requests, same arrivals) and the planner
@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "cluster/workload.h"
+#include "common/base/status.h"
 #include "common/config/config.h"
 #include "common/engine/latency_model.h"
-#include "common/base/status.h"
 
 namespace tandem {
 

@@ -14,7 +14,6 @@
 // Models come from make-model presets written to a temp dir (no tokenizer) or from --model.
 #include <cblas.h>
 #include <immintrin.h>
-
 #include <time.h>
 
 #include <algorithm>
@@ -23,11 +22,10 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "common/base/flags.h"
 #include "common/engine/forward.h"
@@ -56,7 +54,9 @@ struct Clock {
   }
 };
 
-double Seconds(double a, double b) { return b - a; }
+double Seconds(double a, double b) {
+  return b - a;
+}
 
 // Best of a few 256 MiB copies: bytes read + written per second.
 double MeasureMemcpyBandwidth() {
@@ -123,12 +123,12 @@ double MeasureSgemmPeak(int threads) {
   const int shapes[][3] = {{512, 3072, 768}, {1024, 2048, 2048}, {2048, 768, 3072}};
   for (const auto& s : shapes) {
     const int m = s[0], n = s[1], k = s[2];
-    std::vector<float> a(size_t{static_cast<size_t>(m)} * k, 0.01f), b(size_t{static_cast<size_t>(n)} * k, 0.02f),
-        c(size_t{static_cast<size_t>(m)} * n);
+    std::vector<float> a(size_t{static_cast<size_t>(m)} * k, 0.01f),
+        b(size_t{static_cast<size_t>(n)} * k, 0.02f), c(size_t{static_cast<size_t>(m)} * n);
     for (int rep = 0; rep < 3; ++rep) {
       auto t0 = Clock::now();
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, a.data(), k, b.data(),
-                  k, 0.0f, c.data(), n);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, a.data(), k, b.data(), k,
+                  0.0f, c.data(), n);
       best = std::max(best, 2.0 * m * n * k / Seconds(t0, Clock::now()));
     }
   }
@@ -148,6 +148,165 @@ std::vector<int32_t> RandomTokens(int n, int vocab, std::mt19937& rng) {
   return out;
 }
 
+// The machine's ceilings, measured once.
+struct Roofline {
+  double memcpy_bandwidth = 0;  // bytes read + written per second
+  double bandwidth = 0;         // streaming read, bytes per second
+  double peak = 0;              // sgemm flops per second
+};
+
+Roofline MeasureRoofline(int threads) {
+  Roofline r;
+  r.memcpy_bandwidth = MeasureMemcpyBandwidth();
+  r.bandwidth = std::max(MeasureReadBandwidth(), r.memcpy_bandwidth / 2);
+  r.peak = MeasureSgemmPeak(threads);
+  return r;
+}
+
+// (name, dir) of each model to bench: --model, or the presets written under `tmp`.
+StatusOr<std::vector<std::pair<std::string, std::string>>> PrepareModels(
+    const std::string& model, const std::string& presets, const std::filesystem::path& tmp) {
+  std::vector<std::pair<std::string, std::string>> models;
+  if (!model.empty()) {
+    models.push_back({model, model});
+    return models;
+  }
+  for (size_t i = 0; i < presets.size();) {
+    size_t comma = std::min(presets.find(',', i), presets.size());
+    std::string preset = presets.substr(i, comma - i);
+    i = comma + 1;
+    MakeModelOptions options;
+    options.preset = preset;
+    options.seed = 1;
+    options.with_tokenizer = false;
+    std::string dir = (tmp / preset).string();
+    TANDEM_RETURN_IF_ERROR(MakeModel(options, dir));
+    models.push_back({preset, dir});
+  }
+  return models;
+}
+
+// One model's forward pass, and what its roofline needs.
+struct BenchedModel {
+  const std::string& name;
+  const Model& model;
+  CpuForward& engine;
+  const KvLayout& layout;
+  double params;  // weight parameters read per step
+};
+
+// Prefill tokens/s of one sequence per prompt length.
+Status BenchPrefill(const BenchedModel& m, const Roofline& roof, bool quick, std::mt19937& rng,
+                    std::vector<Result>* results) {
+  const ModelConfig& c = m.model.config();
+  std::vector<int> prompts = quick ? std::vector<int>{128, 512} : std::vector<int>{128, 512, 2048};
+  for (int n : prompts) {
+    TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache,
+                            KvCache::Create(m.layout, n / m.layout.block_size + 1));
+    std::vector<int32_t> table;
+    (void)cache->blocks().Allocate(cache->num_blocks(), &table);
+    std::vector<int32_t> tokens = RandomTokens(n, c.vocab_size, rng);
+    SequenceInput seq{tokens, 0, table};
+    double best = 1e30;
+    for (int rep = 0; rep < (n <= 512 ? 3 : 1); ++rep) {
+      auto t0 = Clock::now();
+      TANDEM_RETURN_IF_ERROR(m.engine.Forward({&seq, 1}, *cache).status());
+      best = std::min(best, Seconds(t0, Clock::now()));
+    }
+    const double attention_flops =
+        4.0 * c.num_layers * c.num_heads * c.head_dim * n * (n + 1) / 2.0;
+    const double flops = 2.0 * m.params * n + attention_flops;
+    const double bound = std::max(flops / roof.peak, m.model.step_weight_bytes() / roof.bandwidth);
+    results->push_back({m.name, "prefill", n, n / best, flops / best, bound / best});
+    std::printf("%-8s %-8s %6d %12.1f %10.1f GFLOP/s %9.0f%%\n", m.name.c_str(), "prefill", n,
+                n / best, flops / best / 1e9, 100 * bound / best);
+    std::fflush(stdout);
+  }
+  return Status::Ok();
+}
+
+// Decode tokens/s per batch size, context 128 per sequence.
+Status BenchDecode(const BenchedModel& m, const Roofline& roof, bool quick, std::mt19937& rng,
+                   std::vector<Result>* results) {
+  const ModelConfig& c = m.model.config();
+  std::vector<int> batches = quick ? std::vector<int>{1, 8} : std::vector<int>{1, 8, 32, 64};
+  const int context = 128, steps = 8;
+  for (int b : batches) {
+    const int blocks_per_seq = (context + steps) / m.layout.block_size + 1;
+    TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache,
+                            KvCache::Create(m.layout, b * blocks_per_seq));
+    std::vector<std::vector<int32_t>> tables(b), prompts_b(b);
+    std::vector<int32_t> next(b);
+    for (int i = 0; i < b; ++i) {
+      tables[i].reserve(blocks_per_seq);
+      (void)cache->blocks().Allocate(blocks_per_seq, &tables[i]);
+      prompts_b[i] = RandomTokens(context, c.vocab_size, rng);
+      SequenceInput seq{prompts_b[i], 0, tables[i]};
+      TANDEM_RETURN_IF_ERROR(m.engine.Forward({&seq, 1}, *cache).status());
+      next[i] = prompts_b[i].back();
+    }
+    std::vector<SequenceInput> batch(b);
+    double total = 0;
+    for (int s = 0; s < steps; ++s) {
+      for (int i = 0; i < b; ++i) batch[i] = SequenceInput{{&next[i], 1}, context + s, tables[i]};
+      auto t0 = Clock::now();
+      TANDEM_RETURN_IF_ERROR(m.engine.Forward(batch, *cache).status());
+      if (s > 0) total += Seconds(t0, Clock::now());  // step 0 warms up
+    }
+    const double step_s = total / (steps - 1);
+    const double bytes = static_cast<double>(m.model.step_weight_bytes());
+    const double flops =
+        2.0 * m.params * b + 4.0 * c.num_layers * c.num_heads * c.head_dim * b * context;
+    const double bound = std::max(bytes / roof.bandwidth, flops / roof.peak);
+    results->push_back({m.name, "decode", b, b / step_s, bytes / step_s, bound / step_s});
+    std::printf("%-8s %-8s %6d %12.1f %10.2f GB/s    %9.0f%%  (%s-bound)\n", m.name.c_str(),
+                "decode", b, b / step_s, bytes / step_s / 1e9, 100 * bound / step_s,
+                bytes / roof.bandwidth > flops / roof.peak ? "memory" : "compute");
+    std::fflush(stdout);
+  }
+  return Status::Ok();
+}
+
+Status BenchModel(const std::string& name, const std::string& dir, int threads, bool quick,
+                  const Roofline& roof, std::mt19937& rng, std::vector<Result>* results) {
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Load(dir));
+  ForwardOptions options;
+  options.num_threads = threads;
+  options.max_batch_tokens = 2048;
+  options.max_batch_sequences = 64;
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<CpuForward> engine, CpuForward::Create(*model, options));
+  const KvLayout layout = engine->MakeKvLayout();
+  const BenchedModel m{name, *model, *engine, layout,
+                       static_cast<double>(model->step_weight_bytes()) / 4};
+  TANDEM_RETURN_IF_ERROR(BenchPrefill(m, roof, quick, rng, results));
+  return BenchDecode(m, roof, quick, rng, results);
+}
+
+void WriteJson(const std::string& path, int threads, const Roofline& roof,
+               const std::vector<Result>& results) {
+  nlohmann::json out;
+  out["threads"] = threads;
+  out["timing"] = g_cpu_time ? "process_cpu" : "wall";
+  out["memcpy_bytes_per_s"] = roof.memcpy_bandwidth;
+  out["read_bytes_per_s"] = roof.bandwidth;
+  out["sgemm_flops_per_s"] = roof.peak;
+  for (const Result& r : results) {
+    out["results"].push_back(
+        {{"model", r.model},
+         {"phase", r.phase},
+         {r.phase == "prefill" ? "prompt_tokens" : "batch", r.tokens_or_batch},
+         {"tokens_per_s", r.tokens_per_s},
+         {r.phase == "prefill" ? "flops_per_s" : "weight_bytes_per_s", r.achieved},
+         {"roofline_fraction", r.roofline_fraction}});
+  }
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (f != nullptr) {
+    std::fputs(out.dump(2).c_str(), f);
+    std::fclose(f);
+    std::printf("\nraw numbers: %s\n", path.c_str());
+  }
+}
+
 int Run(const std::vector<std::string>& args) {
   FlagParser flags("engine_bench [flags]", "CPU forward-pass throughput vs roofline.");
   flags.AddString("presets", "small,medium", "make-model presets to bench (comma-separated)");
@@ -157,7 +316,8 @@ int Run(const std::vector<std::string>& args) {
   flags.AddBool("quick", "prompt 128/512 and batch 1/8 only");
   flags.AddBool("cpu-time", "time with process CPU time instead of wall time (shared machines)");
   if (Status s = flags.Parse(args); !s.ok() || flags.help_requested()) {
-    std::fputs(s.ok() ? flags.Help().c_str() : (s.message() + "\n").c_str(), s.ok() ? stdout : stderr);
+    std::fputs(s.ok() ? flags.Help().c_str() : (s.message() + "\n").c_str(),
+               s.ok() ? stdout : stderr);
     return s.ok() ? 0 : 2;
   }
   const int threads = static_cast<int>(flags.GetInt("threads"));
@@ -165,134 +325,29 @@ int Run(const std::vector<std::string>& args) {
   g_cpu_time = flags.GetBool("cpu-time");
 
   std::printf("measuring roofline (threads=%d)...\n", threads);
-  const double memcpy_bandwidth = MeasureMemcpyBandwidth();
-  const double bandwidth = std::max(MeasureReadBandwidth(), memcpy_bandwidth / 2);
-  const double peak = MeasureSgemmPeak(threads);
-  std::printf("memcpy %.2f GB/s (read+write), read %.2f GB/s, sgemm peak %.1f GFLOP/s (%s time)\n"
-              "decode roofline = read bandwidth; prefill roofline = sgemm peak\n\n",
-              memcpy_bandwidth / 1e9, bandwidth / 1e9, peak / 1e9, g_cpu_time ? "CPU" : "wall");
-
-  std::vector<std::pair<std::string, std::string>> models;  // name, dir
-  std::filesystem::path tmp = std::filesystem::temp_directory_path() / "tandem-engine-bench";
-  if (!flags.GetString("model").empty()) {
-    models.push_back({flags.GetString("model"), flags.GetString("model")});
-  } else {
-    std::string list = flags.GetString("presets");
-    for (size_t i = 0; i < list.size();) {
-      size_t comma = std::min(list.find(',', i), list.size());
-      std::string preset = list.substr(i, comma - i);
-      i = comma + 1;
-      MakeModelOptions options;
-      options.preset = preset;
-      options.seed = 1;
-      options.with_tokenizer = false;
-      std::string dir = (tmp / preset).string();
-      if (Status s = MakeModel(options, dir); !s.ok()) {
-        std::fprintf(stderr, "%s\n", s.ToString().c_str());
-        return 1;
-      }
-      models.push_back({preset, dir});
-    }
+  const Roofline roof = MeasureRoofline(threads);
+  std::printf(
+      "memcpy %.2f GB/s (read+write), read %.2f GB/s, sgemm peak %.1f GFLOP/s (%s time)\n"
+      "decode roofline = read bandwidth; prefill roofline = sgemm peak\n\n",
+      roof.memcpy_bandwidth / 1e9, roof.bandwidth / 1e9, roof.peak / 1e9,
+      g_cpu_time ? "CPU" : "wall");
+  const std::filesystem::path tmp = std::filesystem::temp_directory_path() / "tandem-engine-bench";
+  auto models = PrepareModels(flags.GetString("model"), flags.GetString("presets"), tmp);
+  if (!models.ok()) {
+    std::fprintf(stderr, "%s\n", models.status().ToString().c_str());
+    return 1;
   }
-
   std::vector<Result> results;
   std::mt19937 rng(1);
   std::printf("%-8s %-8s %6s %12s %16s %10s\n", "model", "phase", "n", "tokens/s", "achieved",
               "roofline");
-  for (const auto& [name, dir] : models) {
-    auto model = Model::Load(dir);
-    if (!model.ok()) {
-      std::fprintf(stderr, "%s\n", model.status().ToString().c_str());
+  for (const auto& [name, dir] : *models) {
+    if (Status s = BenchModel(name, dir, threads, quick, roof, rng, &results); !s.ok()) {
+      std::fprintf(stderr, "%s\n", s.ToString().c_str());
       return 1;
     }
-    const ModelConfig& c = (*model)->config();
-    const double params = static_cast<double>((*model)->step_weight_bytes()) / 4;
-    ForwardOptions options;
-    options.num_threads = threads;
-    options.max_batch_tokens = 2048;
-    options.max_batch_sequences = 64;
-    auto engine = CpuForward::Create(**model, options);
-    if (!engine.ok()) return 1;
-    const KvLayout layout = (*engine)->MakeKvLayout();
-
-    std::vector<int> prompts = quick ? std::vector<int>{128, 512} : std::vector<int>{128, 512, 2048};
-    for (int n : prompts) {
-      auto cache = KvCache::Create(layout, n / layout.block_size + 1);
-      std::vector<int32_t> table;
-      (void)(*cache)->blocks().Allocate((*cache)->num_blocks(), &table);
-      std::vector<int32_t> tokens = RandomTokens(n, c.vocab_size, rng);
-      SequenceInput seq{tokens, 0, table};
-      double best = 1e30;
-      for (int rep = 0; rep < (n <= 512 ? 3 : 1); ++rep) {
-        auto t0 = Clock::now();
-        if (!(*engine)->Forward({&seq, 1}, **cache).ok()) return 1;
-        best = std::min(best, Seconds(t0, Clock::now()));
-      }
-      const double attention_flops = 4.0 * c.num_layers * c.num_heads * c.head_dim * n * (n + 1) / 2.0;
-      const double flops = 2.0 * params * n + attention_flops;
-      const double bound = std::max(flops / peak, (*model)->step_weight_bytes() / bandwidth);
-      results.push_back({name, "prefill", n, n / best, flops / best, bound / best});
-      std::printf("%-8s %-8s %6d %12.1f %10.1f GFLOP/s %9.0f%%\n", name.c_str(), "prefill", n,
-                  n / best, flops / best / 1e9, 100 * bound / best);
-      std::fflush(stdout);
-    }
-
-    std::vector<int> batches = quick ? std::vector<int>{1, 8} : std::vector<int>{1, 8, 32, 64};
-    const int context = 128, steps = 8;
-    for (int b : batches) {
-      const int blocks_per_seq = (context + steps) / layout.block_size + 1;
-      auto cache = KvCache::Create(layout, b * blocks_per_seq);
-      std::vector<std::vector<int32_t>> tables(b), prompts_b(b);
-      std::vector<int32_t> next(b);
-      for (int i = 0; i < b; ++i) {
-        tables[i].reserve(blocks_per_seq);
-        (void)(*cache)->blocks().Allocate(blocks_per_seq, &tables[i]);
-        prompts_b[i] = RandomTokens(context, c.vocab_size, rng);
-        SequenceInput seq{prompts_b[i], 0, tables[i]};
-        if (!(*engine)->Forward({&seq, 1}, **cache).ok()) return 1;
-        next[i] = prompts_b[i].back();
-      }
-      std::vector<SequenceInput> batch(b);
-      double total = 0;
-      for (int s = 0; s < steps; ++s) {
-        for (int i = 0; i < b; ++i)
-          batch[i] = SequenceInput{{&next[i], 1}, context + s, tables[i]};
-        auto t0 = Clock::now();
-        if (!(*engine)->Forward(batch, **cache).ok()) return 1;
-        if (s > 0) total += Seconds(t0, Clock::now());  // step 0 warms up
-      }
-      const double step_s = total / (steps - 1);
-      const double bytes = static_cast<double>((*model)->step_weight_bytes());
-      const double flops = 2.0 * params * b + 4.0 * c.num_layers * c.num_heads * c.head_dim * b * context;
-      const double bound = std::max(bytes / bandwidth, flops / peak);
-      results.push_back({name, "decode", b, b / step_s, bytes / step_s, bound / step_s});
-      std::printf("%-8s %-8s %6d %12.1f %10.2f GB/s    %9.0f%%  (%s-bound)\n", name.c_str(),
-                  "decode", b, b / step_s, bytes / step_s / 1e9, 100 * bound / step_s,
-                  bytes / bandwidth > flops / peak ? "memory" : "compute");
-      std::fflush(stdout);
-    }
   }
-
-  nlohmann::json out;
-  out["threads"] = threads;
-  out["timing"] = g_cpu_time ? "process_cpu" : "wall";
-  out["memcpy_bytes_per_s"] = memcpy_bandwidth;
-  out["read_bytes_per_s"] = bandwidth;
-  out["sgemm_flops_per_s"] = peak;
-  for (const Result& r : results) {
-    out["results"].push_back({{"model", r.model},
-                              {"phase", r.phase},
-                              {r.phase == "prefill" ? "prompt_tokens" : "batch", r.tokens_or_batch},
-                              {"tokens_per_s", r.tokens_per_s},
-                              {r.phase == "prefill" ? "flops_per_s" : "weight_bytes_per_s", r.achieved},
-                              {"roofline_fraction", r.roofline_fraction}});
-  }
-  std::FILE* f = std::fopen(flags.GetString("json").c_str(), "w");
-  if (f != nullptr) {
-    std::fputs(out.dump(2).c_str(), f);
-    std::fclose(f);
-    std::printf("\nraw numbers: %s\n", flags.GetString("json").c_str());
-  }
+  WriteJson(flags.GetString("json"), threads, roof, results);
   std::error_code ec;
   std::filesystem::remove_all(tmp, ec);
   return 0;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 6's measurements, as perf/README.md reports them: profile the medium model, sweep the
+# The measurements perf/README.md reports: profile the medium model, sweep the
 # disaggregated and colocated layouts of the same 2 cores on two workloads (measured and
 # simulated on the same requests), and plan a 16-GPU H100 cluster for OPT-13B.
 #
@@ -42,9 +42,9 @@ if [[ $step == sweep || $step == all ]]; then
   clusters=(--cluster coloc-2x1=perf/configs/coloc-2x1.yaml
             --cluster coloc-1x2=perf/configs/coloc-1x2.yaml
             --cluster disagg-1p1d=perf/configs/disagg-1p1d.yaml)
-  # --probe-down 1: a layout that misses at the lowest rate (run 4's coloc-2x1) is tried at
-  # half of it, so that its goodput is bounded more tightly than "below the sweep". (Each halving
-  # doubles the run's length: 40 summarization requests at 0.075 req/s take ~9 minutes.)
+  # --probe-down 1: a layout that misses at the lowest rate is tried at half of it, so that its
+  # goodput is bounded more tightly than "below the sweep". (Each halving doubles the run's
+  # length: 80 summarization requests at 0.075 req/s take ~18 minutes.)
   # Workload lengths at a 1024-token scale (cluster/workload.h): summarization prompts ~410
   # tokens (~1.2 s of prefill on one core), chatbot ~100 in / ~60 out.
   "$TANDEM" bench sweep "${clusters[@]}" --workload summarization --max-model-len 1024 \

@@ -27,6 +27,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <random>
 #include <sstream>
 #include <string>
@@ -46,13 +47,16 @@ constexpr size_t kBlockTokens = 16;
 constexpr size_t kBlockBytes = 2 * kBlockTokens * 4 * 64 * sizeof(float);  // 32 KiB
 constexpr size_t kPoolBlocks = 1024 + 64;  // 16k tokens plus slack, per layer
 
-double MiBps(double bytes, double seconds) { return bytes / seconds / (1 << 20); }
+double MiBps(double bytes, double seconds) {
+  return bytes / seconds / (1 << 20);
+}
 
 // Runs ucx_perftest ucp_get server and client; returns the overall bandwidth in MB/s (2^20).
 double RunPerftest(const std::string& tls, size_t size, int iters, int outstanding, int port) {
   std::string env = "UCX_TLS=" + tls + " ";
   std::string common = " -t ucp_get -s " + std::to_string(size) + " -n " + std::to_string(iters) +
-                       " -w 100 -O " + std::to_string(outstanding) + " -f -p " + std::to_string(port);
+                       " -w 100 -O " + std::to_string(outstanding) + " -f -p " +
+                       std::to_string(port);
   std::string server = env + "timeout 60 ucx_perftest" + common + " >/dev/null 2>&1 &";
   if (std::system(server.c_str()) != 0) return -1;
   std::this_thread::sleep_for(500ms);
@@ -96,150 +100,202 @@ double BestPull(KvPublisher& publisher, KvPuller& puller, const LayerRanges& rem
   return best;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+struct BenchArgs {
   std::vector<std::string> tls_list = {"tcp", "sm"};
   bool perftest = true;
   bool user_memory = false;
   size_t inflight = 64;
+};
+
+// false on a bad argument.
+bool ParseArgs(int argc, char** argv, BenchArgs* args) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--tls" && i + 1 < argc) {
-      tls_list.clear();
+      args->tls_list.clear();
       std::stringstream ss(argv[++i]);
-      for (std::string t; std::getline(ss, t, ';');) tls_list.push_back(t);
+      for (std::string t; std::getline(ss, t, ';');) args->tls_list.push_back(t);
     } else if (a == "--user-memory") {
-      user_memory = true;
+      args->user_memory = true;
     } else if (a == "--no-perftest") {
-      perftest = false;
+      args->perftest = false;
     } else if (a == "--inflight" && i + 1 < argc) {
-      inflight = std::stoul(argv[++i]);
+      args->inflight = std::stoul(argv[++i]);
     } else {
-      std::fprintf(stderr,
-                   "usage: %s [--tls 'tcp;sm'] [--user-memory] [--no-perftest] [--inflight N]\n",
-                   argv[0]);
-      return 2;
+      return false;
     }
   }
+  return true;
+}
+
+// A connected publisher and puller over one transport, and their pools.
+// The memory is declared first: it outlives the publisher and puller that registered it.
+struct Endpoints {
+  std::vector<uint8_t> heap_src, heap_dst;  // --user-memory
+  std::shared_ptr<UcxPool> src_pool, dst_pool;
+  uint8_t* src = nullptr;
+  uint8_t* dst = nullptr;
+  std::unique_ptr<KvPublisher> publisher;
+  std::unique_ptr<KvPuller> puller;
+};
+
+StatusOr<std::unique_ptr<Endpoints>> MakeEndpoints(const BenchArgs& args, const UcxOptions& options,
+                                                   size_t pool_bytes) {
+  auto e = std::make_unique<Endpoints>();
+  StatusOr<std::unique_ptr<KvPublisher>> publisher = Internal("unset");
+  StatusOr<std::unique_ptr<KvPuller>> puller = Internal("unset");
+  if (args.user_memory) {
+    e->heap_src.assign(pool_bytes, 0);
+    e->heap_dst.assign(pool_bytes, 0);
+    e->src = e->heap_src.data();
+    e->dst = e->heap_dst.data();
+    publisher = CreateUcxPublisher({e->src, pool_bytes}, options);
+    puller = CreateUcxPuller({e->dst, pool_bytes}, options);
+  } else {
+    auto a = AllocateUcxPool(pool_bytes, options);
+    auto b = AllocateUcxPool(pool_bytes, options);
+    if (!a.ok() || !b.ok())
+      return Internal("pool: " + a.status().ToString() + " " + b.status().ToString());
+    e->src_pool = *a;
+    e->dst_pool = *b;
+    e->src = static_cast<uint8_t*>(e->src_pool->region().base);
+    e->dst = static_cast<uint8_t*>(e->dst_pool->region().base);
+    publisher = CreateUcxPublisher(e->src_pool, options);
+    puller = CreateUcxPuller(e->dst_pool, options);
+  }
+  if (!publisher.ok() || !puller.ok())
+    return Internal(publisher.status().ToString() + " " + puller.status().ToString());
+  e->publisher = std::move(*publisher);
+  e->puller = std::move(*puller);
+  return e;
+}
+
+// One thread of memcpy over the same scattered blocks, in this process: the best seconds.
+double BestMemcpy(const Endpoints& e, const LayerRanges& remote, const LayerRanges& local,
+                  size_t blocks, int reps) {
+  double best_memcpy = 1e9;
+  for (int r = 0; r < reps; ++r) {
+    auto start = Clock::now();
+    for (int l = 0; l < kLayers; ++l) {
+      for (size_t b = 0; b < blocks; ++b) {
+        std::memcpy(e.dst + local[l][b].offset, e.src + remote[l][b].offset, kBlockBytes);
+      }
+    }
+    best_memcpy =
+        std::min(best_memcpy, std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  return best_memcpy;
+}
+
+// What one transport's rows share: the perftest results by message size, the next port.
+struct TransportRun {
+  const BenchArgs& args;
+  const std::string& tls;
+  Endpoints& endpoints;
+  size_t pool_bytes;
+  std::mt19937_64& rng;
+  std::map<uint64_t, double>& perftest_by_size;
+  int& port;
+  std::ofstream& tsv;
+};
+
+// One row: a request of `tokens` tokens pulled scattered and hot, perftest and memcpy beside.
+// false when a pull fails.
+bool BenchRequestSize(TransportRun& run, size_t tokens) {
+  const size_t blocks = tokens / kBlockTokens;
+  std::vector<uint32_t> ids(kPoolBlocks);
+  for (uint32_t i = 0; i < kPoolBlocks; ++i) ids[i] = i;
+  std::shuffle(ids.begin(), ids.end(), run.rng);
+  LayerRanges remote(kLayers), local(kLayers), hot_remote(kLayers), hot_local(kLayers);
+  for (int l = 0; l < kLayers; ++l) {
+    for (size_t b = 0; b < blocks; ++b) {
+      remote[l].push_back({(l * kPoolBlocks + ids[b]) * kBlockBytes, kBlockBytes});
+      local[l].push_back({(l * kPoolBlocks + ids[kPoolBlocks - 1 - b]) * kBlockBytes, kBlockBytes});
+      hot_remote[l].push_back({0, kBlockBytes});
+      hot_local[l].push_back({0, kBlockBytes});
+    }
+  }
+  // The gets the puller will issue, and their median size: perftest's message size.
+  auto pieces = PlanCopies(remote, run.pool_bytes, local, run.pool_bytes);
+  if (!pieces.ok()) return false;
+  std::vector<uint64_t> sizes;
+  for (const CopyPiece& p : *pieces) sizes.push_back(p.length);
+  std::nth_element(sizes.begin(), sizes.begin() + sizes.size() / 2, sizes.end());
+  const uint64_t get_size = sizes[sizes.size() / 2];
+  if (run.args.perftest && !run.perftest_by_size.count(get_size)) {
+    int iters = static_cast<int>(std::max<uint64_t>(2000, (512ull << 20) / get_size));
+    run.perftest_by_size[get_size] =
+        RunPerftest(run.tls, get_size, iters, static_cast<int>(run.args.inflight), run.port++);
+  }
+  const double perftest_bw = run.args.perftest ? run.perftest_by_size[get_size] : -1;
+
+  const int reps = tokens == 16384 ? 3 : tokens == 4096 ? 5 : 10;
+  uint64_t bytes = 0, hot_bytes = 0;
+  KvPublisher& publisher = *run.endpoints.publisher;
+  KvPuller& puller = *run.endpoints.puller;
+  double best = BestPull(publisher, puller, remote, local, reps, std::to_string(tokens), &bytes);
+  // The hot pattern is short (a few ms even at 16k): more tries, or a time slice lost to
+  // another process on a shared machine decides the result.
+  double hot = BestPull(publisher, puller, hot_remote, hot_local, 20,
+                        "hot-" + std::to_string(tokens), &hot_bytes);
+  if (best < 0 || hot < 0) return false;
+  const double best_memcpy = BestMemcpy(run.endpoints, remote, local, blocks, reps);
+  double memcpy_bw = MiBps(static_cast<double>(bytes), best_memcpy);
+  double bw = MiBps(static_cast<double>(bytes), best);
+  double hot_bw = MiBps(static_cast<double>(hot_bytes), hot);
+  double ratio = perftest_bw > 0 ? bw / perftest_bw : 0;
+  double hot_ratio = perftest_bw > 0 ? hot_bw / perftest_bw : 0;
+  std::printf("%-7s %6zu %6.0f %6zu %8s %12.0f %14.0f %5.0f%% %12.0f %5.0f%% %12.0f\n",
+              run.tls.c_str(), tokens, bytes / double(1 << 20), pieces->size(),
+              (std::to_string(get_size >> 10) + " KiB").c_str(), bw, perftest_bw, ratio * 100,
+              hot_bw, hot_ratio * 100, memcpy_bw);
+  std::fflush(stdout);
+  run.tsv << run.tls << '\t' << tokens << '\t' << bytes << '\t' << pieces->size() << '\t'
+          << get_size << '\t' << best << '\t' << bw << '\t' << perftest_bw << '\t' << ratio << '\t'
+          << hot_bw << '\t' << hot_ratio << '\t' << memcpy_bw << '\n';
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  BenchArgs args;
+  if (!ParseArgs(argc, argv, &args)) {
+    std::fprintf(stderr,
+                 "usage: %s [--tls 'tcp;sm'] [--user-memory] [--no-perftest] [--inflight N]\n",
+                 argv[0]);
+    return 2;
+  }
   const size_t pool_bytes = kLayers * kPoolBlocks * kBlockBytes;
-  std::vector<uint8_t> heap_src, heap_dst;
   std::mt19937_64 rng(1);
   std::ofstream tsv("kvtransfer_bench.tsv");
   tsv << "tls\ttokens\tbytes\tgets\tget_bytes_median\tseconds_best\ttandem_MiBps"
          "\tperftest_MiBps\tratio\thot_MiBps\thot_ratio\tmemcpy_MiBps\n";
-  std::printf("%-7s %6s %6s %6s %8s %12s %14s %6s %12s %6s %12s\n", "tls", "tokens", "MiB",
-              "gets", "get size", "tandem MiB/s", "perftest MiB/s", "ratio", "hot MiB/s",
-              "hot r", "memcpy MiB/s");
+  std::printf("%-7s %6s %6s %6s %8s %12s %14s %6s %12s %6s %12s\n", "tls", "tokens", "MiB", "gets",
+              "get size", "tandem MiB/s", "perftest MiB/s", "ratio", "hot MiB/s", "hot r",
+              "memcpy MiB/s");
   int port = 20000 + static_cast<int>(rng() % 20000);
-  for (const std::string& tls : tls_list) {
+  for (const std::string& tls : args.tls_list) {
     UcxOptions options;
     options.tls = tls;
     options.timeout = 60s;
-    options.max_inflight_gets = inflight;
-    StatusOr<std::unique_ptr<KvPublisher>> publisher = Internal("unset");
-    StatusOr<std::unique_ptr<KvPuller>> puller = Internal("unset");
-    uint8_t* src = nullptr;
-    uint8_t* dst = nullptr;
-    std::shared_ptr<UcxPool> src_pool, dst_pool;
-    if (user_memory) {
-      heap_src.assign(pool_bytes, 0);
-      heap_dst.assign(pool_bytes, 0);
-      src = heap_src.data();
-      dst = heap_dst.data();
-      publisher = CreateUcxPublisher({src, pool_bytes}, options);
-      puller = CreateUcxPuller({dst, pool_bytes}, options);
-    } else {
-      auto a = AllocateUcxPool(pool_bytes, options);
-      auto b = AllocateUcxPool(pool_bytes, options);
-      if (!a.ok() || !b.ok()) {
-        std::fprintf(stderr, "UCX_TLS=%s: pool: %s %s\n", tls.c_str(),
-                     a.status().ToString().c_str(), b.status().ToString().c_str());
-        continue;
-      }
-      src_pool = *a;
-      dst_pool = *b;
-      src = static_cast<uint8_t*>(src_pool->region().base);
-      dst = static_cast<uint8_t*>(dst_pool->region().base);
-      publisher = CreateUcxPublisher(src_pool, options);
-      puller = CreateUcxPuller(dst_pool, options);
-    }
-    if (!publisher.ok() || !puller.ok()) {
-      std::fprintf(stderr, "UCX_TLS=%s: %s %s\n", tls.c_str(),
-                   publisher.status().ToString().c_str(), puller.status().ToString().c_str());
+    options.max_inflight_gets = args.inflight;
+    StatusOr<std::unique_ptr<Endpoints>> endpoints = MakeEndpoints(args, options, pool_bytes);
+    if (!endpoints.ok()) {
+      std::fprintf(stderr, "UCX_TLS=%s: %s\n", tls.c_str(), endpoints.status().message().c_str());
       continue;
     }
-    for (size_t i = 0; i < pool_bytes; i += 4096) src[i] = static_cast<uint8_t>(rng());
-    Status connected = (*puller)->Connect((*publisher)->peer_info());
+    Endpoints& e = **endpoints;
+    for (size_t i = 0; i < pool_bytes; i += 4096) e.src[i] = static_cast<uint8_t>(rng());
+    Status connected = e.puller->Connect(e.publisher->peer_info());
     if (!connected.ok()) {
       std::fprintf(stderr, "connect: %s\n", connected.ToString().c_str());
       continue;
     }
     std::map<uint64_t, double> perftest_by_size;
-    for (size_t tokens : {1024, 4096, 16384}) {
-      size_t blocks = tokens / kBlockTokens;
-      std::vector<uint32_t> ids(kPoolBlocks);
-      for (uint32_t i = 0; i < kPoolBlocks; ++i) ids[i] = i;
-      std::shuffle(ids.begin(), ids.end(), rng);
-      LayerRanges remote(kLayers), local(kLayers), hot_remote(kLayers), hot_local(kLayers);
-      for (int l = 0; l < kLayers; ++l) {
-        for (size_t b = 0; b < blocks; ++b) {
-          remote[l].push_back({(l * kPoolBlocks + ids[b]) * kBlockBytes, kBlockBytes});
-          local[l].push_back({(l * kPoolBlocks + ids[kPoolBlocks - 1 - b]) * kBlockBytes,
-                              kBlockBytes});
-          hot_remote[l].push_back({0, kBlockBytes});
-          hot_local[l].push_back({0, kBlockBytes});
-        }
-      }
-      // The gets the puller will issue, and their median size: perftest's message size.
-      auto pieces = PlanCopies(remote, pool_bytes, local, pool_bytes);
-      if (!pieces.ok()) return 1;
-      std::vector<uint64_t> sizes;
-      for (const CopyPiece& p : *pieces) sizes.push_back(p.length);
-      std::nth_element(sizes.begin(), sizes.begin() + sizes.size() / 2, sizes.end());
-      const uint64_t get_size = sizes[sizes.size() / 2];
-      if (perftest && !perftest_by_size.count(get_size)) {
-        int iters = static_cast<int>(std::max<uint64_t>(2000, (512ull << 20) / get_size));
-        perftest_by_size[get_size] =
-            RunPerftest(tls, get_size, iters, static_cast<int>(inflight), port++);
-      }
-      double perftest_bw = perftest ? perftest_by_size[get_size] : -1;
-
-      int reps = tokens == 16384 ? 3 : tokens == 4096 ? 5 : 10;
-      uint64_t bytes = 0, hot_bytes = 0;
-      double best = BestPull(**publisher, **puller, remote, local, reps,
-                             std::to_string(tokens), &bytes);
-      // The hot pattern is short (a few ms even at 16k): more tries, or a time slice lost to
-      // another process on a shared machine decides the result.
-      double hot = BestPull(**publisher, **puller, hot_remote, hot_local, 20,
-                            "hot-" + std::to_string(tokens), &hot_bytes);
-      if (best < 0 || hot < 0) return 1;
-      // One thread of memcpy over the same scattered blocks, in this process.
-      double best_memcpy = 1e9;
-      for (int r = 0; r < reps; ++r) {
-        auto start = Clock::now();
-        for (int l = 0; l < kLayers; ++l) {
-          for (size_t b = 0; b < blocks; ++b) {
-            std::memcpy(dst + local[l][b].offset, src + remote[l][b].offset, kBlockBytes);
-          }
-        }
-        best_memcpy = std::min(
-            best_memcpy, std::chrono::duration<double>(Clock::now() - start).count());
-      }
-      double memcpy_bw = MiBps(static_cast<double>(bytes), best_memcpy);
-      double bw = MiBps(static_cast<double>(bytes), best);
-      double hot_bw = MiBps(static_cast<double>(hot_bytes), hot);
-      double ratio = perftest_bw > 0 ? bw / perftest_bw : 0;
-      double hot_ratio = perftest_bw > 0 ? hot_bw / perftest_bw : 0;
-      std::printf("%-7s %6zu %6.0f %6zu %8s %12.0f %14.0f %5.0f%% %12.0f %5.0f%% %12.0f\n",
-                  tls.c_str(), tokens, bytes / double(1 << 20), pieces->size(),
-                  (std::to_string(get_size >> 10) + " KiB").c_str(), bw, perftest_bw,
-                  ratio * 100, hot_bw, hot_ratio * 100, memcpy_bw);
-      std::fflush(stdout);
-      tsv << tls << '\t' << tokens << '\t' << bytes << '\t' << pieces->size() << '\t'
-          << get_size << '\t' << best << '\t' << bw << '\t' << perftest_bw << '\t' << ratio
-          << '\t' << hot_bw << '\t' << hot_ratio << '\t' << memcpy_bw << '\n';
-    }
+    TransportRun run{args, tls, e, pool_bytes, rng, perftest_by_size, port, tsv};
+    for (size_t tokens : {1024, 4096, 16384})
+      if (!BenchRequestSize(run, tokens)) return 1;
   }
   return 0;
 }

@@ -26,7 +26,7 @@
 
 namespace tandem {
 
-struct TokenizerState;  // defined in tokenizer.cc
+struct TokenizerState;  // common/text/tokenizer_state.h
 
 class Tokenizer {
  public:
