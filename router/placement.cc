@@ -49,12 +49,17 @@ double PredictTtftSeconds(const LoadReport& load, int64_t prompt_tokens) {
 }
 
 double PredictTpotSeconds(const LoadReport& load) {
-  double step = load.decode_step_seconds > 0 ? load.decode_step_seconds
-                                             : kDefaultDecodeStepSeconds;
-  // A decode step's time grows about linearly with the batch once the batch is not tiny; one
-  // more request scales the measured step by (running + 1) / running.
-  double running = static_cast<double>(std::max<int32_t>(load.running_requests, 0));
-  return step * (running + 1.0) / std::max(running, 1.0);
+  // The step grows with the batch; each prediction is monotone in `running` (which includes
+  // what the router has placed there since the report), so that a burst spreads.
+  const double running = static_cast<double>(std::max<int32_t>(load.running_requests, 0));
+  if (load.decode_step_seconds <= 0)  // nothing measured yet: the default at a batch of one
+    return kDefaultDecodeStepSeconds * (1.0 + kDecodeStepGrowthPerSequence * running);
+  if (load.decode_step_batch > 0) {  // measured at that mean batch
+    return load.decode_step_seconds * (1.0 + kDecodeStepGrowthPerSequence * (running + 1.0)) /
+           (1.0 + kDecodeStepGrowthPerSequence * load.decode_step_batch);
+  }
+  // Measured at the reported batch: one more request scales the step by (running + 1) / running.
+  return load.decode_step_seconds * (running + 1.0) / std::max(running, 1.0);
 }
 
 double PredictTtftSeconds(const InstanceLoad& x, int64_t prompt_tokens) {

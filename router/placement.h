@@ -120,8 +120,14 @@ struct Placement {
 };
 
 // Predictions used by goodput (exposed for tests).
-// From the measured averages: (queued + prompt) tokens x seconds per token; the measured step
-// scaled by (running + 1) / running.
+// From the measured averages: (queued + prompt) tokens x seconds per token; the decode step
+// at running + 1 sequences: before any step was measured, kDefaultDecodeStepSeconds for one
+// sequence growing by kDecodeStepGrowthPerSequence of it per sequence; measured at the mean
+// batch decode_step_batch, the measured step scaled by the same affine growth from that batch
+// to running + 1; measured without a batch (decode_step_batch 0), the measured step scaled by
+// (running + 1) / running. The first two grow with `running`, which counts what the router has
+// placed since the report, so that a burst on equal instances spreads.
+inline constexpr double kDecodeStepGrowthPerSequence = 0.1;
 double PredictTtftSeconds(const LoadReport& load, int64_t prompt_tokens);
 double PredictTpotSeconds(const LoadReport& load);
 // From x.latency_model when set (else the two above). TTFT: the queued prompt tokens and then

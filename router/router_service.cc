@@ -1,6 +1,7 @@
 #include "router/router_service.h"
 
 #include <algorithm>
+#include <boost/asio/post.hpp>
 #include <chrono>
 #include <mutex>
 #include <optional>
@@ -12,6 +13,8 @@
 namespace tandem {
 
 using Clock = std::chrono::steady_clock;
+
+constexpr char kSloClassHeader[] = "x-tandem-slo-class";
 
 struct RouterShared {
   RouterShared(ServedModel m, Backend* b, RouterServiceOptions o)
@@ -284,14 +287,71 @@ class RequestContext : public std::enable_shared_from_this<RequestContext> {
   Clock::time_point last_token_time_;
 };
 
+// Runs on a worker: validates, templates and tokenizes the request, admits it and submits it.
+void HandleGenerate(const std::shared_ptr<RouterShared>& shared, ApiKind kind,
+                    const std::shared_ptr<HttpExchange>& exchange) {
+  if (exchange->aborted()) return;  // the client left while the request waited for a worker
+  if (shared->options.before_tokenize) shared->options.before_tokenize();
+  std::string param;
+  StatusOr<ApiRequest> parsed =
+      ParseApiRequest(kind, exchange->request().body, shared->model, &param);
+  if (!parsed.ok()) {
+    HttpError error = ErrorResponse(parsed.status(), param);
+    shared->RecordFailure(error.http_status);
+    RespondError(*exchange, parsed.status(), param);
+    return;
+  }
+  parsed->generate.slo_class = exchange->request().Header(kSloClassHeader);
+  if (Status s = shared->backend->CheckSloClass(parsed->generate.slo_class); !s.ok()) {
+    HttpError error = ErrorResponse(s, kSloClassHeader);
+    shared->RecordFailure(error.http_status);
+    RespondError(*exchange, s, kSloClassHeader);
+    return;
+  }
+
+  // Admission: a bound on what the router holds, whatever the backend can take.
+  if (shared->running.fetch_add(1) >= shared->options.max_concurrent_requests) {
+    shared->running.fetch_sub(1);
+    Status status = ResourceExhausted("the server is overloaded; retry later");
+    shared->RecordFailure(HttpStatusFor(status.code()));
+    RespondError(*exchange, status, "");
+    return;
+  }
+  shared->running_gauge->Inc();
+  shared->prompt_tokens->Inc(static_cast<double>(parsed->generate.prompt_token_ids.size()));
+
+  auto context = std::make_shared<RequestContext>(shared, exchange, std::move(parsed).value());
+  std::weak_ptr<RequestContext> weak = context;
+  exchange->SetOnAbort([weak] {
+    if (auto c = weak.lock()) c->OnAbort();
+  });
+  if (context->done()) return;  // the client left already
+
+  const GenerateRequest& request = context->request().generate;
+  Status submitted = shared->backend->Submit(
+      request, [context](BackendEvent event) { context->OnEvent(std::move(event)); });
+  if (!submitted.ok()) {
+    context->OnRejected(submitted);
+    return;
+  }
+  // A client that left between the check above and Submit found nothing to cancel: cancel now
+  // (Backend::Cancel follows the Submit it cancels).
+  if (context->done()) {
+    shared->backend->Cancel(request.request_id);
+    return;
+  }
+  context->OnSubmitted();
+}
+
 }  // namespace
 
 RouterService::RouterService(ServedModel model, Backend* backend, RouterServiceOptions options)
-    : shared_(std::make_shared<RouterShared>(std::move(model), backend, options)) {
+    : shared_(std::make_shared<RouterShared>(std::move(model), backend, options)),
+      workers_(static_cast<size_t>(std::max(options.worker_threads, 1))) {
   TANDEM_CHECK(backend != nullptr, "RouterService needs a backend");
 }
 
-RouterService::~RouterService() = default;
+RouterService::~RouterService() { workers_.join(); }
 
 int RouterService::running() const { return shared_->running.load(); }
 MetricsRegistry& RouterService::metrics() { return *shared_->options.metrics; }
@@ -299,13 +359,16 @@ const ServedModel& RouterService::model() const { return shared_->model; }
 
 void RouterService::RegisterRoutes(HttpServer* server) {
   std::shared_ptr<RouterShared> shared = shared_;
-  server->AddRoute("POST", "/v1/completions", [this](std::shared_ptr<HttpExchange> exchange) {
-    HandleGenerate(ApiKind::kCompletion, exchange);
-  });
-  server->AddRoute("POST", "/v1/chat/completions",
-                   [this](std::shared_ptr<HttpExchange> exchange) {
-                     HandleGenerate(ApiKind::kChatCompletion, exchange);
-                   });
+  // The io thread only hands the exchange to a worker.
+  auto generate = [shared, executor = workers_.get_executor()](ApiKind kind) {
+    return [shared, executor, kind](std::shared_ptr<HttpExchange> exchange) {
+      boost::asio::post(executor, [shared, kind, exchange = std::move(exchange)] {
+        HandleGenerate(shared, kind, exchange);
+      });
+    };
+  };
+  server->AddRoute("POST", "/v1/completions", generate(ApiKind::kCompletion));
+  server->AddRoute("POST", "/v1/chat/completions", generate(ApiKind::kChatCompletion));
   server->AddRoute("GET", "/v1/models", [shared](std::shared_ptr<HttpExchange> exchange) {
     exchange->Respond(HttpResponse{200, "application/json", RenderModels(shared->model), {}});
   });
@@ -323,46 +386,6 @@ void RouterService::RegisterRoutes(HttpServer* server) {
     exchange->Respond(HttpResponse{200, "text/plain; version=0.0.4; charset=utf-8",
                                    shared->options.metrics->Render(), {}});
   });
-}
-
-void RouterService::HandleGenerate(ApiKind kind, const std::shared_ptr<HttpExchange>& exchange) {
-  std::string param;
-  StatusOr<ApiRequest> parsed =
-      ParseApiRequest(kind, exchange->request().body, shared_->model, &param);
-  if (!parsed.ok()) {
-    HttpError error = ErrorResponse(parsed.status(), param);
-    shared_->RecordFailure(error.http_status);
-    RespondError(*exchange, parsed.status(), param);
-    return;
-  }
-  parsed->generate.slo_class = exchange->request().Header("x-tandem-slo-class");
-
-  // Admission: a bound on what the router holds, whatever the backend can take.
-  if (shared_->running.fetch_add(1) >= shared_->options.max_concurrent_requests) {
-    shared_->running.fetch_sub(1);
-    Status status = ResourceExhausted("the server is overloaded; retry later");
-    shared_->RecordFailure(HttpStatusFor(status.code()));
-    RespondError(*exchange, status, "");
-    return;
-  }
-  shared_->running_gauge->Inc();
-  shared_->prompt_tokens->Inc(static_cast<double>(parsed->generate.prompt_token_ids.size()));
-
-  auto context = std::make_shared<RequestContext>(shared_, exchange, std::move(parsed).value());
-  std::weak_ptr<RequestContext> weak = context;
-  exchange->SetOnAbort([weak] {
-    if (auto c = weak.lock()) c->OnAbort();
-  });
-  if (context->done()) return;  // the client left already
-
-  const GenerateRequest& request = context->request().generate;
-  Status submitted = shared_->backend->Submit(
-      request, [context](BackendEvent event) { context->OnEvent(std::move(event)); });
-  if (!submitted.ok()) {
-    context->OnRejected(submitted);
-    return;
-  }
-  context->OnSubmitted();
 }
 
 }  // namespace tandem
