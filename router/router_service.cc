@@ -359,6 +359,10 @@ const ServedModel& RouterService::model() const { return shared_->model; }
 
 void RouterService::RegisterRoutes(HttpServer* server) {
   std::shared_ptr<RouterShared> shared = shared_;
+  server->SetErrorRenderer([](const Status& status) {
+    HttpError error = ErrorResponse(status);
+    return HttpResponse{error.http_status, "application/json", error.body, {}};
+  });
   // The io thread only hands the exchange to a worker.
   auto generate = [shared, executor = workers_.get_executor()](ApiKind kind) {
     return [shared, executor, kind](std::shared_ptr<HttpExchange> exchange) {

@@ -30,7 +30,7 @@
 
 #include "common/base/metrics.h"
 #include "router/backend.h"
-#include "router/http_server.h"
+#include "common/net/http_server.h"
 #include "router/openai_api.h"
 
 namespace tandem {
@@ -59,7 +59,8 @@ class RouterService {
   RouterService(const RouterService&) = delete;
   RouterService& operator=(const RouterService&) = delete;
 
-  // Adds the routes above to `server`; call before server->Start(). The handlers post work to
+  // Adds the routes above to `server`, and its error bodies (router/errors.h) for the errors the
+  // server answers itself; call before server->Start(). The handlers post work to
   // the service's workers and hold the service's shared state, not the service.
   void RegisterRoutes(HttpServer* server);
 

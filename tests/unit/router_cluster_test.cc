@@ -14,7 +14,7 @@
 #include "cluster/make_model_cli.h"
 #include "common/net/control_channel.h"
 #include "router/cluster_backend.h"
-#include "router/http_server.h"
+#include "common/net/http_server.h"
 #include "router/openai_api.h"
 #include "router/router_service.h"
 #include "tests/unit/fake_instance.h"

@@ -18,7 +18,7 @@
 #include "cluster/make_model_cli.h"
 #include "common/model/make_model.h"
 #include "router/backend.h"
-#include "router/http_server.h"
+#include "common/net/http_server.h"
 #include "router/openai_api.h"
 #include "router/router_service.h"
 #include "tests/unit/test_util.h"

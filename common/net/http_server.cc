@@ -1,4 +1,4 @@
-#include "router/http_server.h"
+#include "common/net/http_server.h"
 
 #include <algorithm>
 #include <cctype>
@@ -13,7 +13,6 @@
 #include <boost/beast/http.hpp>
 
 #include "common/base/log.h"
-#include "router/errors.h"
 
 namespace tandem {
 
@@ -79,6 +78,18 @@ struct HttpServerState {
   std::atomic<bool> stopping{false};
   // io threads joined: sessions start no more async operations (they would never complete).
   std::atomic<bool> stopped{false};
+
+  // The server's own error answer with `http_status` (see HttpErrorRenderer).
+  HttpResponse Error(int http_status, const Status& status) const {
+    HttpResponse response =
+        render_error ? render_error(status)
+                     : HttpResponse{http_status, "text/plain; charset=utf-8",
+                                    status.message() + "\n", {}};
+    response.status = http_status;
+    return response;
+  }
+
+  HttpErrorRenderer render_error;  // immutable once started
 
   std::mutex mutex;  // guards the fields below
   std::condition_variable cv;
@@ -164,8 +175,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     if (was_streaming) {
       DoEnd(seq);
     } else {
-      HttpError error = ErrorResponse(Internal("the request was dropped without a response"));
-      DoRespond(seq, HttpResponse{error.http_status, "application/json", error.body, {}});
+      DoRespond(seq, state_->Error(500, Internal("the request was dropped without a response")));
     }
   }
 
@@ -204,7 +214,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     TANDEM_LOG(kWarn) << "HTTP request " << path_ << " timed out";
     bool was_streaming = streaming_;
     AbortExchange();  // cancels the work behind it
-    HttpError error = ErrorResponse(DeadlineExceeded("the request timed out"));
+    HttpResponse error = state_->Error(504, DeadlineExceeded("the request timed out"));
     keep_alive_ = false;
     if (was_streaming) {
       QueueWrite(Chunk(SseEvent(error.body)));
@@ -219,13 +229,14 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
 
   // An error response outside any exchange (bad request, body too large, timeout); the
   // connection closes after it.
-  void WriteRawError(const HttpError& error) {
+  void WriteRawError(const HttpResponse& error) {
     http::response<http::string_body> res;
     res.version(11);
-    res.result(static_cast<unsigned>(error.http_status));
-    res.reason(ReasonPhrase(error.http_status));
+    res.result(static_cast<unsigned>(error.status));
+    res.reason(ReasonPhrase(error.status));
     res.set(http::field::server, "tandem");
-    res.set(http::field::content_type, "application/json");
+    res.set(http::field::content_type, error.content_type);
+    for (auto& [name, value] : error.headers) res.set(name, value);
     res.keep_alive(false);
     res.body() = error.body;
     res.prepare_payload();
@@ -255,13 +266,14 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     if (!ec) return false;
     if (closed_) return true;
     if (ec == http::error::body_limit) {
-      WriteRawError(ErrorResponse(TooLarge("request body exceeds " +
-                                           std::to_string(state_->options.max_body_bytes) +
-                                           " bytes")));
+      WriteRawError(state_->Error(413, TooLarge("request body exceeds " +
+                                                std::to_string(state_->options.max_body_bytes) +
+                                                " bytes")));
       ArmTimer(kLingerTimeout);
     } else if (ec.category() == beast::error_code(http::error::end_of_stream).category() &&
                ec != http::error::end_of_stream && ec != http::error::partial_message) {
-      WriteRawError(ErrorResponse(InvalidArgument("malformed HTTP request: " + ec.message())));
+      WriteRawError(
+          state_->Error(400, InvalidArgument("malformed HTTP request: " + ec.message())));
       ArmTimer(kLingerTimeout);
     } else {
       Close();  // eof, reset, timeout
@@ -321,17 +333,17 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     const HttpRequest& request = exchange->request();
     auto path_it = state_->routes.find(request.path);
     if (path_it == state_->routes.end()) {
-      HttpError error = ErrorResponse(NotFound("no route for " + request.path));
-      exchange->Respond(HttpResponse{404, "application/json", error.body, {}});
+      exchange->Respond(state_->Error(404, NotFound("no route for " + request.path)));
       return;
     }
     auto method_it = path_it->second.find(request.method);
     if (method_it == path_it->second.end()) {
-      HttpError error = ErrorResponse(
-          InvalidArgument("method " + request.method + " not allowed on " + request.path));
+      HttpResponse error = state_->Error(
+          405, InvalidArgument("method " + request.method + " not allowed on " + request.path));
       std::string allow;
       for (auto& [method, handler] : path_it->second) allow += (allow.empty() ? "" : ", ") + method;
-      exchange->Respond(HttpResponse{405, "application/json", error.body, {{"Allow", allow}}});
+      error.headers.emplace_back("Allow", allow);
+      exchange->Respond(std::move(error));
       return;
     }
     try {
@@ -339,12 +351,10 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     } catch (const std::exception& e) {
       // Handlers must not throw; if one does, the client still gets an answer.
       TANDEM_LOG(kError) << "HTTP handler for " << request.path << " threw: " << e.what();
-      HttpError error = ErrorResponse(Internal("internal error"));
-      exchange->Respond(HttpResponse{500, "application/json", error.body, {}});
+      exchange->Respond(state_->Error(500, Internal("internal error")));
     } catch (...) {
       TANDEM_LOG(kError) << "HTTP handler for " << request.path << " threw";
-      HttpError error = ErrorResponse(Internal("internal error"));
-      exchange->Respond(HttpResponse{500, "application/json", error.body, {}});
+      exchange->Respond(state_->Error(500, Internal("internal error")));
     }
   }
 
@@ -613,6 +623,11 @@ HttpServer::HttpServer(HttpServerOptions options)
     : state_(std::make_shared<HttpServerState>(std::move(options))) {}
 
 HttpServer::~HttpServer() { Stop(std::chrono::milliseconds(1000)); }
+
+void HttpServer::SetErrorRenderer(HttpErrorRenderer render) {
+  TANDEM_CHECK(!started_, "SetErrorRenderer after Start");
+  state_->render_error = std::move(render);
+}
 
 void HttpServer::AddRoute(const std::string& method, const std::string& path,
                           HttpHandler handler) {
