@@ -237,12 +237,15 @@ bool ClusterBackend::UsableLocked(const Instance& instance, Clock::time_point no
 bool ClusterBackend::Ready() const {
   MutexLock lock(&mutex_);
   if (!started_ || stopping_) return false;
-  Clock::time_point now = Clock::now();
-  auto any = [&](const std::vector<int>& ids) TANDEM_NO_THREAD_SAFETY_ANALYSIS {
-    return std::any_of(ids.begin(), ids.end(),
-                       [&](int i) { return UsableLocked(*instances_[i], now); });
-  };
-  return (any(prefill_) && any(decode_)) || any(colocated_);
+  const Clock::time_point now = Clock::now();
+  bool prefill = false, decode = false, colocated = false;
+  for (const auto& x : instances_) {
+    if (!UsableLocked(*x, now)) continue;
+    prefill |= x->role == InstanceRole::kPrefill;
+    decode |= x->role == InstanceRole::kDecode;
+    colocated |= x->role == InstanceRole::kColocated;
+  }
+  return (prefill && decode) || colocated;
 }
 
 std::vector<InstanceStatus> ClusterBackend::Instances() const {
@@ -462,7 +465,9 @@ void ClusterBackend::MonitorTickLocked(Clock::time_point now, std::vector<size_t
   }
 }
 
-void ClusterBackend::MonitorLoop() {
+// The analysis does not follow std::unique_lock (which the condition wait needs): mutex_ is
+// held except between unlock() and lock().
+void ClusterBackend::MonitorLoop() TANDEM_NO_THREAD_SAFETY_ANALYSIS {
   std::unique_lock<Mutex> lock(mutex_);
   while (!stopping_) {
     std::vector<size_t> to_connect;

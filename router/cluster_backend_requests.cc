@@ -37,18 +37,21 @@ void ClusterBackend::ApplyReportLocked(Instance& instance, const LoadReport& rep
     auto it = requests_.find(p.request_id);
     return it == requests_.end() || it->second->finished();
   };
-  std::erase_if(instance.unseen_submits, [&](const Instance::Pending& p) {
+  auto reported = [&](const Instance::Pending& p) TANDEM_REQUIRES(mutex_) {
     return p.seq <= report.last_submit_seq || gone(p);
-  });
+  };
+  std::erase_if(instance.unseen_submits, reported);
   for (const Instance::Pending& p : instance.unseen_submits) AddSubmit(instance, p.prompt_tokens);
   // A decode instance's report includes a request once it has sent output for it (kDecoding):
   // this report came after that output on the same connection.
-  std::erase_if(instance.incoming_handoffs, [&](const Instance::Pending& p) {
+  auto decoding = [&](const Instance::Pending& p) TANDEM_REQUIRES(mutex_) {
     if (gone(p)) return true;
     RequestPhase phase = requests_.at(p.request_id)->phase;
     return phase != RequestPhase::kPrefilling && phase != RequestPhase::kHandingOff;
-  });
-  for (const Instance::Pending& p : instance.incoming_handoffs) AddHandoff(instance, p.prompt_tokens);
+  };
+  std::erase_if(instance.incoming_handoffs, decoding);
+  for (const Instance::Pending& p : instance.incoming_handoffs)
+    AddHandoff(instance, p.prompt_tokens);
 }
 
 Status ClusterBackend::CheckSloClass(const std::string& slo_class) const {
@@ -232,7 +235,9 @@ void ClusterBackend::FailLocked(const std::shared_ptr<Request>& request, const S
   to_drain->push_back(request);
 }
 
-void ClusterBackend::Drain(const std::shared_ptr<Request>& request) {
+// Unannotated for the analysis, which does not follow std::unique_lock.
+void ClusterBackend::Drain(const std::shared_ptr<Request>& request)
+    TANDEM_NO_THREAD_SAFETY_ANALYSIS {
   std::unique_lock<Mutex> lock(mutex_);
   while (!request->delivering && !request->queue.empty()) {
     request->delivering = true;

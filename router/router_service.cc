@@ -3,11 +3,11 @@
 #include <algorithm>
 #include <boost/asio/post.hpp>
 #include <chrono>
-#include <mutex>
 #include <optional>
 #include <utility>
 
 #include "common/base/log.h"
+#include "common/base/thread_annotations.h"
 #include "router/errors.h"
 
 namespace tandem {
@@ -94,14 +94,14 @@ class RequestContext : public std::enable_shared_from_this<RequestContext> {
 
   // Called once Submit accepted the request: sends the stream headers promptly.
   void OnSubmitted() {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(&mutex_);
     if (!done_) EnsureStreamStartedLocked();
   }
 
   // Submit rejected it: no callback will come.
   void OnRejected(const Status& status) {
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(&mutex_);
       if (done_) return;
       MarkDoneLocked();
     }
@@ -113,7 +113,7 @@ class RequestContext : public std::enable_shared_from_this<RequestContext> {
   // The client went away, the request timed out, or the server is stopping.
   void OnAbort() {
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(&mutex_);
       if (done_) return;
       MarkDoneLocked();
     }
@@ -124,14 +124,14 @@ class RequestContext : public std::enable_shared_from_this<RequestContext> {
 
   // True once the request ended (answered, failed or aborted).
   bool done() {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(&mutex_);
     return done_;
   }
 
   void OnEvent(BackendEvent event) {
     bool cancel_backend = false;
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(&mutex_);
       if (done_) return;
       if (!event.error.ok()) {
         FailLocked(event.error);
@@ -143,13 +143,13 @@ class RequestContext : public std::enable_shared_from_this<RequestContext> {
   }
 
  private:
-  void MarkDoneLocked() {
+  void MarkDoneLocked() TANDEM_REQUIRES(mutex_) {
     done_ = true;
     shared_->running.fetch_sub(1);
     shared_->running_gauge->Dec();
   }
 
-  void EnsureStreamStartedLocked() {
+  void EnsureStreamStartedLocked() TANDEM_REQUIRES(mutex_) {
     if (!request_.stream || stream_started_) return;
     stream_started_ = true;
     exchange_->StartStream();
@@ -160,7 +160,7 @@ class RequestContext : public std::enable_shared_from_this<RequestContext> {
     }
   }
 
-  void FailLocked(const Status& status) {
+  void FailLocked(const Status& status) TANDEM_REQUIRES(mutex_) {
     MarkDoneLocked();
     HttpError error = ErrorResponse(status);
     shared_->RecordFailure(error.http_status);
@@ -176,7 +176,7 @@ class RequestContext : public std::enable_shared_from_this<RequestContext> {
   }
 
   // Returns true when the backend must be cancelled (the router finished the request first).
-  bool HandleTokensLocked(const BackendEvent& event) {
+  bool HandleTokensLocked(const BackendEvent& event) TANDEM_REQUIRES(mutex_) {
     Clock::time_point now = Clock::now();
     std::string text;
     std::optional<std::string> finish;
@@ -249,11 +249,11 @@ class RequestContext : public std::enable_shared_from_this<RequestContext> {
     return finished_by_router;
   }
 
-  Usage usage() const {
+  Usage usage() const TANDEM_REQUIRES(mutex_) {
     return Usage{static_cast<int>(request_.generate.prompt_token_ids.size()), num_tokens_};
   }
 
-  void FinishLocked(const std::string& finish_reason) {
+  void FinishLocked(const std::string& finish_reason) TANDEM_REQUIRES(mutex_) {
     MarkDoneLocked();
     Clock::time_point now = Clock::now();
     auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
@@ -273,18 +273,18 @@ class RequestContext : public std::enable_shared_from_this<RequestContext> {
   std::shared_ptr<HttpExchange> exchange_;
   ApiRequest request_;
 
-  std::mutex mutex_;  // guards everything below
-  IncrementalDecoder decoder_;
-  StopChecker stop_;
-  bool done_ = false;
-  bool stream_started_ = false;
-  std::string all_text_;             // every decoded delta
-  std::string output_;               // non-streaming: the answer so far
-  std::vector<LogprobToken> output_logprobs_;
-  size_t text_offset_ = 0;
-  int num_tokens_ = 0;
-  Clock::time_point first_token_time_;
-  Clock::time_point last_token_time_;
+  Mutex mutex_;
+  IncrementalDecoder decoder_ TANDEM_GUARDED_BY(mutex_);
+  StopChecker stop_ TANDEM_GUARDED_BY(mutex_);
+  bool done_ TANDEM_GUARDED_BY(mutex_) = false;
+  bool stream_started_ TANDEM_GUARDED_BY(mutex_) = false;
+  std::string all_text_ TANDEM_GUARDED_BY(mutex_);  // every decoded delta
+  std::string output_ TANDEM_GUARDED_BY(mutex_);    // non-streaming: the answer so far
+  std::vector<LogprobToken> output_logprobs_ TANDEM_GUARDED_BY(mutex_);
+  size_t text_offset_ TANDEM_GUARDED_BY(mutex_) = 0;
+  int num_tokens_ TANDEM_GUARDED_BY(mutex_) = 0;
+  Clock::time_point first_token_time_ TANDEM_GUARDED_BY(mutex_);
+  Clock::time_point last_token_time_ TANDEM_GUARDED_BY(mutex_);
 };
 
 // Runs on a worker: validates, templates and tokenizes the request, admits it and submits it.

@@ -91,11 +91,11 @@ struct HttpServerState {
 
   HttpErrorRenderer render_error;  // immutable once started
 
-  std::mutex mutex;  // guards the fields below
-  std::condition_variable cv;
-  int in_flight = 0;
-  uint64_t next_session_id = 0;
-  std::unordered_map<uint64_t, std::weak_ptr<HttpSession>> sessions;
+  Mutex mutex;
+  std::condition_variable_any cv;
+  int in_flight TANDEM_GUARDED_BY(mutex) = 0;
+  uint64_t next_session_id TANDEM_GUARDED_BY(mutex) = 0;
+  std::unordered_map<uint64_t, std::weak_ptr<HttpSession>> sessions TANDEM_GUARDED_BY(mutex);
 };
 
 // One connection. Every member function below runs on the connection's strand, except the
@@ -107,7 +107,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
         timer_(socket_.get_executor()) {}
 
   ~HttpSession() {
-    std::lock_guard<std::mutex> lock(state_->mutex);
+    MutexLock lock(&state_->mutex);
     state_->sessions.erase(id_);
     state_->cv.notify_all();
   }
@@ -318,7 +318,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     streaming_ = false;
     finish_pending_ = false;
     {
-      std::lock_guard<std::mutex> lock(state_->mutex);
+      MutexLock lock(&state_->mutex);
       ++state_->in_flight;
     }
     auto exchange = std::make_shared<HttpExchange>(shared_from_this(), std::move(request));
@@ -446,7 +446,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     streaming_ = false;
     current_.reset();
     {
-      std::lock_guard<std::mutex> lock(state_->mutex);
+      MutexLock lock(&state_->mutex);
       --state_->in_flight;
       state_->cv.notify_all();
     }
@@ -466,7 +466,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     exchange_open_ = false;
     finish_pending_ = false;
     {
-      std::lock_guard<std::mutex> lock(state_->mutex);
+      MutexLock lock(&state_->mutex);
       --state_->in_flight;
       state_->cv.notify_all();
     }
@@ -549,7 +549,7 @@ void HttpExchange::End() {
 
 void HttpExchange::SetOnAbort(std::function<void()> on_abort) {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(&mutex_);
     if (phase_.load() != kAborted) {
       on_abort_ = std::move(on_abort);
       return;
@@ -566,7 +566,7 @@ void HttpExchange::Abort() {
   if (phase != kOpen && phase != kStreaming) return;  // already done or aborted
   std::function<void()> on_abort;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(&mutex_);
     on_abort = std::move(on_abort_);
     on_abort_ = nullptr;
   }
@@ -594,7 +594,7 @@ void DoAccept(const std::shared_ptr<HttpServerState>& state) {
         socket.set_option(tcp::no_delay(true), ignored);  // SSE chunks are small
         std::shared_ptr<HttpSession> session;
         {
-          std::lock_guard<std::mutex> lock(state->mutex);
+          MutexLock lock(&state->mutex);
           uint64_t id = state->next_session_id++;
           session = std::make_shared<HttpSession>(state, std::move(socket), id);
           state->sessions[id] = session;
@@ -609,7 +609,7 @@ template <typename Fn>
 void ForEachSession(HttpServerState& state, Fn fn) {
   std::vector<std::shared_ptr<HttpSession>> live;
   {
-    std::lock_guard<std::mutex> lock(state.mutex);
+    MutexLock lock(&state.mutex);
     for (auto& [id, weak] : state.sessions) {
       if (auto s = weak.lock()) live.push_back(std::move(s));
     }
@@ -664,7 +664,7 @@ Status HttpServer::Start() {
 }
 
 int HttpServer::in_flight() const {
-  std::lock_guard<std::mutex> lock(state_->mutex);
+  MutexLock lock(&state_->mutex);
   return state_->in_flight;
 }
 
@@ -679,9 +679,13 @@ void HttpServer::Stop(std::chrono::milliseconds drain_timeout) {
   });
   ForEachSession(state, [](HttpSession& s) { s.OnServerStopping(); });
   {
-    std::unique_lock<std::mutex> lock(state.mutex);
-    if (!state.cv.wait_for(lock, drain_timeout, [&] { return state.in_flight == 0; })) {
-      TANDEM_LOG(kWarn) << "HTTP server: " << state.in_flight
+    std::unique_lock<Mutex> lock(state.mutex);
+    int left = 0;
+    if (!state.cv.wait_for(lock, drain_timeout, [&]() TANDEM_REQUIRES(state.mutex) {
+          left = state.in_flight;
+          return left == 0;
+        })) {
+      TANDEM_LOG(kWarn) << "HTTP server: " << left
                         << " requests still running after the drain; aborting them";
     }
   }
@@ -689,9 +693,9 @@ void HttpServer::Stop(std::chrono::milliseconds drain_timeout) {
   {
     // Closed sessions finish their pending operations and go away; a session kept alive by a
     // handler's exchange handle stays listed, hence the bound.
-    std::unique_lock<std::mutex> lock(state.mutex);
+    std::unique_lock<Mutex> lock(state.mutex);
     state.cv.wait_for(lock, std::chrono::milliseconds(500),
-                      [&] { return state.sessions.empty(); });
+                      [&]() TANDEM_REQUIRES(state.mutex) { return state.sessions.empty(); });
   }
   state.stopped = true;
   state.work.reset();

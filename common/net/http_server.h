@@ -27,13 +27,13 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "common/base/status.h"
+#include "common/base/thread_annotations.h"
 
 namespace tandem {
 
@@ -111,8 +111,8 @@ class HttpExchange {
   HttpRequest request_;
   uint64_t seq_ = 0;  // the session's exchange number; set by the session
   std::atomic<int> phase_{kOpen};
-  std::mutex mutex_;  // guards on_abort_
-  std::function<void()> on_abort_;
+  Mutex mutex_;
+  std::function<void()> on_abort_ TANDEM_GUARDED_BY(mutex_);
 };
 
 using HttpHandler = std::function<void(std::shared_ptr<HttpExchange>)>;
