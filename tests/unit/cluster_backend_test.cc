@@ -403,3 +403,41 @@ TEST_CASE("cluster backend: an unknown SLO class is refused naming the header",
   CHECK(backend.Submit(request, e.Callback()).ok());
   backend.Stop();
 }
+
+TEST_CASE("cluster backend: a decode instance counts a request until its report includes it",
+          "[cluster_backend]") {
+  IoThread io;
+  int d_base = FreePortPair(io.io);
+  FakeInstance p(io.io, InstanceRole::kPrefill, 0);
+  FakeInstance d0(io.io, InstanceRole::kDecode, d_base), d1(io.io, InstanceRole::kDecode,
+                                                              d_base + 1);
+  LoadReport busy;
+  busy.running_requests = 1;  // decode-1 runs one request of its own; decode-0 is idle
+  d1.SetReport(busy);
+  ClusterConfig config = Config(p.port(), 1, d_base, 2);
+  config.router.policy = "least_loaded";
+  ClusterBackend backend(config);
+  REQUIRE(backend.Start().ok());
+  REQUIRE(WaitFor([&] {
+    auto all = backend.Instances();
+    return std::all_of(all.begin(), all.end(), [](auto& s) { return s.usable; });
+  }));
+  std::this_thread::sleep_for(200ms);  // decode-1's report is in
+  const std::string d0_address = "127.0.0.1:" + std::to_string(d_base);
+  Events e0, e1;
+  REQUIRE(backend.Submit(Request("r0"), e0.Callback()).ok());
+  REQUIRE(WaitFor([&] { return p.submits().size() == 1; }));
+  CHECK(p.submits()[0].decode_address == d0_address);
+  // The first token is back, but decode-0's reports (still "idle") do not include r0 yet: the
+  // router keeps counting it there, so decode-0 is no emptier than decode-1.
+  p.SendTokens("r0", {1});
+  REQUIRE(WaitFor([&] {
+    std::lock_guard<std::mutex> lock(e0.mutex);
+    return !e0.tokens.empty();
+  }));
+  std::this_thread::sleep_for(250ms);  // reports from both arrive
+  REQUIRE(backend.Submit(Request("r1"), e1.Callback()).ok());
+  REQUIRE(WaitFor([&] { return p.submits().size() == 2; }));
+  CHECK(p.submits()[1].decode_address != d0_address);
+  backend.Stop();
+}
