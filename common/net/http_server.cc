@@ -310,7 +310,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
       request.headers[Lower(std::string_view(name.data(), name.size()))] = std::string(field.value());
     }
     request.body = std::move(msg.body());
-    keep_alive_ = msg.keep_alive() && !state_->stopping;
+    keep_alive_ = msg.keep_alive() && state_->options.keep_alive && !state_->stopping;
     path_ = request.path;
 
     ++seq_;

@@ -42,6 +42,7 @@ struct HttpServerOptions {
   uint16_t port = 0;  // 0 = an ephemeral port; see HttpServer::port()
   int io_threads = 2;
   size_t max_body_bytes = 8 << 20;  // larger bodies get 413
+  bool keep_alive = true;  // false: every response says Connection: close and the connection ends
   std::chrono::milliseconds read_timeout{30000};      // receiving one request; idle keep-alive
   std::chrono::milliseconds request_timeout{600000};  // handling one request, stream included
 };

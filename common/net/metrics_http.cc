@@ -28,6 +28,7 @@ StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(const std:
   options.port = static_cast<uint16_t>(port);
   options.io_threads = 1;
   options.max_body_bytes = 0;  // GET only
+  options.keep_alive = false;  // one response per connection: simple scrapers read to EOF
   options.read_timeout = kRequestTimeout;
   options.request_timeout = kRequestTimeout;
   std::unique_ptr<MetricsHttpServer> server(new MetricsHttpServer());

@@ -1,7 +1,7 @@
 // An instance's HTTP endpoint: GET /metrics (Prometheus text) and GET /health, on the shared
-// HTTP server (common/net/http_server.h) with one io thread of its own. Keep-alive; requests are
-// bounded (64 KiB of headers, no body) and must arrive and be answered within 5 s; other paths
-// get 404, other methods 405 (text/plain).
+// HTTP server (common/net/http_server.h) with one io thread of its own. Every connection gets
+// one response and is closed; requests are bounded (64 KiB of headers, no body) and must arrive
+// and be answered within 5 s; other paths get 404, other methods 405 (text/plain).
 //
 // Threads: Start/Stop from one controlling thread; the callbacks run on the endpoint's thread,
 // must not block, and must be thread-safe with respect to the engine (MetricsRegistry::Render
