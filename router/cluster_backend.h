@@ -46,7 +46,6 @@
 // joins the threads; the destructor calls it).
 #pragma once
 
-#include <atomic>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <chrono>
@@ -148,7 +147,8 @@ class ClusterBackend : public Backend {
 
   // Connections (cluster_backend.cc).
   void MonitorLoop();
-  // Under mutex_: the instances to connect, close and the requests to fail, once per tick.
+  // Under mutex_, once per tick: gives up the instances silent too long (InstanceDownLocked),
+  // expires cancelled and orphaned requests, and lists the instances to connect.
   void MonitorTickLocked(Clock::time_point now, std::vector<size_t>* to_connect,
                          RequestList* to_drain) TANDEM_REQUIRES(mutex_);
   void TryConnect(size_t index) TANDEM_EXCLUDES(mutex_);
