@@ -130,7 +130,7 @@ DecodingSum SumDecoding(const std::vector<DecodeResident>& residents) {
   return sum;
 }
 
-// Today's decode step on x: its decoding residents (at least one sequence) in x.latency_model,
+// The current decode step on x: its decoding residents (at least one sequence) in x.latency_model,
 // corrected. The clock by which the residents progress. x.latency_model must be set.
 double StepNowSeconds(const InstanceLoad& x) {
   const DecodingSum decoding = SumDecoding(x.residents);
@@ -245,7 +245,7 @@ double PredictDecodeTpotSeconds(const InstanceLoad& x, int64_t prompt_tokens, in
     const double context = static_cast<double>(std::max<int64_t>(x.load.context_tokens, 0) + prompt);
     return lm.DecodeStepSeconds(running + 1, context) * correction;
   }
-  // Today's step, the clock of the residents' progress until the request's first token.
+  // The current step, the clock of the residents' progress until the request's first token.
   const double step_now = StepNowSeconds(x);
   // max_tokens 1 has no step after the first token; price its one step as a one-step life.
   const int64_t steps = std::max<int64_t>(max_tokens - 1, 1);
