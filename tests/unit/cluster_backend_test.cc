@@ -294,7 +294,7 @@ TEST_CASE("cluster backend: router sessions: a fresh id per connection, ended wh
   IoThread io;
   FakeInstance p(io.io, InstanceRole::kPrefill, 0), d(io.io, InstanceRole::kDecode, 0);
   ClusterConfig config = Config(p.port(), 1, d.port(), 1);
-  config.control.heartbeat_timeout_s = 0.5;
+  config.control.heartbeat_timeout_s = 1.0;
   ClusterBackend backend(config);
   REQUIRE(backend.Start().ok());
   REQUIRE(WaitFor([&] { return backend.Ready(); }));
