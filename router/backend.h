@@ -56,6 +56,15 @@ class Backend {
 
   // True when the backend can take requests (instances registered).
   virtual bool Ready() const = 0;
+
+  // OK when `slo_class` (the x-tandem-slo-class header; "" = the default SLO) names a request
+  // class this backend knows; else InvalidArgument naming the header and the value. Submit
+  // refuses what this refuses. The default knows only "".
+  virtual Status CheckSloClass(const std::string& slo_class) const {
+    if (slo_class.empty()) return Status::Ok();
+    return InvalidArgument("header x-tandem-slo-class: unknown SLO class '" + slo_class +
+                           "' (no classes are configured)");
+  }
 };
 
 }  // namespace tandem

@@ -1,11 +1,12 @@
 #include "router/cluster_backend.h"
 
 #include <algorithm>
-#include <deque>
 #include <filesystem>
+#include <random>
 #include <utility>
 
 #include "common/base/log.h"
+#include "router/cluster_backend_state.h"
 
 namespace tandem {
 
@@ -21,8 +22,24 @@ std::string SectionName(InstanceRole role) {
   return "?";
 }
 
-double SecondsSince(std::chrono::steady_clock::time_point t, std::chrono::steady_clock::time_point now) {
+double SecondsSince(std::chrono::steady_clock::time_point t,
+                    std::chrono::steady_clock::time_point now) {
   return std::chrono::duration<double>(now - t).count();
+}
+
+std::chrono::steady_clock::duration Seconds(double s) {
+  return std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(s));
+}
+
+// A router session id: random, never 0 (0 means "no session" on the wire).
+uint64_t NewSessionId() {
+  static Mutex mutex;
+  static std::mt19937_64 engine{std::random_device{}()};
+  MutexLock lock(&mutex);
+  uint64_t id = 0;
+  while (id == 0) id = engine();
+  return id;
 }
 
 std::string Describe(const LatencyModel& m) {
@@ -79,68 +96,9 @@ StatusOr<RouterLatencyModels> LoadRouterLatencyModels(const ClusterConfig& confi
   return out;
 }
 
-struct ClusterBackend::Instance {
-  std::string name;
-  std::string address;
-  InstanceRole role = InstanceRole::kPrefill;
-  std::shared_ptr<ControlConnection> connection;
-  uint64_t generation = 0;  // bumps per connection, so late handlers of an old one are ignored
-  bool connecting = false;
-  bool greeted = false;
-  bool ever_greeted = false;
-  Hello hello;
-  LoadReport load;  // the latest report plus what this router submitted that it lacks
-  // Requests this router sent here that the latest report did not include yet (a report lags:
-  // a server computes it after each engine step, and takes in new requests only between
-  // steps). Without them every report would erase the count of what was just submitted, and
-  // during a multi-second prefill batch the router would keep placing onto a queue that looks
-  // empty. First instance: Submits with seq > the report's last_submit_seq. Decode instance:
-  // requests whose prefill has not finished (decode learns of them from prefill's KvReady,
-  // at about the time the router sees the first token).
-  struct Pending {
-    uint64_t seq = 0;  // Submit::seq; 0 for decode entries
-    std::string request_id;
-    int64_t prompt_tokens = 0;
-  };
-  uint64_t next_submit_seq = 1;
-  std::deque<Pending> unseen_submits;
-  std::vector<Pending> incoming_handoffs;
-  Clock::time_point connected_at;
-  Clock::time_point last_heard;
-  Clock::time_point next_attempt;
-  double backoff_s = 0;
-  std::string close_reason;  // set when the router closes it on purpose
-  // Decode/colocated: the residents arriving requests found here lately (router/placement.h).
-  ResidentAverage typical;
-};
-
-struct ClusterBackend::Request {
-  std::string id;
-  std::function<void(BackendEvent)> on_event;
-  int prefill = -1;
-  int decode = -1;
-  int colocated = -1;
-  uint64_t placed_order = 0;  // the router's count of Submit calls when it was placed
-  int64_t prompt_tokens = 0;
-  int32_t max_tokens = 0;
-  int32_t generated = 0;        // tokens received from any of its instances
-  bool first_token = false;     // prefill's first token reached the router
-  bool decode_started = false;  // decode sent something
-  bool finished = false;        // the final event is queued
-  bool cancelled = false;
-  Clock::time_point cancelled_at;
-  Clock::time_point prefill_lost_at;  // prefill went away after the first token
-  bool prefill_lost = false;
-  // Decode's events that overtook prefill's first token, and whether the last one is final.
-  std::deque<BackendEvent> held_back;
-  bool held_final = false;
-  // Delivery: events queued under the backend's mutex, delivered by one thread at a time.
-  std::deque<BackendEvent> queue;
-  bool delivering = false;
-};
-
 ClusterBackend::ClusterBackend(const ClusterConfig& config, ClusterBackendOptions options)
-    : options_(std::move(options)), work_(io_.get_executor()), slo_(config.slo), config_(config) {
+    : options_(std::move(options)), control_(config.control), work_(io_.get_executor()),
+      slo_(config.slo), config_(config) {
   auto add = [&](const InstanceSection& section, InstanceRole role, std::vector<int>* ids) {
     for (int i = 0; i < section.instances; ++i) {
       auto instance = std::make_unique<Instance>();
@@ -191,7 +149,7 @@ Status ClusterBackend::Start() {
   }
   StatusOr<RouterLatencyModels> latency = LoadRouterLatencyModels(config_);
   if (!latency.ok()) return latency.status();
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(&mutex_);
   if (started_) return FailedPrecondition("ClusterBackend already started");
   policy_ = *policy;
   latency_ = std::move(*latency);
@@ -201,18 +159,19 @@ Status ClusterBackend::Start() {
   monitor_ = std::thread([this] { MonitorLoop(); });
   TANDEM_LOG(kInfo) << "cluster backend: " << prefill_.size() << " prefill, " << decode_.size()
                     << " decode, " << colocated_.size() << " colocated instance(s), policy "
-                    << PlacementPolicyName(policy_);
+                    << PlacementPolicyName(policy_) << ", heartbeat timeout "
+                    << control_.heartbeat_timeout_s << " s";
   return Status::Ok();
 }
 
 void ClusterBackend::Stop() {
-  std::vector<std::shared_ptr<Request>> to_drain;
+  RequestList to_drain;
   std::vector<std::shared_ptr<ControlConnection>> connections;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(&mutex_);
     if (stopping_) return;
     stopping_ = true;
-    std::vector<std::shared_ptr<Request>> all;
+    RequestList all;
     for (auto& [id, request] : requests_) all.push_back(request);
     for (auto& request : all) {
       SendCancelLocked(request->prefill, request->id);
@@ -247,7 +206,7 @@ Status ClusterBackend::Reconfigure(const ClusterConfig& config) {
   shapes.source = config.source;
   StatusOr<RouterLatencyModels> latency = LoadRouterLatencyModels(shapes);
   if (!latency.ok()) return latency.status();
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(&mutex_);
   policy_ = *policy;
   slo_ = config.slo;
   latency_ = std::move(*latency);
@@ -260,6 +219,10 @@ Status ClusterBackend::Reconfigure(const ClusterConfig& config) {
   if (layout_changed) {
     TANDEM_LOG(kWarn) << "config reload: instance counts/ports changed; they apply on restart";
   }
+  if (config.control.heartbeat_timeout_s != control_.heartbeat_timeout_s ||
+      config.control.connect_timeout_s != control_.connect_timeout_s) {
+    TANDEM_LOG(kWarn) << "config reload: control timeouts changed; they apply on restart";
+  }
   TANDEM_LOG(kInfo) << "config reloaded: policy " << PlacementPolicyName(policy_) << ", SLO ttft "
                     << slo_.ttft_s << " s, tpot " << slo_.tpot_s << " s, "
                     << slo_.classes.size() << " class(es)";
@@ -268,22 +231,25 @@ Status ClusterBackend::Reconfigure(const ClusterConfig& config) {
 
 bool ClusterBackend::UsableLocked(const Instance& instance, Clock::time_point now) const {
   return instance.connection && instance.greeted &&
-         SecondsSince(instance.last_heard, now) <= options_.heartbeat_timeout_s;
+         SecondsSince(instance.last_heard, now) <= control_.heartbeat_timeout_s;
 }
 
 bool ClusterBackend::Ready() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(&mutex_);
   if (!started_ || stopping_) return false;
-  Clock::time_point now = Clock::now();
-  auto any = [&](const std::vector<int>& ids) {
-    return std::any_of(ids.begin(), ids.end(),
-                       [&](int i) { return UsableLocked(*instances_[i], now); });
-  };
-  return (any(prefill_) && any(decode_)) || any(colocated_);
+  const Clock::time_point now = Clock::now();
+  bool prefill = false, decode = false, colocated = false;
+  for (const auto& x : instances_) {
+    if (!UsableLocked(*x, now)) continue;
+    prefill |= x->role == InstanceRole::kPrefill;
+    decode |= x->role == InstanceRole::kDecode;
+    colocated |= x->role == InstanceRole::kColocated;
+  }
+  return (prefill && decode) || colocated;
 }
 
 std::vector<InstanceStatus> ClusterBackend::Instances() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(&mutex_);
   Clock::time_point now = Clock::now();
   std::vector<InstanceStatus> out;
   for (size_t i = 0; i < instances_.size(); ++i) {
@@ -294,398 +260,141 @@ std::vector<InstanceStatus> ClusterBackend::Instances() const {
     s.role = x.role;
     s.connected = x.connection && x.greeted;
     s.usable = UsableLocked(x, now);
-    for (auto& [id, r] : requests_) {
-      int index = static_cast<int>(i);
-      if ((r->prefill == index && !r->first_token) || r->decode == index ||
-          r->colocated == index)
-        ++s.requests;
-    }
+    s.session = x.session;
+    for (auto& [id, r] : requests_) s.requests += HeldBy(*r, static_cast<int>(i)) ? 1 : 0;
     out.push_back(std::move(s));
   }
   return out;
 }
 
 int ClusterBackend::InFlight() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(&mutex_);
   return static_cast<int>(requests_.size());
 }
 
-// What a request adds to an instance's load until a report includes it (router/placement.h).
-void ClusterBackend::AddSubmit(Instance& instance, int64_t prompt_tokens) {
-  AddUnreportedSubmit(instance.load, prompt_tokens, instance.role == InstanceRole::kColocated);
-}
-
-void ClusterBackend::AddHandoff(Instance& instance, int64_t prompt_tokens) {
-  AddUnreportedHandoff(instance.load, prompt_tokens, instance.hello.kv_block_size);
-}
-
-void ClusterBackend::ApplyReportLocked(Instance& instance, const LoadReport& report) {
-  instance.load = report;
-  auto gone = [this](const Instance::Pending& p) {
-    auto it = requests_.find(p.request_id);
-    return it == requests_.end() || it->second->finished;
-  };
-  std::erase_if(instance.unseen_submits, [&](const Instance::Pending& p) {
-    return p.seq <= report.last_submit_seq || gone(p);
-  });
-  for (const Instance::Pending& p : instance.unseen_submits) AddSubmit(instance, p.prompt_tokens);
-  std::erase_if(instance.incoming_handoffs, [&](const Instance::Pending& p) {
-    return gone(p) || requests_.at(p.request_id)->first_token;
-  });
-  for (const Instance::Pending& p : instance.incoming_handoffs) AddHandoff(instance, p.prompt_tokens);
-}
-
-Status ClusterBackend::Submit(const GenerateRequest& request,
-                              std::function<void(BackendEvent)> on_event) {
-  std::shared_ptr<Request> entry;
-  std::shared_ptr<ControlConnection> target;
-  std::string target_name;
-  tandem::Submit message;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!started_ || stopping_) return Unavailable("the router is not running");
-    if (requests_.count(request.request_id))
-      return InvalidArgument("duplicate request id " + request.request_id);
-    Clock::time_point now = Clock::now();
-    // The requests each decode/colocated instance holds, in the order they were placed, for
-    // TPOT predictions over a life (goodput is the only policy that reads them).
-    const bool goodput = policy_ == PlacementPolicy::kGoodput;
-    std::vector<std::vector<DecodeResident>> residents;
-    if (goodput) {
-      std::vector<std::vector<std::pair<uint64_t, DecodeResident>>> held(instances_.size());
-      for (const auto& [id, r] : requests_) {
-        int at = r->decode >= 0 ? r->decode : r->colocated;
-        if (at < 0 || r->finished) continue;
-        held[at].push_back(
-            {r->placed_order, ResidentOf(r->prompt_tokens, r->max_tokens, r->generated)});
-      }
-      residents.resize(instances_.size());
-      for (size_t i = 0; i < held.size(); ++i) {
-        std::sort(held[i].begin(), held[i].end(),
-                  [](const auto& a, const auto& b) { return a.first < b.first; });
-        for (const auto& [order, resident] : held[i]) residents[i].push_back(resident);
-      }
-    }
-    auto snapshot = [&](const std::vector<int>& ids, const LatencyModel* lm, int budget) {
-      std::vector<InstanceLoad> out;
-      for (int i : ids) {
-        Instance& x = *instances_[i];
-        InstanceLoad load;
-        load.name = x.name;
-        load.usable = UsableLocked(x, now);
-        load.load = x.load;
-        load.kv_block_size = x.hello.kv_block_size;
-        load.latency_model = lm;  // latency_ outlives Place(): both under mutex_
-        load.token_budget = budget;
-        if (goodput && x.role != InstanceRole::kPrefill) {
-          // Every request the router is asked to place samples every instance.
-          x.typical.Observe(residents[i], request.sampling.max_tokens);
-          load.residents_known = true;
-          load.residents = std::move(residents[i]);
-          load.typical = x.typical;
-        }
-        out.push_back(std::move(load));
-      }
-      return out;
-    };
-    std::vector<InstanceLoad> p = snapshot(prefill_, latency_.prefill, config_.prefill.token_budget),
-                              d = snapshot(decode_, latency_.decode, config_.decode.token_budget),
-                              c = snapshot(colocated_, latency_.colocated,
-                                           config_.colocated.token_budget);
-    PlacementInput input;
-    input.prefill = &p;
-    input.decode = &d;
-    input.colocated = &c;
-    input.prompt_tokens = static_cast<int64_t>(request.prompt_token_ids.size());
-    input.max_tokens = request.sampling.max_tokens;
-    input.slo = SloForClass(slo_, request.slo_class);
-    input.round_robin = round_robin_++;
-    StatusOr<Placement> placement = Place(policy_, input);
-    if (!placement.ok()) {
-      if (placements_)
-        placements_
-            ->WithLabels({placement.status().code() == StatusCode::kResourceExhausted
-                              ? "rejected"
-                              : "unavailable"})
-            .Inc();
-      TANDEM_LOG_REQ(kDebug, request.request_id) << "not placed: " << placement.status().message();
-      return placement.status();
-    }
-    if (placements_) placements_->WithLabels({"placed"}).Inc();
-
-    entry = std::make_shared<Request>();
-    entry->id = request.request_id;
-    entry->on_event = std::move(on_event);
-    entry->placed_order = input.round_robin;
-    entry->prompt_tokens = input.prompt_tokens;
-    entry->max_tokens = request.sampling.max_tokens;
-    message.request_id = request.request_id;
-    message.prompt = request.prompt_token_ids;
-    message.sampling = request.sampling;
-    message.sampling.stop.clear();  // stop strings are the router's business
-    Instance* first = nullptr;
-    if (placement->colocated >= 0) {
-      entry->colocated = colocated_[placement->colocated];
-      first = instances_[entry->colocated].get();
-    } else {
-      entry->prefill = prefill_[placement->prefill];
-      entry->decode = decode_[placement->decode];
-      first = instances_[entry->prefill].get();
-      Instance& d_instance = *instances_[entry->decode];
-      message.decode_address = d_instance.hello.control_address.empty()
-                                   ? d_instance.address
-                                   : d_instance.hello.control_address;
-      // Until a report includes it, count what this router just gave the decode instance.
-      AddHandoff(d_instance, input.prompt_tokens);
-      d_instance.incoming_handoffs.push_back({0, entry->id, input.prompt_tokens});
-    }
-    message.seq = first->next_submit_seq++;
-    AddSubmit(*first, input.prompt_tokens);
-    first->unseen_submits.push_back({message.seq, entry->id, input.prompt_tokens});
-    target = first->connection;
-    target_name = first->name;
-    requests_[entry->id] = entry;
-    TANDEM_LOG_REQ(kDebug, entry->id)
-        << "placed on " << target_name
-        << (entry->decode >= 0 ? " -> " + instances_[entry->decode]->name : std::string())
-        << " (predicted ttft " << placement->predicted_ttft_s << " s, tpot "
-        << placement->predicted_tpot_s << " s)";
-  }
-  if (target && target->Send(message)) return Status::Ok();
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto it = requests_.find(entry->id);
-  if (it == requests_.end() || it->second != entry) return Status::Ok();  // failed by a callback
-  requests_.erase(it);
-  return Unavailable(target_name + " went away before the request could be sent");
-}
-
-void ClusterBackend::SendCancelLocked(int instance, const std::string& request_id) {
-  if (instance < 0) return;
-  const auto& connection = instances_[instance]->connection;
-  if (connection) connection->Send(tandem::Cancel{request_id});
-}
-
-void ClusterBackend::Cancel(const std::string& request_id) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto it = requests_.find(request_id);
-  if (it == requests_.end()) return;
-  Request& r = *it->second;
-  if (r.cancelled || r.finished) return;
-  r.cancelled = true;
-  r.cancelled_at = Clock::now();
-  // Both sides: the request may be in flight between them.
-  SendCancelLocked(r.prefill, request_id);
-  SendCancelLocked(r.decode, request_id);
-  SendCancelLocked(r.colocated, request_id);
-}
-
-void ClusterBackend::FailLocked(const std::shared_ptr<Request>& request, const Status& error,
-                                std::vector<std::shared_ptr<Request>>* to_drain) {
-  if (request->finished) return;
-  request->finished = true;
-  request->held_back.clear();
-  BackendEvent event;
-  event.error = error;
-  request->queue.push_back(std::move(event));
-  auto it = requests_.find(request->id);
-  if (it != requests_.end() && it->second == request) requests_.erase(it);
-  to_drain->push_back(request);
-}
-
-void ClusterBackend::Drain(const std::shared_ptr<Request>& request) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  while (!request->delivering && !request->queue.empty()) {
-    request->delivering = true;
-    BackendEvent event = std::move(request->queue.front());
-    request->queue.pop_front();
-    bool final = event.finish_reason.has_value() || !event.error.ok();
-    std::function<void(BackendEvent)> callback = request->on_event;
-    if (final) request->on_event = nullptr;  // release the caller's state after the end
-    lock.unlock();
-    if (callback) callback(std::move(event));
-    lock.lock();
-    request->delivering = false;
-  }
-}
-
-void ClusterBackend::OnTokens(size_t index, Tokens tokens) {
-  std::shared_ptr<Request> request;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = requests_.find(tokens.request_id);
-    if (it == requests_.end()) return;  // finished, failed or cancelled already
-    request = it->second;
-    BackendEvent event;
-    for (GeneratedToken& t : tokens.tokens)
-      event.tokens.push_back(GeneratedToken{t.token_id, t.logprob, std::move(t.top_logprobs)});
-    int from = static_cast<int>(index);
-    if (from == request->prefill || from == request->decode || from == request->colocated)
-      request->generated += static_cast<int32_t>(event.tokens.size());
-    if (from == request->prefill) {
-      request->queue.push_back(std::move(event));
-      if (!request->first_token) {
-        request->first_token = true;
-        instances_[from]->load.waiting_requests =
-            std::max(instances_[from]->load.waiting_requests - 1, 0);
-        for (auto& held : request->held_back) request->queue.push_back(std::move(held));
-        request->held_back.clear();
-        if (request->held_final) {
-          request->finished = true;
-          requests_.erase(request->id);
-        }
-      }
-    } else if (from == request->decode) {
-      request->decode_started = true;
-      if (request->first_token) {
-        request->queue.push_back(std::move(event));
-      } else {
-        request->held_back.push_back(std::move(event));
-      }
-    } else if (from == request->colocated) {
-      request->queue.push_back(std::move(event));
-    } else {
-      return;  // not from an instance of this request
-    }
-  }
-  Drain(request);
-}
-
-void ClusterBackend::OnFinish(size_t index, Finish finish) {
-  std::shared_ptr<Request> request;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = requests_.find(finish.request_id);
-    if (it == requests_.end()) return;
-    request = it->second;
-    int from = static_cast<int>(index);
-    if (from != request->prefill && from != request->decode && from != request->colocated)
-      return;
-    BackendEvent event;
-    if (finish.code == StatusCode::kOk) {
-      event.finish_reason = finish.finish_reason.empty() ? "stop" : finish.finish_reason;
-    } else {
-      event.error = Status(finish.code, instances_[from]->name + ": " + finish.message);
-    }
-    if (from == request->decode && !request->first_token && finish.code == StatusCode::kOk) {
-      request->held_back.push_back(std::move(event));
-      request->held_final = true;
-      return;
-    }
-    if (from == request->decode) request->decode_started = true;
-    request->finished = true;
-    request->held_back.clear();
-    request->queue.push_back(std::move(event));
-    requests_.erase(it);
-  }
-  Drain(request);
-}
-
 void ClusterBackend::OnMessage(size_t index, uint64_t generation, ControlMessage message) {
-  if (auto* tokens = std::get_if<Tokens>(&message)) return OnTokens(index, std::move(*tokens));
-  if (auto* finish = std::get_if<Finish>(&message)) return OnFinish(index, std::move(*finish));
-  std::shared_ptr<ControlConnection> to_close;
+  std::shared_ptr<Request> to_drain;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(&mutex_);
     Instance& instance = *instances_[index];
+    // A message of a connection the router has given up (or replaced) is not acted on.
     if (generation != instance.generation || !instance.connection) return;
-    Clock::time_point now = Clock::now();
-    if (auto* hello = std::get_if<Hello>(&message)) {
-      if (hello->role != instance.role) {
-        instance.close_reason = std::string("it says it is a ") + InstanceRoleName(hello->role) +
-                                " instance, the config says " + InstanceRoleName(instance.role);
-        to_close = instance.connection;
-      } else {
-        instance.hello = *hello;
-        instance.greeted = true;
-        instance.ever_greeted = true;
-        instance.last_heard = now;
-        instance.load = LoadReport{};
-        instance.typical = ResidentAverage{};  // a new incarnation holds none of the old requests
-        instance.unseen_submits.clear();  // a new incarnation: the old one's requests failed
-        instance.incoming_handoffs.clear();
-        instance.backoff_s = options_.backoff_initial_s;
-        TANDEM_LOG(kInfo) << "instance " << instance.name << " up at " << instance.address
-                          << " (" << hello->name << ", model " << hello->model << ", "
-                          << hello->kv_total_blocks << " KV blocks)";
-      }
+    if (auto* tokens = std::get_if<Tokens>(&message)) {
+      to_drain = OnTokensLocked(index, std::move(*tokens));
+    } else if (auto* finish = std::get_if<Finish>(&message)) {
+      to_drain = OnFinishLocked(index, *finish);
+    } else if (auto* hello = std::get_if<Hello>(&message)) {
+      OnHelloLocked(index, *hello);
     } else if (auto* report = std::get_if<LoadReport>(&message)) {
-      ApplyReportLocked(instance, *report);
-      instance.last_heard = now;
-      const LatencyModel* lm = instance.role == InstanceRole::kDecode      ? latency_.decode
-                               : instance.role == InstanceRole::kColocated ? latency_.colocated
-                                                                           : nullptr;
-      if (decode_model_correction_ != nullptr && lm != nullptr && report->decode_step_batch > 0) {
-        InstanceLoad x;
-        x.load = *report;
-        x.latency_model = lm;
-        decode_model_correction_->WithLabels({instance.name}).Set(DecodeModelCorrection(x));
-      }
+      OnReportLocked(instance, *report);
     } else {
       TANDEM_LOG(kDebug) << "ignoring an unexpected control message from " << instance.name;
     }
   }
-  if (to_close) to_close->Close();
+  if (to_drain) Drain(to_drain);
+}
+
+void ClusterBackend::OnHelloLocked(size_t index, const Hello& hello) {
+  Instance& instance = *instances_[index];
+  if (hello.role != instance.role) {
+    RequestList none;  // not greeted: it holds no request
+    InstanceDownLocked(index,
+                       std::string("it says it is a ") + InstanceRoleName(hello.role) +
+                           " instance, the config says " + InstanceRoleName(instance.role),
+                       &none);
+    return;
+  }
+  instance.hello = hello;
+  instance.greeted = true;
+  instance.last_heard = Clock::now();
+  instance.load = LoadReport{};
+  instance.typical = ResidentAverage{};  // a new incarnation holds none of the old requests
+  instance.unseen_submits.clear();       // a new incarnation: the old one's requests failed
+  instance.incoming_handoffs.clear();
+  instance.backoff_s = options_.backoff_initial_s;
+  TANDEM_LOG(kInfo) << "instance " << instance.name << " up at " << instance.address << " ("
+                    << hello.name << ", model " << hello.model << ", " << hello.kv_total_blocks
+                    << " KV blocks)";
+}
+
+void ClusterBackend::OnReportLocked(Instance& instance, const LoadReport& report) {
+  ApplyReportLocked(instance, report);
+  instance.last_heard = Clock::now();
+  const LatencyModel* lm = instance.role == InstanceRole::kDecode      ? latency_.decode
+                           : instance.role == InstanceRole::kColocated ? latency_.colocated
+                                                                       : nullptr;
+  if (decode_model_correction_ != nullptr && lm != nullptr && report.decode_step_batch > 0) {
+    InstanceLoad x;
+    x.load = report;
+    x.latency_model = lm;
+    decode_model_correction_->WithLabels({instance.name}).Set(DecodeModelCorrection(x));
+  }
 }
 
 void ClusterBackend::OnClosed(size_t index, uint64_t generation, const Status& reason) {
-  std::vector<std::shared_ptr<Request>> to_drain;
+  RequestList to_drain;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
-    Instance& instance = *instances_[index];
-    if (generation != instance.generation) return;
-    instance.connection.reset();
-    bool was_greeted = instance.greeted;
-    instance.greeted = false;
-    std::string why = instance.close_reason.empty() ? reason.message() : instance.close_reason;
-    instance.close_reason.clear();
-    instance.next_attempt = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                               std::chrono::duration<double>(instance.backoff_s));
-    if (stopping_) return;
-    if (instance_failures_) instance_failures_->WithLabels({instance.name}).Inc();
-    if (was_greeted) {
-      TANDEM_LOG(kWarn) << "instance " << instance.name << " at " << instance.address
-                        << " is down: " << why;
-    }
-    int me = static_cast<int>(index);
-    std::vector<std::shared_ptr<Request>> held;
-    for (auto& [id, r] : requests_) {
-      if ((r->prefill == me && !r->first_token) || r->decode == me || r->colocated == me) {
-        held.push_back(r);
-      } else if (r->prefill == me && !r->prefill_lost) {
-        r->prefill_lost = true;  // decode has it (or its pull will fail and say so)
-        r->prefill_lost_at = Clock::now();
-      }
-    }
-    for (auto& r : held) {
-      SendCancelLocked(r->prefill == me ? r->decode : r->prefill, r->id);
-      FailLocked(r,
-                 Unavailable(instance.name + " (" + instance.address +
-                             ") went away while serving the request: " + why),
-                 &to_drain);
-    }
-    if (!held.empty()) {
-      TANDEM_LOG(kWarn) << "failed " << held.size() << " request(s) held by " << instance.name;
-    }
+    MutexLock lock(&mutex_);
+    if (generation != instances_[index]->generation) return;  // given up already
+    InstanceDownLocked(index, reason.message(), &to_drain);
   }
   for (auto& request : to_drain) Drain(request);
+}
+
+void ClusterBackend::InstanceDownLocked(size_t index, const std::string& why,
+                                        RequestList* to_drain) {
+  Instance& instance = *instances_[index];
+  if (instance.connection) instance.connection->Close();  // posted: runs after this unlocks
+  instance.connection.reset();
+  ++instance.generation;  // the old connection's handlers, late or not, are ignored
+  instance.session = 0;
+  const bool was_greeted = instance.greeted;
+  instance.greeted = false;
+  instance.next_attempt = Clock::now() + Seconds(instance.backoff_s);
+  if (stopping_) return;
+  if (instance_failures_) instance_failures_->WithLabels({instance.name}).Inc();
+  if (was_greeted) {
+    TANDEM_LOG(kWarn) << "instance " << instance.name << " at " << instance.address
+                      << " is down: " << why;
+  } else {
+    TANDEM_LOG(kDebug) << "instance " << instance.name << " dropped before Hello: " << why;
+  }
+  const int me = static_cast<int>(index);
+  RequestList held;
+  for (auto& [id, r] : requests_) {
+    if (HeldBy(*r, me)) {
+      held.push_back(r);
+    } else if (r->prefill == me && r->phase == RequestPhase::kHandingOff && !r->prefill_lost_at) {
+      r->prefill_lost_at = Clock::now();  // decode has it (or its pull will fail and say so)
+    }
+  }
+  for (auto& r : held) {
+    SendCancelLocked(r->prefill == me ? r->decode : r->prefill, r->id);
+    FailLocked(r,
+               Unavailable(instance.name + " (" + instance.address +
+                           ") went away while serving the request: " + why),
+               to_drain);
+  }
+  if (!held.empty()) {
+    TANDEM_LOG(kWarn) << "failed " << held.size() << " request(s) held by " << instance.name;
+  }
 }
 
 void ClusterBackend::TryConnect(size_t index) {
   std::string address;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(&mutex_);
     address = instances_[index]->address;
   }
   StatusOr<std::shared_ptr<ControlConnection>> connection =
-      ConnectControl(io_, address, options_.connect_timeout_s);
-  std::lock_guard<std::mutex> lock(mutex_);
+      ConnectControl(io_, address, control_.connect_timeout_s);
+  MutexLock lock(&mutex_);
   Instance& instance = *instances_[index];
   instance.connecting = false;
   Clock::time_point now = Clock::now();
   if (!connection.ok() || stopping_) {
     if (connection.ok()) (*connection)->Close();
-    instance.next_attempt = now + std::chrono::duration_cast<Clock::duration>(
-                                      std::chrono::duration<double>(instance.backoff_s));
+    instance.next_attempt = now + Seconds(instance.backoff_s);
     instance.backoff_s = std::min(instance.backoff_s * 2, options_.backoff_max_s);
     TANDEM_LOG(kDebug) << "connecting to " << instance.name << ": "
                        << connection.status().message();
@@ -693,6 +402,7 @@ void ClusterBackend::TryConnect(size_t index) {
   }
   uint64_t generation = ++instance.generation;
   instance.connection = *connection;
+  instance.session = NewSessionId();
   instance.connected_at = now;
   instance.greeted = false;
   instance.backoff_s = std::min(instance.backoff_s * 2, options_.backoff_max_s);
@@ -702,62 +412,74 @@ void ClusterBackend::TryConnect(size_t index) {
               [this, index, generation](const Status& s) { OnClosed(index, generation, s); });
   Hello hello;
   hello.role = InstanceRole::kRouter;
+  hello.instance_id = instance.session;
   hello.name = "router";
   (*connection)->Send(hello);
 }
 
-void ClusterBackend::MonitorLoop() {
-  std::unique_lock<std::mutex> lock(mutex_);
-  while (!stopping_) {
-    Clock::time_point now = Clock::now();
-    std::vector<std::shared_ptr<ControlConnection>> to_close;
-    std::vector<std::shared_ptr<Request>> to_drain;
-    std::vector<size_t> to_connect;
-    for (size_t i = 0; i < instances_.size(); ++i) {
-      Instance& x = *instances_[i];
-      if (!x.connection && !x.connecting && now >= x.next_attempt) {
-        x.connecting = true;
-        to_connect.push_back(i);
-      } else if (x.connection && x.close_reason.empty()) {
-        double silent = SecondsSince(x.greeted ? x.last_heard : x.connected_at, now);
-        double limit = x.greeted ? options_.heartbeat_timeout_s
-                                 : std::max(2.0, options_.heartbeat_timeout_s);
-        if (silent > limit) {
-          x.close_reason = x.greeted ? "no heartbeat for " + std::to_string(silent) + " s"
-                                     : "no Hello within " + std::to_string(silent) + " s";
-          to_close.push_back(x.connection);
-        }
+void ClusterBackend::MonitorTickLocked(Clock::time_point now, std::vector<size_t>* to_connect,
+                                       RequestList* to_drain) {
+  for (size_t i = 0; i < instances_.size(); ++i) {
+    Instance& x = *instances_[i];
+    if (!x.connection && !x.connecting && now >= x.next_attempt) {
+      x.connecting = true;
+      to_connect->push_back(i);
+    } else if (x.connection) {
+      double silent = SecondsSince(x.greeted ? x.last_heard : x.connected_at, now);
+      double limit = x.greeted ? control_.heartbeat_timeout_s : control_.connect_timeout_s;
+      if (silent > limit) {
+        InstanceDownLocked(i,
+                           (x.greeted ? "no LoadReport for " : "no Hello within ") +
+                               std::to_string(silent) + " s (control." +
+                               (x.greeted ? "heartbeat_timeout_s " : "connect_timeout_s ") +
+                               std::to_string(limit) + " s)",
+                           to_drain);
       }
     }
-    std::vector<std::shared_ptr<Request>> expired;
-    for (auto& [id, r] : requests_) {
-      if (r->cancelled && SecondsSince(r->cancelled_at, now) > options_.cancel_grace_s)
-        expired.push_back(r);
-      else if (r->prefill_lost && !r->decode_started &&
-               SecondsSince(r->prefill_lost_at, now) > 10.0)
-        expired.push_back(r);
+  }
+  RequestList expired;
+  for (auto& [id, r] : requests_) {
+    if (r->phase == RequestPhase::kCancelling &&
+        SecondsSince(r->cancelled_at, now) > options_.cancel_grace_s) {
+      expired.push_back(r);
+    } else if (r->phase == RequestPhase::kHandingOff && r->prefill_lost_at &&
+               SecondsSince(*r->prefill_lost_at, now) > options_.orphan_grace_s) {
+      expired.push_back(r);
     }
-    for (auto& r : expired) {
-      if (!r->cancelled) SendCancelLocked(r->decode, r->id);
-      FailLocked(r,
-                 r->cancelled ? Cancelled("cancelled; no instance confirmed it")
-                              : Unavailable("the prefill instance went away and the decode "
-                                            "instance never continued the request"),
-                 &to_drain);
-    }
-    if (instances_up_) {
-      int up[4] = {0, 0, 0, 0};
-      for (auto& x : instances_) up[static_cast<int>(x->role)] += UsableLocked(*x, now);
-      instances_up_->WithLabels({"prefill"}).Set(up[1]);
-      instances_up_->WithLabels({"decode"}).Set(up[2]);
-      instances_up_->WithLabels({"colocated"}).Set(up[3]);
-    }
+  }
+  for (auto& r : expired) {
+    const bool cancelled = r->phase == RequestPhase::kCancelling;
+    if (!cancelled) SendCancelLocked(r->decode, r->id);
+    FailLocked(r,
+               cancelled ? Cancelled("cancelled; no instance confirmed it")
+                         : Unavailable("the prefill instance went away and the decode "
+                                       "instance never continued the request"),
+               to_drain);
+  }
+  if (instances_up_) {
+    int up[4] = {0, 0, 0, 0};
+    for (auto& x : instances_) up[static_cast<int>(x->role)] += UsableLocked(*x, now);
+    instances_up_->WithLabels({"prefill"}).Set(up[1]);
+    instances_up_->WithLabels({"decode"}).Set(up[2]);
+    instances_up_->WithLabels({"colocated"}).Set(up[3]);
+  }
+}
+
+// The analysis does not follow std::unique_lock (which the condition wait needs): mutex_ is
+// held except between unlock() and lock().
+void ClusterBackend::MonitorLoop() TANDEM_NO_THREAD_SAFETY_ANALYSIS {
+  std::unique_lock<Mutex> lock(mutex_);
+  while (!stopping_) {
+    std::vector<size_t> to_connect;
+    RequestList to_drain;
+    MonitorTickLocked(Clock::now(), &to_connect, &to_drain);
     lock.unlock();
-    for (auto& c : to_close) c->Close();
     for (auto& r : to_drain) Drain(r);
     for (size_t i : to_connect) TryConnect(i);
     lock.lock();
-    monitor_cv_.wait_for(lock, std::chrono::milliseconds(50), [this] { return stopping_; });
+    monitor_cv_.wait_for(lock, std::chrono::milliseconds(50), [this]() TANDEM_REQUIRES(mutex_) {
+      return stopping_;
+    });
   }
 }
 

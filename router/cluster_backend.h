@@ -2,27 +2,37 @@
 // connection to every configured instance, placement per request (router/placement.h), and the
 // token stream of each request routed back to its callback by request id.
 //
-// Instances: instance I of section S (prefill|decode|colocated) is at 127.0.0.1:(S.port + I).
-// The backend connects to each (router speaks first: Hello{role router}), retries with backoff
-// (100 ms doubling to 2 s) so that an instance started later or restarted is picked up, and
-// counts an instance usable once it has answered Hello and while its LoadReports keep coming
-// (none for `heartbeat_timeout_s` = down: the connection is closed).
+// Instances: instance I of section S (prefill|decode|colocated) is at host:(S.port + I). The
+// backend connects to each and speaks first: Hello{role router, instance_id = a fresh random
+// session id}, new on every connection, so that an instance can tell this connection's requests
+// from those of a connection the router has given up (control wire v5). It retries with backoff
+// (100 ms doubling to 2 s), so that an instance started later or restarted is picked up, and
+// counts an instance usable once it has answered Hello and while its LoadReports keep coming.
+// An instance silent for `control.heartbeat_timeout_s` (or without a Hello within
+// `control.connect_timeout_s`) is down: its requests fail and its connection is closed, which
+// ends the session (the instance drops the session's requests when it reads the close).
 //
 // Requests: Submit places the request and sends Submit to the prefill instance (with the decode
-// instance's control address) or to a colocated one. Tokens and Finish come from whichever
-// instance holds the request; the first token comes from prefill, and decode's events that
-// overtake it are held back so that the callback sees them in order. When an instance's
-// connection drops, exactly the requests it held fail with Unavailable naming the instance:
-// a prefill instance holds a request until its first token reached the router, a decode
-// instance from placement to the end, a colocated one throughout. The other instance of a
-// failed request is told to Cancel it. Every accepted request gets exactly one final event.
+// instance's control address and the router's session id with it) or to a colocated one. Each
+// request's phase is a router/request_phase.h RequestPhase. Tokens and Finish come from
+// whichever instance holds the request; the first token comes from prefill, and decode's events
+// that overtake it are held back so that the callback sees them in order. When an instance's
+// connection drops, exactly the requests it holds fail with Unavailable naming the instance; the
+// other instance of each is told to Cancel it. Cancel (client gone, stop string) sends Cancel to
+// every instance of the request, prefill and decode both, always after its Submit. Every
+// accepted request gets exactly one final event.
+//
+// SLO classes: GenerateRequest::slo_class must be "" or a class of the config's `slo.classes`;
+// Submit refuses another name with InvalidArgument naming the x-tandem-slo-class header.
 //
 // Load: placement sees, per instance, its latest LoadReport plus what this router placed there
 // that the report does not include yet. Reports lag (a server computes one after each engine
 // step and takes new requests in only between steps): every Submit carries a per-instance
 // sequence number and every report the last one the instance had taken in, so the router adds
-// back exactly the Submits the report lacks; a decode instance is counted for a request from
-// placement until prefill's first token (it learns of the request from prefill's KvReady).
+// back exactly the Submits the report lacks. A decode instance learns of a request from
+// prefill's KvReady, not from a Submit: the router counts the request there from placement until
+// a report that follows the instance's first output for it (reports and tokens share the
+// connection, in order), so a burst placed before any report spreads over the decode instances.
 //
 // Latency model: when `router.latency_model` names a file, Start() loads it (a bad file, or one
 // without an entry for a configured section's device/threads/tensor_parallel/pipeline_parallel,
@@ -30,12 +40,12 @@
 // router/placement.h); SIGHUP (Reconfigure) reloads it.
 //
 // Threads: all public methods are thread-safe. Callbacks run on the backend's Asio threads (or
-// the monitor thread, or inside Cancel/Submit for failures), never two at once for one request.
+// the monitor thread, or inside Cancel/Submit for failures), never two at once for one request,
+// never under the backend's lock.
 // Lifecycle: construct, Start(), ..., Stop() (fails what is still in flight with Unavailable and
 // joins the threads; the destructor calls it).
 #pragma once
 
-#include <atomic>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <chrono>
@@ -43,7 +53,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -52,8 +61,10 @@
 #include "common/net/control_channel.h"
 #include "common/engine/latency_model.h"
 #include "common/base/metrics.h"
+#include "common/base/thread_annotations.h"
 #include "router/backend.h"
 #include "router/placement.h"
+#include "router/request_phase.h"
 
 namespace tandem {
 
@@ -70,12 +81,14 @@ struct RouterLatencyModels {
 // InvalidArgument naming the section whose shape has no entry.
 StatusOr<RouterLatencyModels> LoadRouterLatencyModels(const ClusterConfig& config);
 
+// Heartbeat and connect timeouts come from the config's `control` section.
 struct ClusterBackendOptions {
-  double heartbeat_timeout_s = 1.0;   // no LoadReport for this long = instance down
-  double connect_timeout_s = 0.5;     // one connection attempt
   double backoff_initial_s = 0.1;     // reconnect delay after a failure, doubling ...
   double backoff_max_s = 2.0;         // ... up to this
   double cancel_grace_s = 30.0;       // a cancelled request with no Finish by then is failed
+  // A request whose prefill instance went away after its first token, and whose decode
+  // instance has sent nothing for this long, is failed.
+  double orphan_grace_s = 10.0;
   int io_threads = 2;
   std::string host = "127.0.0.1";     // where the instances listen
   MetricsRegistry* metrics = nullptr;  // not owned; null = no backend metrics
@@ -89,12 +102,14 @@ struct InstanceStatus {
   bool connected = false;  // control connection open and Hello answered
   bool usable = false;     // connected and heartbeat fresh
   int requests = 0;        // requests it holds now
+  uint64_t session = 0;    // the router's session id on the current connection; 0 = none
 };
 
 class ClusterBackend : public Backend {
  public:
   // Instances and the policy come from `config` (prefill, decode, colocated sections; router
-  // policy; slo). The ports must be resolved (non-zero) for every section with instances.
+  // policy; slo; control). The ports must be resolved (non-zero) for every section with
+  // instances.
   ClusterBackend(const ClusterConfig& config, ClusterBackendOptions options = {});
   ~ClusterBackend() override;
   ClusterBackend(const ClusterBackend&) = delete;
@@ -107,9 +122,9 @@ class ClusterBackend : public Backend {
   // joins the threads. Idempotent.
   void Stop();
 
-  // Applies a reloaded config's policy and SLOs to new requests (SIGHUP); requests in flight
-  // are untouched. Instance layout changes are not applied (logged). InvalidArgument on a bad
-  // policy (nothing changes).
+  // Applies a reloaded config's policy, SLOs and SLO classes to new requests (SIGHUP); requests
+  // in flight are untouched. Instance layout and control timing changes are not applied
+  // (logged). InvalidArgument on a bad policy (nothing changes).
   Status Reconfigure(const ClusterConfig& config);
 
   // Backend.
@@ -117,6 +132,8 @@ class ClusterBackend : public Backend {
                 std::function<void(BackendEvent)> on_event) override;
   void Cancel(const std::string& request_id) override;
   bool Ready() const override;
+  // The config's slo.classes (as last reloaded).
+  Status CheckSloClass(const std::string& slo_class) const override;
 
   std::vector<InstanceStatus> Instances() const;
   // Requests accepted and not yet finished.
@@ -126,43 +143,81 @@ class ClusterBackend : public Backend {
   struct Instance;
   struct Request;
   using Clock = std::chrono::steady_clock;
+  using RequestList = std::vector<std::shared_ptr<Request>>;
 
+  // Connections (cluster_backend.cc).
   void MonitorLoop();
-  void TryConnect(size_t index);
+  // Under mutex_, once per tick: gives up the instances silent too long (InstanceDownLocked),
+  // expires cancelled and orphaned requests, and lists the instances to connect.
+  void MonitorTickLocked(Clock::time_point now, std::vector<size_t>* to_connect,
+                         RequestList* to_drain) TANDEM_REQUIRES(mutex_);
+  void TryConnect(size_t index) TANDEM_EXCLUDES(mutex_);
   void OnMessage(size_t index, uint64_t generation, ControlMessage message);
+  void OnHelloLocked(size_t index, const Hello& hello) TANDEM_REQUIRES(mutex_);
+  void OnReportLocked(Instance& instance, const LoadReport& report) TANDEM_REQUIRES(mutex_);
   void OnClosed(size_t index, uint64_t generation, const Status& reason);
-  void OnTokens(size_t index, Tokens tokens);
-  void OnFinish(size_t index, Finish finish);
+  // Under mutex_: the instance is down (its connection closed, or the router gives it up):
+  // closes the connection (ending the session), fails exactly the requests it holds and tells
+  // their other instance to Cancel them.
+  void InstanceDownLocked(size_t index, const std::string& why, RequestList* to_drain)
+      TANDEM_REQUIRES(mutex_);
+  bool UsableLocked(const Instance& instance, Clock::time_point now) const
+      TANDEM_REQUIRES(mutex_);
+
+  // Requests (cluster_backend_requests.cc).
+  // The load snapshot placement sees for `request`, under mutex_.
+  struct Snapshot;
+  void SnapshotLocked(const GenerateRequest& request, Clock::time_point now, Snapshot* out)
+      TANDEM_REQUIRES(mutex_);
+  // Records a placed request and builds its Submit; returns the instance to send it to.
+  Instance& RecordPlacementLocked(const std::shared_ptr<Request>& entry, const Placement& placed,
+                                  const GenerateRequest& request, tandem::Submit* message)
+      TANDEM_REQUIRES(mutex_);
+  Status CheckSloClassLocked(const std::string& slo_class) const TANDEM_REQUIRES(mutex_);
+  // Tokens and Finish from instance `index`: under mutex_, queue the request's events; the
+  // caller drains them.
+  std::shared_ptr<Request> OnTokensLocked(size_t index, Tokens tokens) TANDEM_REQUIRES(mutex_);
+  std::shared_ptr<Request> OnFinishLocked(size_t index, const Finish& finish)
+      TANDEM_REQUIRES(mutex_);
   // Delivers queued events of `request` outside mutex_, one deliverer at a time.
-  void Drain(const std::shared_ptr<Request>& request);
-  // Under mutex_: ends a request with `error` (queues the event, removes it from the maps).
+  void Drain(const std::shared_ptr<Request>& request) TANDEM_EXCLUDES(mutex_);
   static void AddSubmit(Instance& instance, int64_t prompt_tokens);
   static void AddHandoff(Instance& instance, int64_t prompt_tokens);
   // The instance's load = its report + what this router sent that the report does not include.
-  void ApplyReportLocked(Instance& instance, const LoadReport& report);
+  void ApplyReportLocked(Instance& instance, const LoadReport& report) TANDEM_REQUIRES(mutex_);
+  // Ends a request with `error` (queues the event, removes it from requests_).
   void FailLocked(const std::shared_ptr<Request>& request, const Status& error,
-                  std::vector<std::shared_ptr<Request>>* to_drain);
-  void SendCancelLocked(int instance, const std::string& request_id);
-  bool UsableLocked(const Instance& instance, Clock::time_point now) const;
+                  RequestList* to_drain) TANDEM_REQUIRES(mutex_);
+  // Queues `event` as the request's last and removes it from requests_.
+  void FinishLocked(const std::shared_ptr<Request>& request, BackendEvent event)
+      TANDEM_REQUIRES(mutex_);
+  void SendCancelLocked(int instance, const std::string& request_id) TANDEM_REQUIRES(mutex_);
+  // Whether `instance` (an index into instances_) holds `request` (router/request_phase.h).
+  static bool HeldBy(const Request& request, int instance);
 
   const ClusterBackendOptions options_;
+  const ControlSection control_;  // heartbeat and connect timeouts (not reloaded)
   boost::asio::io_context io_;
   boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work_;
   std::vector<std::thread> io_threads_;
   std::thread monitor_;
 
-  mutable std::mutex mutex_;  // guards everything below
-  std::condition_variable monitor_cv_;
-  bool started_ = false;
-  bool stopping_ = false;
-  PlacementPolicy policy_ = PlacementPolicy::kGoodput;
-  SloSection slo_;
-  RouterLatencyModels latency_;  // entries point into latency_.file
-  uint64_t round_robin_ = 0;
-  std::vector<std::unique_ptr<Instance>> instances_;  // prefill..., decode..., colocated...
-  std::vector<int> prefill_, decode_, colocated_;      // indices into instances_
-  std::map<std::string, std::shared_ptr<Request>> requests_;
-  ClusterConfig config_;
+  mutable Mutex mutex_;
+  std::condition_variable_any monitor_cv_;
+  bool started_ TANDEM_GUARDED_BY(mutex_) = false;
+  bool stopping_ TANDEM_GUARDED_BY(mutex_) = false;
+  PlacementPolicy policy_ TANDEM_GUARDED_BY(mutex_) = PlacementPolicy::kGoodput;
+  SloSection slo_ TANDEM_GUARDED_BY(mutex_);
+  // Entries point into latency_.file.
+  RouterLatencyModels latency_ TANDEM_GUARDED_BY(mutex_);
+  uint64_t round_robin_ TANDEM_GUARDED_BY(mutex_) = 0;
+  // prefill..., decode..., colocated...; the vector is fixed after construction, the instances'
+  // fields are guarded by mutex_.
+  std::vector<std::unique_ptr<Instance>> instances_;
+  std::vector<int> prefill_, decode_, colocated_;  // indices into instances_; fixed
+  std::map<std::string, std::shared_ptr<Request>> requests_ TANDEM_GUARDED_BY(mutex_);
+  // The config as started; Reconfigure changes policy_, slo_ and latency_ only.
+  const ClusterConfig config_;
 
   Family<Gauge>* instances_up_ = nullptr;
   Family<Counter>* placements_ = nullptr;

@@ -49,12 +49,17 @@ double PredictTtftSeconds(const LoadReport& load, int64_t prompt_tokens) {
 }
 
 double PredictTpotSeconds(const LoadReport& load) {
-  double step = load.decode_step_seconds > 0 ? load.decode_step_seconds
-                                             : kDefaultDecodeStepSeconds;
-  // A decode step's time grows about linearly with the batch once the batch is not tiny; one
-  // more request scales the measured step by (running + 1) / running.
-  double running = static_cast<double>(std::max<int32_t>(load.running_requests, 0));
-  return step * (running + 1.0) / std::max(running, 1.0);
+  // The step grows with the batch; each prediction is monotone in `running` (which includes
+  // what the router has placed there since the report), so that a burst spreads.
+  const double running = static_cast<double>(std::max<int32_t>(load.running_requests, 0));
+  if (load.decode_step_seconds <= 0)  // nothing measured yet: the default at a batch of one
+    return kDefaultDecodeStepSeconds * (1.0 + kDecodeStepGrowthPerSequence * running);
+  if (load.decode_step_batch > 0) {  // measured at that mean batch
+    return load.decode_step_seconds * (1.0 + kDecodeStepGrowthPerSequence * (running + 1.0)) /
+           (1.0 + kDecodeStepGrowthPerSequence * load.decode_step_batch);
+  }
+  // Measured at the reported batch: one more request scales the step by (running + 1) / running.
+  return load.decode_step_seconds * (running + 1.0) / std::max(running, 1.0);
 }
 
 double PredictTtftSeconds(const InstanceLoad& x, int64_t prompt_tokens) {
@@ -125,7 +130,7 @@ DecodingSum SumDecoding(const std::vector<DecodeResident>& residents) {
   return sum;
 }
 
-// Today's decode step on x: its decoding residents (at least one sequence) in x.latency_model,
+// The current decode step on x: its decoding residents (at least one sequence) in x.latency_model,
 // corrected. The clock by which the residents progress. x.latency_model must be set.
 double StepNowSeconds(const InstanceLoad& x) {
   const DecodingSum decoding = SumDecoding(x.residents);
@@ -240,7 +245,7 @@ double PredictDecodeTpotSeconds(const InstanceLoad& x, int64_t prompt_tokens, in
     const double context = static_cast<double>(std::max<int64_t>(x.load.context_tokens, 0) + prompt);
     return lm.DecodeStepSeconds(running + 1, context) * correction;
   }
-  // Today's step, the clock of the residents' progress until the request's first token.
+  // The current step, the clock of the residents' progress until the request's first token.
   const double step_now = StepNowSeconds(x);
   // max_tokens 1 has no step after the first token; price its one step as a one-step life.
   const int64_t steps = std::max<int64_t>(max_tokens - 1, 1);

@@ -97,7 +97,8 @@ struct SloTarget {
 };
 
 // The SLO of a request class: the class in `slo.classes` named `slo_class`, else the defaults
-// (slo.ttft_s, slo.tpot_s). An unknown class name falls back to the defaults.
+// (slo.ttft_s, slo.tpot_s). An unknown class name falls back to the defaults here; the router
+// refuses one before placement (ClusterBackend::CheckSloClass, 400).
 SloTarget SloForClass(const SloSection& slo, std::string_view slo_class);
 
 struct PlacementInput {
@@ -120,8 +121,14 @@ struct Placement {
 };
 
 // Predictions used by goodput (exposed for tests).
-// From the measured averages: (queued + prompt) tokens x seconds per token; the measured step
-// scaled by (running + 1) / running.
+// From the measured averages: (queued + prompt) tokens x seconds per token; the decode step
+// at running + 1 sequences: before any step was measured, kDefaultDecodeStepSeconds for one
+// sequence growing by kDecodeStepGrowthPerSequence of it per sequence; measured at the mean
+// batch decode_step_batch, the measured step scaled by the same affine growth from that batch
+// to running + 1; measured without a batch (decode_step_batch 0), the measured step scaled by
+// (running + 1) / running. The first two grow with `running`, which counts what the router has
+// placed since the report, so that a burst on equal instances spreads.
+inline constexpr double kDecodeStepGrowthPerSequence = 0.1;
 double PredictTtftSeconds(const LoadReport& load, int64_t prompt_tokens);
 double PredictTpotSeconds(const LoadReport& load);
 // From x.latency_model when set (else the two above). TTFT: the queued prompt tokens and then
@@ -142,17 +149,14 @@ double PredictTpotSeconds(const LoadReport& load);
 //     decode steps). For Poisson arrivals that ramp plus the decay of what is decoding at an
 //     arrival keep the expected population at the typical one, as it should be.
 // The model is linear, so the mean step is the model at the mean batch and context. Without
-// residents or max_tokens: one step of running + 1 sequences over context_tokens + prompt.
-// (That was the rule until the goodput sweep's run 3: it prices the whole life at today's
-// batch + 1, and the router rejected summarization requests whose TPOT then came out at two
-// thirds of the prediction, because their decoding neighbours finished before their own first
-// token; perf/README.md, goodput. An earlier version divided the whole step's time, sampling
-// and waits for arriving KV included, by the model's forward pass; the router then rejected
-// requests the decode instance would have served.)
+// residents or max_tokens: one step of running + 1 sequences over context_tokens + prompt
+// (pricing a whole life at the current batch + 1 over-predicts when neighbours finish before
+// the request's first token). The model's forward pass is compared with the measured forward
+// pass only, not with the whole step (sampling and waits for arriving KV are not in a profile).
 // Colocated TPOT: the same decode prediction. Its own prefill and the prompts queued ahead of it
 // finish before its first token; prompts that arrive later will slow its steps, but placement
-// cannot know them (an earlier version added a chunk of this prompt, which rejected requests
-// the instance then served within the SLO).
+// cannot know them, and a chunk of this prompt is not added (the instance serves that within
+// the SLO).
 double PredictTtftSeconds(const InstanceLoad& x, int64_t prompt_tokens);
 double PredictDecodeTpotSeconds(const InstanceLoad& x, int64_t prompt_tokens,
                                 int32_t max_tokens = 0, double start_delay_s = 0);
@@ -175,15 +179,15 @@ double PredictColocatedTpotSeconds(const InstanceLoad& x, int64_t prompt_tokens,
 // prefill_first step pauses them), so each resident still decoding when it runs takes a stall
 // of about the prompt's prefill time, spread over the resident's life. Returns the highest
 // TPOT so predicted among the residents it stalls: step_now + stall / life_steps, step_now
-// being today's decode step (corrected as above); 0 when it stalls none (no residents known).
+// being the current decode step (corrected as above); 0 when it stalls none (no residents known).
 // A resident is stalled when it will still be decoding as the prompt's prefill begins
 // (ttft_s minus the prompt's own prefill time from now): the residents queued ahead always
 // are (FCFS puts their first tokens before it), a decoding one when its remaining steps last
 // that long. The goodput policy ranks colocated instances by the smaller of the request's own
 // slack and this one's, so that a prompt goes where it stalls the fewest decodes into missing
-// their SLO (without it, two colocated instances tied on the request's own predictions and
-// the router piled prompts onto a busy instance beside an idle one; perf/README.md, goodput);
-// admission (429) still looks at the request's own predictions only.
+// their SLO (two colocated instances tied on the request's own predictions would otherwise take
+// prompts onto a busy instance beside an idle one); admission (429) still looks at the
+// request's own predictions only.
 double PredictStalledResidentTpotSeconds(const InstanceLoad& x, int64_t prompt_tokens,
                                          double ttft_s);
 

@@ -12,7 +12,7 @@
 #include "common/base/metrics.h"
 #include "common/model/model_store.h"
 #include "router/cluster_backend.h"
-#include "router/http_server.h"
+#include "common/net/http_server.h"
 #include "router/openai_api.h"
 #include "router/router_service.h"
 

@@ -1,17 +1,20 @@
 #include "router/router_service.h"
 
 #include <algorithm>
+#include <boost/asio/post.hpp>
 #include <chrono>
-#include <mutex>
 #include <optional>
 #include <utility>
 
 #include "common/base/log.h"
+#include "common/base/thread_annotations.h"
 #include "router/errors.h"
 
 namespace tandem {
 
 using Clock = std::chrono::steady_clock;
+
+constexpr char kSloClassHeader[] = "x-tandem-slo-class";
 
 struct RouterShared {
   RouterShared(ServedModel m, Backend* b, RouterServiceOptions o)
@@ -91,14 +94,14 @@ class RequestContext : public std::enable_shared_from_this<RequestContext> {
 
   // Called once Submit accepted the request: sends the stream headers promptly.
   void OnSubmitted() {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(&mutex_);
     if (!done_) EnsureStreamStartedLocked();
   }
 
   // Submit rejected it: no callback will come.
   void OnRejected(const Status& status) {
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(&mutex_);
       if (done_) return;
       MarkDoneLocked();
     }
@@ -110,7 +113,7 @@ class RequestContext : public std::enable_shared_from_this<RequestContext> {
   // The client went away, the request timed out, or the server is stopping.
   void OnAbort() {
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(&mutex_);
       if (done_) return;
       MarkDoneLocked();
     }
@@ -121,14 +124,14 @@ class RequestContext : public std::enable_shared_from_this<RequestContext> {
 
   // True once the request ended (answered, failed or aborted).
   bool done() {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(&mutex_);
     return done_;
   }
 
   void OnEvent(BackendEvent event) {
     bool cancel_backend = false;
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(&mutex_);
       if (done_) return;
       if (!event.error.ok()) {
         FailLocked(event.error);
@@ -140,13 +143,13 @@ class RequestContext : public std::enable_shared_from_this<RequestContext> {
   }
 
  private:
-  void MarkDoneLocked() {
+  void MarkDoneLocked() TANDEM_REQUIRES(mutex_) {
     done_ = true;
     shared_->running.fetch_sub(1);
     shared_->running_gauge->Dec();
   }
 
-  void EnsureStreamStartedLocked() {
+  void EnsureStreamStartedLocked() TANDEM_REQUIRES(mutex_) {
     if (!request_.stream || stream_started_) return;
     stream_started_ = true;
     exchange_->StartStream();
@@ -157,7 +160,7 @@ class RequestContext : public std::enable_shared_from_this<RequestContext> {
     }
   }
 
-  void FailLocked(const Status& status) {
+  void FailLocked(const Status& status) TANDEM_REQUIRES(mutex_) {
     MarkDoneLocked();
     HttpError error = ErrorResponse(status);
     shared_->RecordFailure(error.http_status);
@@ -173,7 +176,7 @@ class RequestContext : public std::enable_shared_from_this<RequestContext> {
   }
 
   // Returns true when the backend must be cancelled (the router finished the request first).
-  bool HandleTokensLocked(const BackendEvent& event) {
+  bool HandleTokensLocked(const BackendEvent& event) TANDEM_REQUIRES(mutex_) {
     Clock::time_point now = Clock::now();
     std::string text;
     std::optional<std::string> finish;
@@ -246,11 +249,11 @@ class RequestContext : public std::enable_shared_from_this<RequestContext> {
     return finished_by_router;
   }
 
-  Usage usage() const {
+  Usage usage() const TANDEM_REQUIRES(mutex_) {
     return Usage{static_cast<int>(request_.generate.prompt_token_ids.size()), num_tokens_};
   }
 
-  void FinishLocked(const std::string& finish_reason) {
+  void FinishLocked(const std::string& finish_reason) TANDEM_REQUIRES(mutex_) {
     MarkDoneLocked();
     Clock::time_point now = Clock::now();
     auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
@@ -270,28 +273,85 @@ class RequestContext : public std::enable_shared_from_this<RequestContext> {
   std::shared_ptr<HttpExchange> exchange_;
   ApiRequest request_;
 
-  std::mutex mutex_;  // guards everything below
-  IncrementalDecoder decoder_;
-  StopChecker stop_;
-  bool done_ = false;
-  bool stream_started_ = false;
-  std::string all_text_;             // every decoded delta
-  std::string output_;               // non-streaming: the answer so far
-  std::vector<LogprobToken> output_logprobs_;
-  size_t text_offset_ = 0;
-  int num_tokens_ = 0;
-  Clock::time_point first_token_time_;
-  Clock::time_point last_token_time_;
+  Mutex mutex_;
+  IncrementalDecoder decoder_ TANDEM_GUARDED_BY(mutex_);
+  StopChecker stop_ TANDEM_GUARDED_BY(mutex_);
+  bool done_ TANDEM_GUARDED_BY(mutex_) = false;
+  bool stream_started_ TANDEM_GUARDED_BY(mutex_) = false;
+  std::string all_text_ TANDEM_GUARDED_BY(mutex_);  // every decoded delta
+  std::string output_ TANDEM_GUARDED_BY(mutex_);    // non-streaming: the answer so far
+  std::vector<LogprobToken> output_logprobs_ TANDEM_GUARDED_BY(mutex_);
+  size_t text_offset_ TANDEM_GUARDED_BY(mutex_) = 0;
+  int num_tokens_ TANDEM_GUARDED_BY(mutex_) = 0;
+  Clock::time_point first_token_time_ TANDEM_GUARDED_BY(mutex_);
+  Clock::time_point last_token_time_ TANDEM_GUARDED_BY(mutex_);
 };
+
+// Runs on a worker: validates, templates and tokenizes the request, admits it and submits it.
+void HandleGenerate(const std::shared_ptr<RouterShared>& shared, ApiKind kind,
+                    const std::shared_ptr<HttpExchange>& exchange) {
+  if (exchange->aborted()) return;  // the client left while the request waited for a worker
+  if (shared->options.before_tokenize) shared->options.before_tokenize();
+  std::string param;
+  StatusOr<ApiRequest> parsed =
+      ParseApiRequest(kind, exchange->request().body, shared->model, &param);
+  if (!parsed.ok()) {
+    HttpError error = ErrorResponse(parsed.status(), param);
+    shared->RecordFailure(error.http_status);
+    RespondError(*exchange, parsed.status(), param);
+    return;
+  }
+  parsed->generate.slo_class = exchange->request().Header(kSloClassHeader);
+  if (Status s = shared->backend->CheckSloClass(parsed->generate.slo_class); !s.ok()) {
+    HttpError error = ErrorResponse(s, kSloClassHeader);
+    shared->RecordFailure(error.http_status);
+    RespondError(*exchange, s, kSloClassHeader);
+    return;
+  }
+
+  // Admission: a bound on what the router holds, whatever the backend can take.
+  if (shared->running.fetch_add(1) >= shared->options.max_concurrent_requests) {
+    shared->running.fetch_sub(1);
+    Status status = ResourceExhausted("the server is overloaded; retry later");
+    shared->RecordFailure(HttpStatusFor(status.code()));
+    RespondError(*exchange, status, "");
+    return;
+  }
+  shared->running_gauge->Inc();
+  shared->prompt_tokens->Inc(static_cast<double>(parsed->generate.prompt_token_ids.size()));
+
+  auto context = std::make_shared<RequestContext>(shared, exchange, std::move(parsed).value());
+  std::weak_ptr<RequestContext> weak = context;
+  exchange->SetOnAbort([weak] {
+    if (auto c = weak.lock()) c->OnAbort();
+  });
+  if (context->done()) return;  // the client left already
+
+  const GenerateRequest& request = context->request().generate;
+  Status submitted = shared->backend->Submit(
+      request, [context](BackendEvent event) { context->OnEvent(std::move(event)); });
+  if (!submitted.ok()) {
+    context->OnRejected(submitted);
+    return;
+  }
+  // A client that left between the check above and Submit found nothing to cancel: cancel now
+  // (Backend::Cancel follows the Submit it cancels).
+  if (context->done()) {
+    shared->backend->Cancel(request.request_id);
+    return;
+  }
+  context->OnSubmitted();
+}
 
 }  // namespace
 
 RouterService::RouterService(ServedModel model, Backend* backend, RouterServiceOptions options)
-    : shared_(std::make_shared<RouterShared>(std::move(model), backend, options)) {
+    : shared_(std::make_shared<RouterShared>(std::move(model), backend, options)),
+      workers_(static_cast<size_t>(std::max(options.worker_threads, 1))) {
   TANDEM_CHECK(backend != nullptr, "RouterService needs a backend");
 }
 
-RouterService::~RouterService() = default;
+RouterService::~RouterService() { workers_.join(); }
 
 int RouterService::running() const { return shared_->running.load(); }
 MetricsRegistry& RouterService::metrics() { return *shared_->options.metrics; }
@@ -299,13 +359,20 @@ const ServedModel& RouterService::model() const { return shared_->model; }
 
 void RouterService::RegisterRoutes(HttpServer* server) {
   std::shared_ptr<RouterShared> shared = shared_;
-  server->AddRoute("POST", "/v1/completions", [this](std::shared_ptr<HttpExchange> exchange) {
-    HandleGenerate(ApiKind::kCompletion, exchange);
+  server->SetErrorRenderer([](const Status& status) {
+    HttpError error = ErrorResponse(status);
+    return HttpResponse{error.http_status, "application/json", error.body, {}};
   });
-  server->AddRoute("POST", "/v1/chat/completions",
-                   [this](std::shared_ptr<HttpExchange> exchange) {
-                     HandleGenerate(ApiKind::kChatCompletion, exchange);
-                   });
+  // The io thread only hands the exchange to a worker.
+  auto generate = [shared, executor = workers_.get_executor()](ApiKind kind) {
+    return [shared, executor, kind](std::shared_ptr<HttpExchange> exchange) {
+      boost::asio::post(executor, [shared, kind, exchange = std::move(exchange)] {
+        HandleGenerate(shared, kind, exchange);
+      });
+    };
+  };
+  server->AddRoute("POST", "/v1/completions", generate(ApiKind::kCompletion));
+  server->AddRoute("POST", "/v1/chat/completions", generate(ApiKind::kChatCompletion));
   server->AddRoute("GET", "/v1/models", [shared](std::shared_ptr<HttpExchange> exchange) {
     exchange->Respond(HttpResponse{200, "application/json", RenderModels(shared->model), {}});
   });
@@ -323,46 +390,6 @@ void RouterService::RegisterRoutes(HttpServer* server) {
     exchange->Respond(HttpResponse{200, "text/plain; version=0.0.4; charset=utf-8",
                                    shared->options.metrics->Render(), {}});
   });
-}
-
-void RouterService::HandleGenerate(ApiKind kind, const std::shared_ptr<HttpExchange>& exchange) {
-  std::string param;
-  StatusOr<ApiRequest> parsed =
-      ParseApiRequest(kind, exchange->request().body, shared_->model, &param);
-  if (!parsed.ok()) {
-    HttpError error = ErrorResponse(parsed.status(), param);
-    shared_->RecordFailure(error.http_status);
-    RespondError(*exchange, parsed.status(), param);
-    return;
-  }
-  parsed->generate.slo_class = exchange->request().Header("x-tandem-slo-class");
-
-  // Admission: a bound on what the router holds, whatever the backend can take.
-  if (shared_->running.fetch_add(1) >= shared_->options.max_concurrent_requests) {
-    shared_->running.fetch_sub(1);
-    Status status = ResourceExhausted("the server is overloaded; retry later");
-    shared_->RecordFailure(HttpStatusFor(status.code()));
-    RespondError(*exchange, status, "");
-    return;
-  }
-  shared_->running_gauge->Inc();
-  shared_->prompt_tokens->Inc(static_cast<double>(parsed->generate.prompt_token_ids.size()));
-
-  auto context = std::make_shared<RequestContext>(shared_, exchange, std::move(parsed).value());
-  std::weak_ptr<RequestContext> weak = context;
-  exchange->SetOnAbort([weak] {
-    if (auto c = weak.lock()) c->OnAbort();
-  });
-  if (context->done()) return;  // the client left already
-
-  const GenerateRequest& request = context->request().generate;
-  Status submitted = shared_->backend->Submit(
-      request, [context](BackendEvent event) { context->OnEvent(std::move(event)); });
-  if (!submitted.ok()) {
-    context->OnRejected(submitted);
-    return;
-  }
-  context->OnSubmitted();
 }
 
 }  // namespace tandem

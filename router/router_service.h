@@ -13,17 +13,24 @@
 // sees (HTTP error, or an error event in the stream). A client that disconnects, a request
 // timeout, or a stop-string match cancels the backend request (Backend::Cancel).
 //
-// Threads: handlers run on HTTP io threads, backend callbacks on the backend's threads; per
-// request state is guarded by its own mutex, and the backend is never called under it.
+// Threads: the HTTP io threads only move bytes: a generate request's validation, chat template,
+// tokenization, admission and Submit run on the service's own worker pool
+// (RouterServiceOptions::worker_threads), so that a large prompt never delays another
+// connection (/health included). Backend callbacks run on the backend's threads; per request
+// state is guarded by its own mutex, and the backend is never called under it. A client that
+// goes away at any point is noticed: before Submit its request is dropped, after Submit the
+// backend request is cancelled (Backend::Cancel, always after the Submit).
 #pragma once
 
 #include <atomic>
+#include <boost/asio/thread_pool.hpp>
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "common/base/metrics.h"
 #include "router/backend.h"
-#include "router/http_server.h"
+#include "common/net/http_server.h"
 #include "router/openai_api.h"
 
 namespace tandem {
@@ -33,21 +40,28 @@ struct RouterServiceOptions {
   // Where metrics go; not owned. Null: the service owns a registry whose constant labels are
   // role="router" and model=<served name>. A registry given here should carry those labels.
   MetricsRegistry* metrics = nullptr;
+  // Threads that template and tokenize requests and submit them (>= 1).
+  int worker_threads = 2;
+  // Test hook: runs on the worker thread just before a request is templated and tokenized.
+  std::function<void()> before_tokenize;
 };
 
 struct RouterShared;  // state shared with in-flight requests; defined in router_service.cc
 
 class RouterService {
  public:
-  // `backend` is not owned and must outlive every request submitted to it (stop the HTTP
-  // server, then the backend, then destroy the service). Requests in flight keep the model and
-  // metrics alive on their own, so a late backend callback is harmless.
+  // `backend` is not owned and must outlive the service and every request submitted to it (stop
+  // the HTTP server, destroy the service (it joins its workers), then stop the backend; or stop
+  // the backend first: Submit then fails cleanly). Requests in flight keep the model and metrics
+  // alive on their own, so a late backend callback is harmless.
   RouterService(ServedModel model, Backend* backend, RouterServiceOptions options = {});
   ~RouterService();
   RouterService(const RouterService&) = delete;
   RouterService& operator=(const RouterService&) = delete;
 
-  // Adds the routes above to `server`; call before server->Start().
+  // Adds the routes above to `server`, and its error bodies (router/errors.h) for the errors the
+  // server answers itself; call before server->Start(). The handlers post work to
+  // the service's workers and hold the service's shared state, not the service.
   void RegisterRoutes(HttpServer* server);
 
   // Requests admitted and not yet finished.
@@ -56,9 +70,8 @@ class RouterService {
   const ServedModel& model() const;
 
  private:
-  void HandleGenerate(ApiKind kind, const std::shared_ptr<HttpExchange>& exchange);
-
   std::shared_ptr<RouterShared> shared_;
+  boost::asio::thread_pool workers_;  // last: joined first, while shared_ is alive
 };
 
 }  // namespace tandem

@@ -155,6 +155,13 @@ def api_checks(cluster):
         check(False, "unknown model accepted")
     except openai.NotFoundError:
         pass
+    # An SLO class the config does not define is refused, naming the header.
+    try:
+        client.completions.create(model="tiny-test", prompt="x", max_tokens=2,
+                                  extra_headers={"x-tandem-slo-class": "no-such-class"})
+        check(False, "unknown x-tandem-slo-class accepted")
+    except openai.BadRequestError as e:
+        check("x-tandem-slo-class" in str(e), f"400 does not name the header: {e}")
 
 
 def promtool_checks(cluster):

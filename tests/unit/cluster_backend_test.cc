@@ -5,136 +5,18 @@
 #include <thread>
 
 #include "common/net/control_channel.h"
+#include "fake_instance.h"
 #include "io_thread.h"
 #include "router/cluster_backend.h"
 
 using namespace tandem;
 using namespace std::chrono_literals;
+using test::FakeInstance;
+using test::FreePortPair;
 using test::IoThread;
+using test::WaitFor;
 
 namespace {
-
-template <typename Pred>
-bool WaitFor(Pred pred, std::chrono::milliseconds limit = 5000ms) {
-  auto deadline = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return pred();
-}
-
-// An instance that answers Hello, sends LoadReports every 100 ms, records what the router sends
-// and lets the test send Tokens/Finish.
-class FakeInstance {
- public:
-  FakeInstance(boost::asio::io_context& io, InstanceRole role, int port) : io_(io), role_(role) {
-    Listen(port);
-    heartbeat_ = std::thread([this] {
-      while (!quit_) {
-        std::this_thread::sleep_for(100ms);
-        std::lock_guard<std::mutex> lock(mutex_);
-        if (connection_ && beating_) connection_->Send(report_);
-      }
-    });
-  }
-  ~FakeInstance() {
-    quit_ = true;
-    heartbeat_.join();
-    Kill();
-  }
-  int port() const { return port_; }
-
-  void Listen(int port) {
-    auto listener = ControlListener::Listen(io_, "127.0.0.1", port, [this](auto connection) {
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        connection_ = connection;
-      }
-      connection->Start([this, connection](ControlMessage m) { OnMessage(connection, m); },
-                        [](const Status&) {});
-    });
-    REQUIRE(listener.ok());
-    listener_ = std::move(listener).value();
-    port_ = listener_->port();
-  }
-  // Like kill -9: the listener and the connection go away at once.
-  void Kill() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (listener_) listener_->Stop();
-    if (connection_) connection_->Close();
-    connection_.reset();
-  }
-  void Restart() {
-    Kill();
-    std::this_thread::sleep_for(50ms);
-    Listen(port_);
-  }
-  void StopHeartbeat() { beating_ = false; }
-  // What the heartbeat reports from now on (default: an idle instance that took nothing in).
-  void SetReport(const LoadReport& report) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    report_ = report;
-  }
-
-  void Send(const ControlMessage& m) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    REQUIRE(connection_);
-    connection_->Send(m);
-  }
-  void SendTokens(const std::string& id, std::vector<int32_t> ids) {
-    Tokens t;
-    t.request_id = id;
-    for (int32_t x : ids) t.tokens.push_back(GeneratedToken{x, 0, {}});
-    Send(t);
-  }
-  void SendFinish(const std::string& id, std::string reason = "length") {
-    Finish f;
-    f.request_id = id;
-    f.finish_reason = std::move(reason);
-    Send(f);
-  }
-  std::vector<tandem::Submit> submits() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return submits_;
-  }
-  std::vector<std::string> cancels() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return cancels_;
-  }
-
- private:
-  void OnMessage(const std::shared_ptr<ControlConnection>& connection, ControlMessage m) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (std::holds_alternative<Hello>(m)) {
-      Hello hello;
-      hello.role = role_;
-      hello.name = InstanceRoleName(role_);
-      hello.model = "fake";
-      hello.control_address = "127.0.0.1:" + std::to_string(port_);
-      hello.kv_block_size = 16;
-      hello.kv_total_blocks = 1000;
-      connection->Send(hello);
-    } else if (auto* s = std::get_if<tandem::Submit>(&m)) {
-      submits_.push_back(*s);
-    } else if (auto* c = std::get_if<tandem::Cancel>(&m)) {
-      cancels_.push_back(c->request_id);
-    }
-  }
-
-  boost::asio::io_context& io_;
-  InstanceRole role_;
-  int port_ = 0;
-  std::atomic<bool> quit_{false};
-  std::atomic<bool> beating_{true};
-  std::mutex mutex_;
-  std::unique_ptr<ControlListener> listener_;
-  std::shared_ptr<ControlConnection> connection_;
-  std::vector<tandem::Submit> submits_;
-  std::vector<std::string> cancels_;
-  LoadReport report_;
-  std::thread heartbeat_;
-};
 
 // What one request's callback saw.
 struct Events {
@@ -177,19 +59,6 @@ ClusterConfig Config(int prefill_port, int prefill_n, int decode_port, int decod
   c.router.policy = "round_robin";
   c.source = "test";
   return c;
-}
-
-// Two adjacent free ports (instance I listens on base + I).
-int FreePortPair(boost::asio::io_context& io) {
-  for (int attempt = 0; attempt < 50; ++attempt) {
-    auto a = ControlListener::Listen(io, "127.0.0.1", 0, [](auto) {});
-    REQUIRE(a.ok());
-    int base = (*a)->port();
-    auto b = ControlListener::Listen(io, "127.0.0.1", base + 1, [](auto) {});
-    if (b.ok()) return base;
-  }
-  FAIL("no two adjacent free ports");
-  return 0;
 }
 
 }  // namespace
@@ -331,7 +200,9 @@ TEST_CASE("cluster backend: a silent instance is down after the heartbeat timeou
           "[cluster_backend]") {
   IoThread io;
   FakeInstance p(io.io, InstanceRole::kPrefill, 0), d(io.io, InstanceRole::kDecode, 0);
-  ClusterBackend backend(Config(p.port(), 1, d.port(), 1));
+  ClusterConfig config = Config(p.port(), 1, d.port(), 1);
+  config.control.heartbeat_timeout_s = 1.0;
+  ClusterBackend backend(config);
   REQUIRE(backend.Start().ok());
   REQUIRE(WaitFor([&] { return backend.Ready(); }));
   d.StopHeartbeat();
@@ -386,5 +257,187 @@ TEST_CASE("cluster backend: a report that lags the submits does not erase them",
   REQUIRE(WaitFor([&] { return backend.Submit(Request("b", 200), b.Callback()).ok(); }));
   REQUIRE(WaitFor([&] { return p.submits().size() == 2; }));
   CHECK(p.submits()[1].seq == 2u);
+  backend.Stop();
+}
+
+TEST_CASE("cluster backend: one late report within the heartbeat timeout fails nothing",
+          "[cluster_backend]") {
+  IoThread io;
+  FakeInstance p(io.io, InstanceRole::kPrefill, 0), d(io.io, InstanceRole::kDecode, 0);
+  ClusterConfig config = Config(p.port(), 1, d.port(), 1);
+  config.control.heartbeat_timeout_s = 3.0;
+  ClusterBackend backend(config);
+  REQUIRE(backend.Start().ok());
+  REQUIRE(WaitFor([&] { return backend.Ready(); }));
+  Events e;
+  REQUIRE(backend.Submit(Request("r"), e.Callback()).ok());
+  REQUIRE(WaitFor([&] { return p.submits().size() == 1; }));
+  p.SendTokens("r", {1});
+  // The decode instance stalls for 1.5 s: more than a second, less than the timeout.
+  d.StopHeartbeat();
+  std::this_thread::sleep_for(1500ms);
+  d.ResumeHeartbeat();
+  std::this_thread::sleep_for(300ms);
+  CHECK_FALSE(e.Done());
+  CHECK(backend.Ready());
+  CHECK(d.closes() == 0);
+  d.SendTokens("r", {2});
+  d.SendFinish("r", "length");
+  REQUIRE(WaitFor([&] { return e.Done(); }));
+  CHECK(e.error.ok());
+  CHECK(e.tokens == std::vector<int32_t>{1, 2});
+  backend.Stop();
+}
+
+TEST_CASE("cluster backend: router sessions: a fresh id per connection, ended when given up",
+          "[cluster_backend]") {
+  IoThread io;
+  FakeInstance p(io.io, InstanceRole::kPrefill, 0), d(io.io, InstanceRole::kDecode, 0);
+  ClusterConfig config = Config(p.port(), 1, d.port(), 1);
+  config.control.heartbeat_timeout_s = 1.0;
+  ClusterBackend backend(config);
+  REQUIRE(backend.Start().ok());
+  REQUIRE(WaitFor([&] { return backend.Ready(); }));
+  REQUIRE(p.hellos().size() == 1);
+  REQUIRE(d.hellos().size() == 1);
+  const uint64_t p_session = p.hellos()[0].instance_id, d_session = d.hellos()[0].instance_id;
+  CHECK(p.hellos()[0].role == InstanceRole::kRouter);
+  CHECK(p_session != 0);
+  CHECK(d_session != 0);
+  CHECK(p_session != d_session);
+  CHECK(backend.Instances()[1].session == d_session);
+
+  // Every Submit names the router's session with the chosen decode instance.
+  Events e;
+  REQUIRE(backend.Submit(Request("r"), e.Callback()).ok());
+  REQUIRE(WaitFor([&] { return p.submits().size() == 1; }));
+  CHECK(p.submits()[0].decode_session == d_session);
+
+  // The decode instance goes silent: the router fails its request and closes the connection
+  // (the instance reads the close and drops the session's requests).
+  d.StopHeartbeat();
+  REQUIRE(WaitFor([&] { return e.Done(); }));
+  CHECK(e.error.code() == StatusCode::kUnavailable);
+  CHECK(e.error.message().find("decode-0") != std::string::npos);
+  REQUIRE(WaitFor([&] { return d.closes() == 1; }));
+
+  // It comes back: a new connection, a new session id, and new Submits carry it.
+  d.ResumeHeartbeat();
+  REQUIRE(WaitFor([&] { return d.hellos().size() == 2 && backend.Ready(); }));
+  const uint64_t d_session2 = d.hellos()[1].instance_id;
+  CHECK(d_session2 != 0);
+  CHECK(d_session2 != d_session);
+  Events e2;
+  REQUIRE(backend.Submit(Request("r2"), e2.Callback()).ok());
+  REQUIRE(WaitFor([&] { return p.submits().size() == 2; }));
+  CHECK(p.submits()[1].decode_session == d_session2);
+  backend.Stop();
+}
+
+TEST_CASE("cluster backend: a burst spreads over idle decode instances under every policy",
+          "[cluster_backend]") {
+  for (const char* policy : {"goodput", "least_loaded", "round_robin"}) {
+    for (bool first_tokens : {false, true}) {
+      INFO("policy " << policy << (first_tokens ? ", first tokens come back" : ""));
+      IoThread io;
+      int d_base = FreePortPair(io.io);
+      FakeInstance p(io.io, InstanceRole::kPrefill, 0);
+      FakeInstance d0(io.io, InstanceRole::kDecode, d_base);
+      FakeInstance d1(io.io, InstanceRole::kDecode, d_base + 1);
+      ClusterConfig config = Config(p.port(), 1, d_base, 2);
+      config.router.policy = policy;
+      config.slo.ttft_s = 60;
+      ClusterBackend backend(config);
+      REQUIRE(backend.Start().ok());
+      REQUIRE(WaitFor([&] {
+        auto all = backend.Instances();
+        return std::all_of(all.begin(), all.end(), [](auto& s) { return s.usable; });
+      }));
+      // 16 streams at once; the instances' reports (every 100 ms) still say "idle".
+      std::vector<std::unique_ptr<Events>> events;
+      for (int i = 0; i < 16; ++i) {
+        events.push_back(std::make_unique<Events>());
+        std::string id = "r" + std::to_string(i);
+        REQUIRE(backend.Submit(Request(id), events.back()->Callback()).ok());
+        if (first_tokens) {  // a fast prefill: the first token is back before the next request
+          REQUIRE(WaitFor([&] { return static_cast<int>(p.submits().size()) == i + 1; }));
+          p.SendTokens(id, {1});
+          REQUIRE(WaitFor([&] {
+            std::lock_guard<std::mutex> lock(events.back()->mutex);
+            return !events.back()->tokens.empty();
+          }));
+        }
+      }
+      REQUIRE(WaitFor([&] { return p.submits().size() == 16; }));
+      int on_d0 = 0;
+      for (const auto& s : p.submits())
+        on_d0 += s.decode_address == "127.0.0.1:" + std::to_string(d_base) ? 1 : 0;
+      CHECK(on_d0 >= 6);
+      CHECK(on_d0 <= 10);
+      backend.Stop();
+    }
+  }
+}
+
+TEST_CASE("cluster backend: an unknown SLO class is refused naming the header",
+          "[cluster_backend]") {
+  IoThread io;
+  FakeInstance p(io.io, InstanceRole::kPrefill, 0), d(io.io, InstanceRole::kDecode, 0);
+  ClusterConfig config = Config(p.port(), 1, d.port(), 1);
+  config.slo.classes.push_back(SloClass{"batch", 30, 1});
+  ClusterBackend backend(config);
+  REQUIRE(backend.Start().ok());
+  REQUIRE(WaitFor([&] { return backend.Ready(); }));
+  GenerateRequest request = Request("r");
+  request.slo_class = "premium";
+  Events e;
+  Status s = backend.Submit(request, e.Callback());
+  CHECK(s.code() == StatusCode::kInvalidArgument);
+  CHECK(s.message().find("x-tandem-slo-class") != std::string::npos);
+  CHECK(s.message().find("premium") != std::string::npos);
+  CHECK(s.message().find("batch") != std::string::npos);
+  CHECK(backend.CheckSloClass("premium").code() == StatusCode::kInvalidArgument);
+  CHECK(backend.CheckSloClass("batch").ok());
+  CHECK(backend.CheckSloClass("").ok());
+  request.slo_class = "batch";
+  CHECK(backend.Submit(request, e.Callback()).ok());
+  backend.Stop();
+}
+
+TEST_CASE("cluster backend: a decode instance counts a request until its report includes it",
+          "[cluster_backend]") {
+  IoThread io;
+  int d_base = FreePortPair(io.io);
+  FakeInstance p(io.io, InstanceRole::kPrefill, 0);
+  FakeInstance d0(io.io, InstanceRole::kDecode, d_base), d1(io.io, InstanceRole::kDecode,
+                                                              d_base + 1);
+  LoadReport busy;
+  busy.running_requests = 1;  // decode-1 runs one request of its own; decode-0 is idle
+  d1.SetReport(busy);
+  ClusterConfig config = Config(p.port(), 1, d_base, 2);
+  config.router.policy = "least_loaded";
+  ClusterBackend backend(config);
+  REQUIRE(backend.Start().ok());
+  REQUIRE(WaitFor([&] {
+    auto all = backend.Instances();
+    return std::all_of(all.begin(), all.end(), [](auto& s) { return s.usable; });
+  }));
+  std::this_thread::sleep_for(200ms);  // decode-1's report is in
+  const std::string d0_address = "127.0.0.1:" + std::to_string(d_base);
+  Events e0, e1;
+  REQUIRE(backend.Submit(Request("r0"), e0.Callback()).ok());
+  REQUIRE(WaitFor([&] { return p.submits().size() == 1; }));
+  CHECK(p.submits()[0].decode_address == d0_address);
+  // The first token is back, but decode-0's reports (still "idle") do not include r0 yet: the
+  // router keeps counting it there, so decode-0 is no emptier than decode-1.
+  p.SendTokens("r0", {1});
+  REQUIRE(WaitFor([&] {
+    std::lock_guard<std::mutex> lock(e0.mutex);
+    return !e0.tokens.empty();
+  }));
+  std::this_thread::sleep_for(250ms);  // reports from both arrive
+  REQUIRE(backend.Submit(Request("r1"), e1.Callback()).ok());
+  REQUIRE(WaitFor([&] { return p.submits().size() == 2; }));
+  CHECK(p.submits()[1].decode_address != d0_address);
   backend.Stop();
 }

@@ -573,3 +573,52 @@ TEST_CASE("placement: goodput sends a colocated prompt where it stalls no decode
   REQUIRE(placed.ok());
   CHECK(placed->colocated == 1);
 }
+
+TEST_CASE("placement: decode-step predictions grow with what was just placed", "[placement]") {
+  // Unmeasured, measured at a batch, and measured without a batch: each prediction grows with
+  // `running` (which counts the router's unreported placements).
+  LoadReport cold;
+  LoadReport warm;
+  warm.decode_step_seconds = 0.01;
+  warm.decode_step_batch = 1;
+  for (LoadReport* load : {&cold, &warm}) {
+    double last = 0;
+    for (int running = 0; running <= 32; ++running) {
+      load->running_requests = running;
+      double t = PredictTpotSeconds(*load);
+      CHECK(t > last);
+      last = t;
+    }
+  }
+  cold.running_requests = 0;
+  CHECK(PredictTpotSeconds(cold) == Approx(kDefaultDecodeStepSeconds));
+  warm.running_requests = 0;  // the step measured at a batch of one
+  CHECK(PredictTpotSeconds(warm) == Approx(0.01));
+}
+
+TEST_CASE("placement: a burst spreads over equal decode instances under every policy",
+          "[placement]") {
+  for (auto policy :
+       {PlacementPolicy::kGoodput, PlacementPolicy::kLeastLoaded, PlacementPolicy::kRoundRobin}) {
+    for (double step : {0.0, 0.01}) {  // unmeasured, and measured at a batch of one
+      INFO(PlacementPolicyName(policy) << ", decode step " << step);
+      std::vector<InstanceLoad> p = {Up("p0")}, d = {Up("d0", 0, 0, 0.001, step),
+                                                     Up("d1", 0, 0, 0.001, step)};
+      for (auto& x : d) x.load.decode_step_batch = step > 0 ? 1 : 0;
+      std::vector<InstanceLoad> c;
+      int on[2] = {0, 0};
+      // 16 at once: no report comes between them; the router adds each to its instance.
+      for (uint64_t k = 0; k < 16; ++k) {
+        PlacementInput in = Input(p, d, c, 10, {60, 0.2});
+        in.round_robin = k;
+        auto placed = Place(policy, in);
+        REQUIRE(placed.ok());
+        ++on[placed->decode];
+        AddUnreportedSubmit(p[0].load, 10, false);
+        AddUnreportedHandoff(d[placed->decode].load, 10, 0);
+      }
+      CHECK(on[0] == 8);
+      CHECK(on[1] == 8);
+    }
+  }
+}

@@ -18,7 +18,7 @@
 #include "cluster/make_model_cli.h"
 #include "common/model/make_model.h"
 #include "router/backend.h"
-#include "router/http_server.h"
+#include "common/net/http_server.h"
 #include "router/openai_api.h"
 #include "router/router_service.h"
 #include "tests/unit/test_util.h"
@@ -163,7 +163,9 @@ struct Reply {
 
 class RouterFixture {
  public:
-  explicit RouterFixture(std::chrono::milliseconds request_timeout = 8s) : backend_(Model()) {
+  explicit RouterFixture(std::chrono::milliseconds request_timeout = 8s,
+                         std::function<void()> before_tokenize = nullptr)
+      : backend_(Model()) {
     HttpServerOptions options;
     options.host = "127.0.0.1";
     options.port = 0;
@@ -173,6 +175,7 @@ class RouterFixture {
     options.request_timeout = request_timeout;
     RouterServiceOptions service_options;
     service_options.max_concurrent_requests = 64;
+    service_options.before_tokenize = std::move(before_tokenize);
     service_ = std::make_unique<RouterService>(Model(), &backend_, service_options);
     server_ = std::make_unique<HttpServer>(options);
     service_->RegisterRoutes(server_.get());
@@ -506,6 +509,69 @@ TEST_CASE("HTTP: keep-alive reuses a connection, stop drains a stream", "[router
   CHECK(done);
   test::CommandResult after = test::RunCommand("curl -s --max-time 2 '" + f.base() + "/health'");
   CHECK(after.exit_code != 0);
+}
+
+}  // namespace
+}  // namespace tandem
+
+namespace tandem {
+namespace {
+
+TEST_CASE("HTTP: an unknown x-tandem-slo-class gets 400 naming the header", "[router]") {
+  RouterFixture f;
+  std::string body = json{{"model", "tiny"}, {"prompt", "x"}, {"max_tokens", 2}}.dump();
+  Reply r = f.Curl("POST", "/v1/completions", body, "-H 'x-tandem-slo-class: premium'");
+  CHECK(r.status == 400);
+  json e = json::parse(r.body);
+  CHECK(e["error"]["type"] == "invalid_request_error");
+  CHECK(e["error"]["param"] == "x-tandem-slo-class");
+  CHECK(e["error"]["message"].get<std::string>().find("premium") != std::string::npos);
+  CHECK(f.backend().last_request().request_id.empty());  // never submitted
+  CHECK(f.Curl("POST", "/v1/completions", body).status == 200);  // no header: the default SLO
+}
+
+TEST_CASE("HTTP: templating and tokenization never run on the io threads", "[router]") {
+  // Tokenizing requests hold their threads until released; /health must still answer at once.
+  std::mutex mutex;
+  std::condition_variable cv;
+  int tokenizing = 0;
+  bool release = false;
+  auto hold = [&] {
+    std::unique_lock<std::mutex> lock(mutex);
+    ++tokenizing;
+    cv.notify_all();
+    cv.wait_for(lock, 10s, [&] { return release; });
+  };
+  RouterFixture f(8s, hold);  // 2 io threads, 2 workers
+  std::string body = json{{"model", "tiny"}, {"prompt", "x"}, {"max_tokens", 2}}.dump();
+  std::string file = f.dir().Write("slow.json", body);
+  std::vector<std::thread> clients;
+  std::atomic<int> ok{0};
+  for (int i = 0; i < 4; ++i) {
+    clients.emplace_back([&, i] {
+      test::CommandResult r = test::RunCommand(
+          "curl -s -o /dev/null -w '%{http_code}' --max-time 15 -H 'Content-Type: "
+          "application/json' --data-binary @'" + file + "' '" + f.base() + "/v1/completions'");
+      if (r.output.find("200") != std::string::npos) ok.fetch_add(1);
+      (void)i;
+    });
+  }
+  {
+    std::unique_lock<std::mutex> lock(mutex);
+    REQUIRE(cv.wait_for(lock, 5s, [&] { return tokenizing >= 2; }));
+  }
+  auto start = std::chrono::steady_clock::now();
+  Reply health = f.Curl("GET", "/health", "", "", /*max_time_s=*/3);
+  auto took = std::chrono::steady_clock::now() - start;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    release = true;
+  }
+  cv.notify_all();
+  for (auto& c : clients) c.join();
+  CHECK(health.status == 200);
+  CHECK(took < 1s);
+  CHECK(ok.load() == 4);
 }
 
 }  // namespace

@@ -1,7 +1,15 @@
-// A small async HTTP/1.1 server (Boost.Beast on Boost.Asio) for the router: keep-alive,
-// body-size limit (413), read and request timeouts, routing by method + path, whole responses
-// or Server-Sent Event streams (chunked), and detection of a client that goes away while its
-// request is in flight.
+// A small async HTTP/1.1 server (Boost.Beast on Boost.Asio), shared by the router's API and the
+// instances' /metrics and /health endpoints (common/net/metrics_http.h): keep-alive, body-size
+// limit (413), read and request timeouts, routing by method + path, whole responses or
+// Server-Sent Event streams (chunked), and detection of a client that goes away while its
+// request is in flight. It only moves bytes: handlers must not block or compute (post heavy
+// work elsewhere and answer through the HttpExchange).
+//
+// Errors the server answers itself (unknown route 404, wrong method 405, malformed request 400,
+// body too large 413, request timeout 504, a handler that threw or dropped its exchange 500) are
+// rendered by the HttpErrorRenderer when one is set (the router sets its OpenAI error bodies,
+// router/errors.h), else as text/plain with the status's message; the HTTP status is the one
+// listed here either way.
 //
 // Threads: Start() runs `io_threads` Asio threads; each connection runs on its own strand, so
 // a connection's handlers never run concurrently. Handlers are called on an io thread and must
@@ -19,13 +27,13 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "common/base/status.h"
+#include "common/base/thread_annotations.h"
 
 namespace tandem {
 
@@ -34,6 +42,7 @@ struct HttpServerOptions {
   uint16_t port = 0;  // 0 = an ephemeral port; see HttpServer::port()
   int io_threads = 2;
   size_t max_body_bytes = 8 << 20;  // larger bodies get 413
+  bool keep_alive = true;  // false: every response says Connection: close and the connection ends
   std::chrono::milliseconds read_timeout{30000};      // receiving one request; idle keep-alive
   std::chrono::milliseconds request_timeout{600000};  // handling one request, stream included
 };
@@ -103,11 +112,13 @@ class HttpExchange {
   HttpRequest request_;
   uint64_t seq_ = 0;  // the session's exchange number; set by the session
   std::atomic<int> phase_{kOpen};
-  std::mutex mutex_;  // guards on_abort_
-  std::function<void()> on_abort_;
+  Mutex mutex_;
+  std::function<void()> on_abort_ TANDEM_GUARDED_BY(mutex_);
 };
 
 using HttpHandler = std::function<void(std::shared_ptr<HttpExchange>)>;
+// Renders an error the server answers itself; its `status` field is replaced by the server's.
+using HttpErrorRenderer = std::function<HttpResponse(const Status& status)>;
 
 struct HttpServerState;  // shared by the server and its sessions; defined in http_server.cc
 
@@ -121,6 +132,8 @@ class HttpServer {
   // Routes `method` + exact `path` to `handler`. Before Start() only. Unknown paths get 404,
   // a known path with another method 405.
   void AddRoute(const std::string& method, const std::string& path, HttpHandler handler);
+  // How the server's own errors look (see the top of this file). Before Start() only.
+  void SetErrorRenderer(HttpErrorRenderer render);
 
   // Binds, listens and starts the io threads. Unavailable when the address cannot be bound;
   // FailedPrecondition when already started.

@@ -1,4 +1,4 @@
-#include "router/http_server.h"
+#include "common/net/http_server.h"
 
 #include <algorithm>
 #include <cctype>
@@ -13,7 +13,6 @@
 #include <boost/beast/http.hpp>
 
 #include "common/base/log.h"
-#include "router/errors.h"
 
 namespace tandem {
 
@@ -80,11 +79,23 @@ struct HttpServerState {
   // io threads joined: sessions start no more async operations (they would never complete).
   std::atomic<bool> stopped{false};
 
-  std::mutex mutex;  // guards the fields below
-  std::condition_variable cv;
-  int in_flight = 0;
-  uint64_t next_session_id = 0;
-  std::unordered_map<uint64_t, std::weak_ptr<HttpSession>> sessions;
+  // The server's own error answer with `http_status` (see HttpErrorRenderer).
+  HttpResponse Error(int http_status, const Status& status) const {
+    HttpResponse response =
+        render_error ? render_error(status)
+                     : HttpResponse{http_status, "text/plain; charset=utf-8",
+                                    status.message() + "\n", {}};
+    response.status = http_status;
+    return response;
+  }
+
+  HttpErrorRenderer render_error;  // immutable once started
+
+  Mutex mutex;
+  std::condition_variable_any cv;
+  int in_flight TANDEM_GUARDED_BY(mutex) = 0;
+  uint64_t next_session_id TANDEM_GUARDED_BY(mutex) = 0;
+  std::unordered_map<uint64_t, std::weak_ptr<HttpSession>> sessions TANDEM_GUARDED_BY(mutex);
 };
 
 // One connection. Every member function below runs on the connection's strand, except the
@@ -96,7 +107,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
         timer_(socket_.get_executor()) {}
 
   ~HttpSession() {
-    std::lock_guard<std::mutex> lock(state_->mutex);
+    MutexLock lock(&state_->mutex);
     state_->sessions.erase(id_);
     state_->cv.notify_all();
   }
@@ -164,8 +175,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     if (was_streaming) {
       DoEnd(seq);
     } else {
-      HttpError error = ErrorResponse(Internal("the request was dropped without a response"));
-      DoRespond(seq, HttpResponse{error.http_status, "application/json", error.body, {}});
+      DoRespond(seq, state_->Error(500, Internal("the request was dropped without a response")));
     }
   }
 
@@ -204,7 +214,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     TANDEM_LOG(kWarn) << "HTTP request " << path_ << " timed out";
     bool was_streaming = streaming_;
     AbortExchange();  // cancels the work behind it
-    HttpError error = ErrorResponse(DeadlineExceeded("the request timed out"));
+    HttpResponse error = state_->Error(504, DeadlineExceeded("the request timed out"));
     keep_alive_ = false;
     if (was_streaming) {
       QueueWrite(Chunk(SseEvent(error.body)));
@@ -219,13 +229,14 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
 
   // An error response outside any exchange (bad request, body too large, timeout); the
   // connection closes after it.
-  void WriteRawError(const HttpError& error) {
+  void WriteRawError(const HttpResponse& error) {
     http::response<http::string_body> res;
     res.version(11);
-    res.result(static_cast<unsigned>(error.http_status));
-    res.reason(ReasonPhrase(error.http_status));
+    res.result(static_cast<unsigned>(error.status));
+    res.reason(ReasonPhrase(error.status));
     res.set(http::field::server, "tandem");
-    res.set(http::field::content_type, "application/json");
+    res.set(http::field::content_type, error.content_type);
+    for (auto& [name, value] : error.headers) res.set(name, value);
     res.keep_alive(false);
     res.body() = error.body;
     res.prepare_payload();
@@ -255,13 +266,14 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     if (!ec) return false;
     if (closed_) return true;
     if (ec == http::error::body_limit) {
-      WriteRawError(ErrorResponse(TooLarge("request body exceeds " +
-                                           std::to_string(state_->options.max_body_bytes) +
-                                           " bytes")));
+      WriteRawError(state_->Error(413, TooLarge("request body exceeds " +
+                                                std::to_string(state_->options.max_body_bytes) +
+                                                " bytes")));
       ArmTimer(kLingerTimeout);
     } else if (ec.category() == beast::error_code(http::error::end_of_stream).category() &&
                ec != http::error::end_of_stream && ec != http::error::partial_message) {
-      WriteRawError(ErrorResponse(InvalidArgument("malformed HTTP request: " + ec.message())));
+      WriteRawError(
+          state_->Error(400, InvalidArgument("malformed HTTP request: " + ec.message())));
       ArmTimer(kLingerTimeout);
     } else {
       Close();  // eof, reset, timeout
@@ -298,7 +310,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
       request.headers[Lower(std::string_view(name.data(), name.size()))] = std::string(field.value());
     }
     request.body = std::move(msg.body());
-    keep_alive_ = msg.keep_alive() && !state_->stopping;
+    keep_alive_ = msg.keep_alive() && state_->options.keep_alive && !state_->stopping;
     path_ = request.path;
 
     ++seq_;
@@ -306,7 +318,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     streaming_ = false;
     finish_pending_ = false;
     {
-      std::lock_guard<std::mutex> lock(state_->mutex);
+      MutexLock lock(&state_->mutex);
       ++state_->in_flight;
     }
     auto exchange = std::make_shared<HttpExchange>(shared_from_this(), std::move(request));
@@ -321,17 +333,17 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     const HttpRequest& request = exchange->request();
     auto path_it = state_->routes.find(request.path);
     if (path_it == state_->routes.end()) {
-      HttpError error = ErrorResponse(NotFound("no route for " + request.path));
-      exchange->Respond(HttpResponse{404, "application/json", error.body, {}});
+      exchange->Respond(state_->Error(404, NotFound("no route for " + request.path)));
       return;
     }
     auto method_it = path_it->second.find(request.method);
     if (method_it == path_it->second.end()) {
-      HttpError error = ErrorResponse(
-          InvalidArgument("method " + request.method + " not allowed on " + request.path));
+      HttpResponse error = state_->Error(
+          405, InvalidArgument("method " + request.method + " not allowed on " + request.path));
       std::string allow;
       for (auto& [method, handler] : path_it->second) allow += (allow.empty() ? "" : ", ") + method;
-      exchange->Respond(HttpResponse{405, "application/json", error.body, {{"Allow", allow}}});
+      error.headers.emplace_back("Allow", allow);
+      exchange->Respond(std::move(error));
       return;
     }
     try {
@@ -339,12 +351,10 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     } catch (const std::exception& e) {
       // Handlers must not throw; if one does, the client still gets an answer.
       TANDEM_LOG(kError) << "HTTP handler for " << request.path << " threw: " << e.what();
-      HttpError error = ErrorResponse(Internal("internal error"));
-      exchange->Respond(HttpResponse{500, "application/json", error.body, {}});
+      exchange->Respond(state_->Error(500, Internal("internal error")));
     } catch (...) {
       TANDEM_LOG(kError) << "HTTP handler for " << request.path << " threw";
-      HttpError error = ErrorResponse(Internal("internal error"));
-      exchange->Respond(HttpResponse{500, "application/json", error.body, {}});
+      exchange->Respond(state_->Error(500, Internal("internal error")));
     }
   }
 
@@ -436,7 +446,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     streaming_ = false;
     current_.reset();
     {
-      std::lock_guard<std::mutex> lock(state_->mutex);
+      MutexLock lock(&state_->mutex);
       --state_->in_flight;
       state_->cv.notify_all();
     }
@@ -456,7 +466,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     exchange_open_ = false;
     finish_pending_ = false;
     {
-      std::lock_guard<std::mutex> lock(state_->mutex);
+      MutexLock lock(&state_->mutex);
       --state_->in_flight;
       state_->cv.notify_all();
     }
@@ -539,7 +549,7 @@ void HttpExchange::End() {
 
 void HttpExchange::SetOnAbort(std::function<void()> on_abort) {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(&mutex_);
     if (phase_.load() != kAborted) {
       on_abort_ = std::move(on_abort);
       return;
@@ -556,7 +566,7 @@ void HttpExchange::Abort() {
   if (phase != kOpen && phase != kStreaming) return;  // already done or aborted
   std::function<void()> on_abort;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(&mutex_);
     on_abort = std::move(on_abort_);
     on_abort_ = nullptr;
   }
@@ -584,7 +594,7 @@ void DoAccept(const std::shared_ptr<HttpServerState>& state) {
         socket.set_option(tcp::no_delay(true), ignored);  // SSE chunks are small
         std::shared_ptr<HttpSession> session;
         {
-          std::lock_guard<std::mutex> lock(state->mutex);
+          MutexLock lock(&state->mutex);
           uint64_t id = state->next_session_id++;
           session = std::make_shared<HttpSession>(state, std::move(socket), id);
           state->sessions[id] = session;
@@ -599,7 +609,7 @@ template <typename Fn>
 void ForEachSession(HttpServerState& state, Fn fn) {
   std::vector<std::shared_ptr<HttpSession>> live;
   {
-    std::lock_guard<std::mutex> lock(state.mutex);
+    MutexLock lock(&state.mutex);
     for (auto& [id, weak] : state.sessions) {
       if (auto s = weak.lock()) live.push_back(std::move(s));
     }
@@ -613,6 +623,11 @@ HttpServer::HttpServer(HttpServerOptions options)
     : state_(std::make_shared<HttpServerState>(std::move(options))) {}
 
 HttpServer::~HttpServer() { Stop(std::chrono::milliseconds(1000)); }
+
+void HttpServer::SetErrorRenderer(HttpErrorRenderer render) {
+  TANDEM_CHECK(!started_, "SetErrorRenderer after Start");
+  state_->render_error = std::move(render);
+}
 
 void HttpServer::AddRoute(const std::string& method, const std::string& path,
                           HttpHandler handler) {
@@ -649,7 +664,7 @@ Status HttpServer::Start() {
 }
 
 int HttpServer::in_flight() const {
-  std::lock_guard<std::mutex> lock(state_->mutex);
+  MutexLock lock(&state_->mutex);
   return state_->in_flight;
 }
 
@@ -664,9 +679,13 @@ void HttpServer::Stop(std::chrono::milliseconds drain_timeout) {
   });
   ForEachSession(state, [](HttpSession& s) { s.OnServerStopping(); });
   {
-    std::unique_lock<std::mutex> lock(state.mutex);
-    if (!state.cv.wait_for(lock, drain_timeout, [&] { return state.in_flight == 0; })) {
-      TANDEM_LOG(kWarn) << "HTTP server: " << state.in_flight
+    std::unique_lock<Mutex> lock(state.mutex);
+    int left = 0;
+    if (!state.cv.wait_for(lock, drain_timeout, [&]() TANDEM_REQUIRES(state.mutex) {
+          left = state.in_flight;
+          return left == 0;
+        })) {
+      TANDEM_LOG(kWarn) << "HTTP server: " << left
                         << " requests still running after the drain; aborting them";
     }
   }
@@ -674,9 +693,9 @@ void HttpServer::Stop(std::chrono::milliseconds drain_timeout) {
   {
     // Closed sessions finish their pending operations and go away; a session kept alive by a
     // handler's exchange handle stays listed, hence the bound.
-    std::unique_lock<std::mutex> lock(state.mutex);
+    std::unique_lock<Mutex> lock(state.mutex);
     state.cv.wait_for(lock, std::chrono::milliseconds(500),
-                      [&] { return state.sessions.empty(); });
+                      [&]() TANDEM_REQUIRES(state.mutex) { return state.sessions.empty(); });
   }
   state.stopped = true;
   state.work.reset();
