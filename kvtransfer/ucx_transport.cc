@@ -897,7 +897,7 @@ class UcxPuller final : public KvPuller {
       } else {
         metrics_.Failed(seconds, TransferMetrics::ReasonFor(status));
       }
-      SendResult(*p, status);
+      if (options_.report_results) SendResult(*p, status);
       {
         std::lock_guard<std::mutex> lock(mutex_);
         active_.erase(p->request_id);
