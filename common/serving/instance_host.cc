@@ -81,8 +81,7 @@ ConnId InstanceHost::Adopt(const std::shared_ptr<ControlConnection>& conn, bool 
           // The session is open before the reply leaves: whatever the router sends after
           // hearing from us finds it open.
           if (hello->role == InstanceRole::kRouter) connections_.MarkRouter(id, hello->instance_id);
-          if (reply_hello)
-            if (auto c = weak.lock()) c->Send(MakeHello());
+          if (auto c = weak.lock(); c && reply_hello) c->Send(MakeHello());
           TANDEM_LOG(kInfo) << "hello from " << InstanceRoleName(hello->role) << " '"
                             << hello->name << "'";
           return;
@@ -200,8 +199,9 @@ void InstanceHost::Stop() {
     listener_->Stop();
   });
   work_.reset();
-  if (!connection_gate_.Wait(Clock::now() + kFlushTimeout))
+  if (!connection_gate_.Wait(Clock::now() + kFlushTimeout)) {
     TANDEM_LOG(kWarn) << name() << ": connections still open after stop";
+  }
   io_.stop();
   for (auto& t : io_threads_) t.join();
   io_threads_.clear();
