@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "kvtransfer/inprocess_transport.h"
+#include "kvtransfer/shm_sweep.h"
 #include "kvtransfer/ucx_transport.h"
 
 namespace tandem {
@@ -55,6 +56,7 @@ StatusOr<PublisherWithPool> CreatePublisherWithPool(const TransferSection& trans
     return out;
   }
   const UcxOptions uo = UcxOptionsFor(transfer, options);
+  SweepOrphanedSharedMemory();  // what killed instances left: the new pool may need the room
   TANDEM_ASSIGN_OR_RETURN(std::shared_ptr<UcxPool> pool, AllocateUcxPool(pool_bytes, uo));
   TANDEM_ASSIGN_OR_RETURN(out.publisher, CreateUcxPublisher(pool, uo));
   out.memory = MemoryOf(std::move(pool));
@@ -72,6 +74,7 @@ StatusOr<PullerWithPool> CreatePullerWithPool(const TransferSection& transfer, s
                                                               uo.layer_wait_timeout));
     return out;
   }
+  SweepOrphanedSharedMemory();
   TANDEM_ASSIGN_OR_RETURN(std::shared_ptr<UcxPool> pool, AllocateUcxPool(pool_bytes, uo));
   TANDEM_ASSIGN_OR_RETURN(out.puller, CreateUcxPuller(pool, uo));
   out.memory = MemoryOf(std::move(pool));

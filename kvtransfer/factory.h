@@ -7,6 +7,9 @@
 // memory as KvCache would allocate. KvPoolMemory.owner keeps it alive, so the cache and the
 // publisher/puller may be destroyed in either order.
 //
+// Shared memory: before a UCX pool is allocated, what killed instances left in shared memory is
+// removed (kvtransfer/shm_sweep.h).
+//
 // Results: the servers report every pull's outcome over the control plane (KvReleased), so the
 // publishers and pullers built here do not report it over the transport as well
 // (UcxOptions::report_results off): prefill is told once.
