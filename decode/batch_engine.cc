@@ -20,7 +20,7 @@ void Average(double* avg, double sample) {
 
 void KvArrival::LayerLanded(uint32_t layer) {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(&mutex_);
     landed_ = std::max(landed_, static_cast<int>(layer) + 1);
   }
   cv_.notify_all();
@@ -28,7 +28,7 @@ void KvArrival::LayerLanded(uint32_t layer) {
 
 void KvArrival::Done(const Status& status) {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(&mutex_);
     done_ = true;
     ok_ = status.ok();
     if (ok_) landed_ = num_layers_;
@@ -37,23 +37,26 @@ void KvArrival::Done(const Status& status) {
 }
 
 bool KvArrival::WaitLayer(int layer, Clock::time_point deadline) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  cv_.wait_until(lock, deadline, [&] { return landed_ > layer || done_; });
+  MutexLock lock(&mutex_);
+  while (landed_ <= layer && !done_)
+    if (cv_.wait_until(mutex_, deadline) == std::cv_status::timeout) break;
   return landed_ > layer;
 }
 
 bool KvArrival::WaitDone(Clock::time_point deadline) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  return cv_.wait_until(lock, deadline, [&] { return done_; });
+  MutexLock lock(&mutex_);
+  while (!done_)
+    if (cv_.wait_until(mutex_, deadline) == std::cv_status::timeout) return done_;
+  return true;
 }
 
 bool KvArrival::ended() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(&mutex_);
   return done_;
 }
 
 bool KvArrival::complete() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(&mutex_);
   return done_ && ok_;
 }
 

@@ -15,7 +15,6 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -23,6 +22,7 @@
 #include "common/engine/forward.h"
 #include "common/engine/kv_cache.h"
 #include "common/base/metrics.h"
+#include "common/base/thread_annotations.h"
 #include "common/model/model.h"
 #include "common/engine/sampling.h"
 #include "decode/colocated_scheduler.h"
@@ -48,11 +48,11 @@ class KvArrival {
 
  private:
   const int num_layers_;
-  mutable std::mutex mutex_;
-  std::condition_variable cv_;
-  int landed_ = 0;
-  bool done_ = false;
-  bool ok_ = false;
+  mutable Mutex mutex_;
+  std::condition_variable_any cv_;
+  int landed_ TANDEM_GUARDED_BY(mutex_) = 0;
+  bool done_ TANDEM_GUARDED_BY(mutex_) = false;
+  bool ok_ TANDEM_GUARDED_BY(mutex_) = false;
 };
 
 class EngineSink {

@@ -117,8 +117,8 @@ void DecodeServer::Driver::HandleSubmit(ConnId conn, Submit submit) {
   if (!host_->accepting())
     return SendFinish(conn, id, Unavailable(name_ + " is shutting down"), 0);
   if (!colocated())
-    return SendFinish(conn, id,
-                      FailedPrecondition(name_ + " is a decode instance: send Submit to prefill"), 0);
+    return SendFinish(
+        conn, id, FailedPrecondition(name_ + " is a decode instance: send Submit to prefill"), 0);
   if (routes_.count(id))
     return SendFinish(conn, id, InvalidArgument("request id already on this instance"), 0);
   if (Status s = engine_->Validate(submit.prompt, submit.sampling); !s.ok())
@@ -214,8 +214,9 @@ LoadReport DecodeServer::Driver::Load() {
   r.last_submit_seq = last_submit_seq_;
   running_gauge_->Set(r.running_requests);
   waiting_gauge_->Set(r.waiting_requests);
-  usage_gauge_->Set(s.total_blocks == 0 ? 0.0
-                                        : 1.0 - static_cast<double>(s.free_blocks) / s.total_blocks);
+  usage_gauge_->Set(s.total_blocks == 0
+                        ? 0.0
+                        : 1.0 - static_cast<double>(s.free_blocks) / s.total_blocks);
   return r;
 }
 

@@ -197,8 +197,9 @@ void KvIntake::PullDone(const std::string& id, const Status& status) {
   }
   if (entry.ready.first_token) return Complete(id, entry);
   if (entry.prefill_gone) {  // the first token will never come
-    FinishError(id, Unavailable("prefill instance disconnected"));
-    return Transition(id, entry, IntakeState::kFailed, Unavailable("prefill instance disconnected"));
+    const Status gone = Unavailable("prefill instance disconnected");
+    FinishError(id, gone);
+    return Transition(id, entry, IntakeState::kFailed, gone);
   }
   Transition(id, entry, IntakeState::kPulled, Status());  // waits for the first token
 }
@@ -207,6 +208,16 @@ void KvIntake::Progress(const KvProgress& m) {
   auto it = entries_.find(m.request_id);
   if (it == entries_.end()) return;  // failed or cancelled here already
   Entry& entry = it->second;
+  // More layers may be read: a pull in flight needs them to end, wanted or not.
+  const int32_t before = entry.ready.layers_ready;
+  if (before != kAllLayersReady && (m.layers_ready == kAllLayersReady || m.layers_ready > before)) {
+    entry.ready.layers_ready = m.layers_ready;
+    if (entry.state == IntakeState::kPulling || entry.state == IntakeState::kStreaming ||
+        entry.state == IntakeState::kAbandoned) {
+      Status s = puller_.SetLayersAvailable(m.request_id, Layers(m.layers_ready));
+      static_cast<void>(s);  // NotFound: the pull ended meanwhile (its PullDone is queued)
+    }
+  }
   if (entry.state == IntakeState::kAbandoned) return;
   if (m.finished) {  // prefill sent the Finish; only the KV is left to release
     switch (entry.state) {
@@ -226,14 +237,6 @@ void KvIntake::Progress(const KvProgress& m) {
   if (m.first_token && !knew_first) {
     entry.ready.first_token = m.first_token;
     entry.first_token_at = Clock::now();
-  }
-  const int32_t before = entry.ready.layers_ready;
-  if (before != kAllLayersReady && (m.layers_ready == kAllLayersReady || m.layers_ready > before)) {
-    entry.ready.layers_ready = m.layers_ready;
-    if (entry.state == IntakeState::kPulling || entry.state == IntakeState::kStreaming) {
-      Status s = puller_.SetLayersAvailable(m.request_id, Layers(m.layers_ready));
-      static_cast<void>(s);  // NotFound: the pull ended meanwhile (its PullDone is queued)
-    }
   }
   if (knew_first || !entry.ready.first_token) return;
   if (entry.state == IntakeState::kPulled) return Complete(m.request_id, entry);

@@ -117,7 +117,8 @@ void PrefillEngine::Complete(PrefillRequest& r, std::span<const float> logits,
   Prefilled done;
   done.first.token_id = sample.token_id;
   done.first.logprob = sample.logprob;
-  for (const TokenLogprob& t : sample.top()) done.first.top_logprobs.push_back({t.token_id, t.logprob});
+  for (const TokenLogprob& t : sample.top())
+    done.first.top_logprobs.push_back({t.token_id, t.logprob});
   StopChecker stop(r.sampling, eos_ids_);
   StopUpdate update = stop.Append(sample.token_id, "");
   if (update.finished()) done.finish = update.finish_reason;
@@ -143,7 +144,8 @@ bool PrefillEngine::Step(PrefillObserver& observer) {
       observe_layers = observer.BeforeLastChunk(r) || observe_layers;
   }
   ForwardHooks hooks;
-  if (observe_layers) hooks.after_layer = [&observer](int layer) { observer.OnLayerComputed(layer); };
+  if (observe_layers)
+    hooks.after_layer = [&observer](int layer) { observer.OnLayerComputed(layer); };
   StatusOr<std::span<const float>> logits = forward_->Forward(
       inputs_, *cache_, LogitsMode::kLastToken, observe_layers ? &hooks : nullptr);
   TANDEM_CHECK(logits.ok(), "forward of a scheduled batch failed: " + logits.status().ToString());

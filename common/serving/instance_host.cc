@@ -86,7 +86,9 @@ ConnId InstanceHost::Adopt(const std::shared_ptr<ControlConnection>& conn, bool 
                             << hello->name << "'";
           return;
         }
-        Post([this, id, m = std::move(message)]() mutable { driver_->OnMessage(id, std::move(m)); });
+        Post([this, id, m = std::move(message)]() mutable {
+          driver_->OnMessage(id, std::move(m));
+        });
       },
       [this, id](const Status& reason) {
         const std::optional<uint64_t> session = connections_.SessionOf(id);
