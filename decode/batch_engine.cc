@@ -4,6 +4,7 @@
 
 #include "common/engine/kv_cache.h"
 #include "common/base/log.h"
+#include "common/serving/instance_setup.h"
 
 namespace tandem {
 namespace {
@@ -105,17 +106,9 @@ StatusOr<std::unique_ptr<BatchEngine>> BatchEngine::Create(const Model& model,
 
 Status BatchEngine::Validate(const std::vector<int32_t>& prompt,
                              const SamplingParams& sampling) const {
-  if (prompt.empty()) return InvalidArgument("prompt is empty");
-  const int32_t vocab = model_.config().vocab_size;
-  for (int32_t t : prompt)
-    if (t < 0 || t >= vocab)
-      return InvalidArgument("prompt token " + std::to_string(t) + " is outside the vocabulary");
-  TANDEM_RETURN_IF_ERROR(sampling.ValidateForVocab(vocab));
+  TANDEM_RETURN_IF_ERROR(
+      CheckRequest(prompt, sampling, model_.config().vocab_size, options_.max_model_len));
   const int64_t total = static_cast<int64_t>(prompt.size()) + sampling.max_tokens;
-  if (total > options_.max_model_len)
-    return TooLarge("prompt (" + std::to_string(prompt.size()) + ") + max_tokens (" +
-                    std::to_string(sampling.max_tokens) + ") exceeds max_model_len " +
-                    std::to_string(options_.max_model_len));
   if (BlocksForTokens(total, options_.block_size) > options_.kv_blocks)
     return TooLarge("request needs more KV blocks than the instance has (" +
                     std::to_string(options_.kv_blocks) + ")");

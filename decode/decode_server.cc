@@ -21,12 +21,10 @@ using Clock = std::chrono::steady_clock;
 // Cancels for requests not seen yet that are remembered at once; the oldest go first.
 constexpr size_t kMaxTombstones = 4096;
 
-}  // namespace
-
-class DecodeServer::Driver : public InstanceDriver, public EngineSink {
+class BatchDriver : public InstanceDriver, public EngineSink {
  public:
   Status Init(InstanceRole role, const RoleArgs& args);
-  InstanceHost* host() { return host_.get(); }  // null until Init bound the ports
+  InstanceHost* host() { return host_.get(); }
 
   // ---- InstanceDriver (engine thread) ----
   void OnMessage(ConnId conn, ControlMessage message) override {
@@ -82,12 +80,8 @@ class DecodeServer::Driver : public InstanceDriver, public EngineSink {
   Status InitTransferAndEngine(const RoleArgs& args, const InstanceSection& section);
 
   InstanceRole role_ = InstanceRole::kDecode;
-  std::string name_;
+  InstanceSetup setup_;
   double tombstone_ttl_s_ = 20;
-  std::unique_ptr<MetricsRegistry> metrics_;
-  Gauge* running_gauge_ = nullptr;
-  Gauge* waiting_gauge_ = nullptr;
-  Gauge* usage_gauge_ = nullptr;
   Histogram* handoff_wait_ = nullptr;
   std::unique_ptr<Model> model_;
   std::unique_ptr<KvPuller> puller_;  // decode only
@@ -100,7 +94,7 @@ class DecodeServer::Driver : public InstanceDriver, public EngineSink {
   uint64_t last_submit_seq_ = 0;  // the router's last Submit taken in
 };
 
-void DecodeServer::Driver::SendFinish(ConnId conn, const std::string& id, const Status& status,
+void BatchDriver::SendFinish(ConnId conn, const std::string& id, const Status& status,
                                       int32_t tokens) {
   TANDEM_LOG_REQ(kInfo, id) << "refused: " << status.ToString();
   Finish f;
@@ -111,14 +105,14 @@ void DecodeServer::Driver::SendFinish(ConnId conn, const std::string& id, const 
   host_->Send(conn, f);
 }
 
-void DecodeServer::Driver::HandleSubmit(ConnId conn, Submit submit) {
+void BatchDriver::HandleSubmit(ConnId conn, Submit submit) {
   last_submit_seq_ = std::max(last_submit_seq_, submit.seq);  // refused ones count as seen too
   const std::string& id = submit.request_id;
   if (!host_->accepting())
-    return SendFinish(conn, id, Unavailable(name_ + " is shutting down"), 0);
+    return SendFinish(conn, id, Unavailable(setup_.name + " is shutting down"), 0);
   if (!colocated())
     return SendFinish(
-        conn, id, FailedPrecondition(name_ + " is a decode instance: send Submit to prefill"), 0);
+        conn, id, FailedPrecondition(setup_.name + " is a decode instance: send Submit to prefill"), 0);
   if (routes_.count(id))
     return SendFinish(conn, id, InvalidArgument("request id already on this instance"), 0);
   if (Status s = engine_->Validate(submit.prompt, submit.sampling); !s.ok())
@@ -127,13 +121,13 @@ void DecodeServer::Driver::HandleSubmit(ConnId conn, Submit submit) {
   engine_->AddNew(id, std::move(submit.prompt), submit.sampling);
 }
 
-void DecodeServer::Driver::HandleKvReady(ConnId prefill, KvReady ready) {
+void BatchDriver::HandleKvReady(ConnId prefill, KvReady ready) {
   const std::string id = ready.request_id;
   if (colocated()) {  // no KV handoff here: prefill frees the KV at once
     KvReleased released;
     released.request_id = id;
     released.code = StatusCode::kFailedPrecondition;
-    released.message = name_ + " is colocated: no KV handoff";
+    released.message = setup_.name + " is colocated: no KV handoff";
     host_->Send(prefill, released);
     return;
   }
@@ -152,7 +146,7 @@ void DecodeServer::Driver::HandleKvReady(ConnId prefill, KvReady ready) {
   intake_->Accept(prefill, std::move(ready));
 }
 
-void DecodeServer::Driver::HandleCancel(const std::string& id) {
+void BatchDriver::HandleCancel(const std::string& id) {
   if (intake_ && intake_->Cancel(id, /*quietly=*/false)) return;
   if (engine_->Cancel(id)) {
     Finish f;
@@ -172,7 +166,7 @@ void DecodeServer::Driver::HandleCancel(const std::string& id) {
   }
 }
 
-void DecodeServer::Driver::ExpireTombstones() {
+void BatchDriver::ExpireTombstones() {
   const auto now = Clock::now();
   while (!tombstone_order_.empty()) {
     auto it = tombstones_.find(tombstone_order_.front());
@@ -182,7 +176,7 @@ void DecodeServer::Driver::ExpireTombstones() {
   }
 }
 
-void DecodeServer::Driver::DropSession(ConnId conn) {
+void BatchDriver::DropSession(ConnId conn) {
   std::vector<std::string> ids;
   for (const auto& [id, route] : routes_)
     if (route == conn) ids.push_back(id);
@@ -192,12 +186,12 @@ void DecodeServer::Driver::DropSession(ConnId conn) {
     engine_->Cancel(id);
   }
   if (!ids.empty()) {
-    TANDEM_LOG(kInfo) << name_ << ": router session closed, dropped " << ids.size()
+    TANDEM_LOG(kInfo) << setup_.name << ": router session closed, dropped " << ids.size()
                       << " request(s)";
   }
 }
 
-LoadReport DecodeServer::Driver::Load() {
+LoadReport BatchDriver::Load() {
   EngineStats s = engine_->Stats();
   LoadReport r;
   r.queued_prefill_tokens = s.waiting_prompt_tokens;
@@ -212,15 +206,11 @@ LoadReport DecodeServer::Driver::Load() {
   r.decode_step_context_tokens = s.decode_step_context_tokens;
   r.context_tokens = s.context_tokens;
   r.last_submit_seq = last_submit_seq_;
-  running_gauge_->Set(r.running_requests);
-  waiting_gauge_->Set(r.waiting_requests);
-  usage_gauge_->Set(s.total_blocks == 0
-                        ? 0.0
-                        : 1.0 - static_cast<double>(s.free_blocks) / s.total_blocks);
+  setup_.SetGauges(r.running_requests, r.waiting_requests, s.free_blocks, s.total_blocks);
   return r;
 }
 
-Status DecodeServer::Driver::InitTransferAndEngine(const RoleArgs& args,
+Status BatchDriver::InitTransferAndEngine(const RoleArgs& args,
                                                    const InstanceSection& section) {
   const ClusterConfig& config = args.config;
   TANDEM_ASSIGN_OR_RETURN(std::string dir, ResolveModelDir(config.model));
@@ -233,7 +223,7 @@ Status DecodeServer::Driver::InitTransferAndEngine(const RoleArgs& args,
   if (colocated()) eo.policy = StepPolicyFromConfig(section.scheduling);
   eo.max_model_len = config.model.max_model_len;
   eo.kv_blocks = KvPoolBlocks(config, section);
-  eo.metrics = metrics_.get();
+  eo.metrics = setup_.metrics.get();
   // A request joins the batch only once every layer was announced: the pull ends within the
   // transfer timeout, and the step's wait for a layer a little later.
   eo.kv_wait_timeout = std::chrono::milliseconds(
@@ -246,7 +236,7 @@ Status DecodeServer::Driver::InitTransferAndEngine(const RoleArgs& args,
     // Prefill computes the layers it announces; it frees a request's KV after
     // prefill.kv_hold_timeout_s anyway, so that bounds the wait for the next layer.
     to.layer_wait_timeout_s = std::max(config.transfer.timeout_s, config.prefill.kv_hold_timeout_s);
-    to.metrics = metrics_.get();
+    to.metrics = setup_.metrics.get();
     TANDEM_ASSIGN_OR_RETURN(PullerWithPool pulled,
                             CreatePullerWithPool(config.transfer,
                                                  KvPoolBytes(layout, eo.kv_blocks), to));
@@ -257,42 +247,27 @@ Status DecodeServer::Driver::InitTransferAndEngine(const RoleArgs& args,
   return Status();
 }
 
-Status DecodeServer::Driver::Init(InstanceRole role, const RoleArgs& args) {
+Status BatchDriver::Init(InstanceRole role, const RoleArgs& args) {
   role_ = role;
   const ClusterConfig& config = args.config;
   const InstanceSection& section = colocated() ? config.colocated : config.decode;
-  const std::string role_name = colocated() ? "colocated" : "decode";
-  if (section.port == 0) return InvalidArgument(role_name + ".port must be set (nonzero)");
-  name_ = role_name + "-" + std::to_string(args.index);
+  TANDEM_ASSIGN_OR_RETURN(setup_, InstanceSetup::Create(role, args, section,
+                                                        ServedModelName(config.model),
+                                                        "Requests in the running batch.",
+                                                        "Requests waiting (queued, preempted "
+                                                        "or pulling)."));
   tombstone_ttl_s_ = config.prefill.kv_hold_timeout_s;
-  const std::string model_name = ServedModelName(config.model);
-  metrics_ = std::make_unique<MetricsRegistry>(Labels{{"role", role_name}, {"model", model_name}});
   TANDEM_RETURN_IF_ERROR(InitTransferAndEngine(args, section));
-  running_gauge_ = &metrics_->AddGauge("tandem_num_requests_running",
-                                       "Requests in the running batch.").Get();
-  waiting_gauge_ = &metrics_->AddGauge("tandem_num_requests_waiting",
-                                       "Requests waiting (queued, preempted or pulling).").Get();
-  usage_gauge_ = &metrics_->AddGauge("tandem_kv_cache_usage_ratio",
-                                     "Fraction of KV blocks in use.").Get();
   if (!colocated()) {
-    handoff_wait_ = &metrics_
+    handoff_wait_ = &setup_.metrics
                          ->AddHistogram("tandem_kv_handoff_wait_seconds",
                                         "From learning a request's first token to having all "
                                         "of its KV (queueing for blocks included).",
                                         {}, LatencyBuckets())
                          .Get();
   }
-  HostOptions ho;
-  ho.name = name_;
-  ho.role = role;
-  ho.model = model_name;
-  ho.control_port = section.port + args.index;
-  ho.metrics_port = section.metrics_port == 0 ? 0 : section.metrics_port + args.index;
-  ho.control = config.control;
-  ho.drain_timeout_s = args.drain_timeout_s;
-  ho.kv_block_size = config.kv_cache.block_size;
+  HostOptions ho = setup_.Host(role, args, section);
   ho.kv_total_blocks = engine_->cache().num_blocks();
-  ho.metrics = metrics_.get();
   TANDEM_ASSIGN_OR_RETURN(host_, InstanceHost::Create(std::move(ho)));
   if (!colocated()) {
     KvIntakeOptions io;
@@ -305,27 +280,19 @@ Status DecodeServer::Driver::Init(InstanceRole role, const RoleArgs& args) {
     intake_ = std::make_unique<KvIntake>(*host_, *engine_, *puller_, *this, io);
   }
   host_->Run(this);
-  TANDEM_LOG(kInfo) << name_ << " serving '" << model_name << "' on 127.0.0.1:"
-                    << host_->control_port() << " (" << engine_->cache().num_blocks()
-                    << " KV blocks of " << config.kv_cache.block_size << " tokens)";
+  TANDEM_LOG(kInfo) << setup_.name << ": " << engine_->cache().num_blocks() << " KV blocks of "
+                    << config.kv_cache.block_size << " tokens";
   return Status();
 }
 
-StatusOr<std::unique_ptr<DecodeServer>> DecodeServer::Start(InstanceRole role,
-                                                            const RoleArgs& args) {
-  std::unique_ptr<DecodeServer> server(new DecodeServer());
-  server->driver_ = std::make_unique<Driver>();
-  TANDEM_RETURN_IF_ERROR(server->driver_->Init(role, args));
-  return server;
+}  // namespace
+
+StatusOr<std::unique_ptr<HostedRole>> StartBatchServer(InstanceRole role, const RoleArgs& args) {
+  auto driver = std::make_unique<BatchDriver>();
+  TANDEM_RETURN_IF_ERROR(driver->Init(role, args));
+  InstanceHost* host = driver->host();
+  return std::make_unique<HostedRole>(std::move(driver), host);
 }
-
-DecodeServer::~DecodeServer() { Stop(); }
-
-void DecodeServer::Stop() {
-  if (driver_ && driver_->host()) driver_->host()->Stop();
-}
-
-int DecodeServer::control_port() const { return driver_->host()->control_port(); }
 
 int RunBatchInstanceMain(InstanceRole role, const std::vector<std::string>& args) {
   const bool colocated = role == InstanceRole::kColocated;
@@ -335,7 +302,7 @@ int RunBatchInstanceMain(InstanceRole role, const std::vector<std::string>& args
                          ? "Runs a colocated instance (prefill and decode in one engine)."
                          : "Runs a decode instance (pulls KV from prefill, batches decode steps).";
   spec.start = [role](const RoleArgs& a) -> StatusOr<std::unique_ptr<RoleProcess>> {
-    TANDEM_ASSIGN_OR_RETURN(auto server, DecodeServer::Start(role, a));
+    TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<HostedRole> server, StartBatchServer(role, a));
     return std::unique_ptr<RoleProcess>(std::move(server));
   };
   return RunRoleMain(spec, args);

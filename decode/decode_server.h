@@ -27,27 +27,15 @@
 
 #include "common/base/status.h"
 #include "common/net/control_wire.h"
+#include "common/serving/instance_setup.h"
 #include "common/serving/role_main.h"
 
 namespace tandem {
 
-class DecodeServer : public RoleProcess {
- public:
-  // role: kDecode or kColocated. Loads the model, allocates the pool, binds the ports and starts
-  // every thread. Errors: InvalidArgument (port 0, bad config), Unavailable (port taken), model
-  // and transport errors.
-  static StatusOr<std::unique_ptr<DecodeServer>> Start(InstanceRole role, const RoleArgs& args);
-  ~DecodeServer() override;  // Stop()
-
-  void Stop() override;
-  int control_port() const;
-
-  class Driver;
-
- private:
-  DecodeServer() = default;
-  std::unique_ptr<Driver> driver_;
-};
+// role: kDecode or kColocated. Loads the model, allocates the pool, binds the ports and starts
+// serving. Errors: InvalidArgument (port 0, bad config), Unavailable (port taken), model and
+// transport errors.
+StatusOr<std::unique_ptr<HostedRole>> StartBatchServer(InstanceRole role, const RoleArgs& args);
 
 // `tandem decode|colocated [--config FILE] [--index I] [--SECTION.KEY=VALUE ...]`
 int RunBatchInstanceMain(InstanceRole role, const std::vector<std::string>& args);

@@ -6,14 +6,9 @@
 namespace tandem {
 
 const char* HandoffStateName(HandoffState state) {
-  switch (state) {
-    case HandoffState::kQueued: return "queued";
-    case HandoffState::kPrefilling: return "prefilling";
-    case HandoffState::kPublished: return "published";
-    case HandoffState::kReleased: return "released";
-    case HandoffState::kFailed: return "failed";
-  }
-  return "?";
+  static constexpr const char* kNames[] = {"queued", "prefilling", "published", "released",
+                                           "failed"};
+  return kNames[static_cast<int>(state)];
 }
 
 bool HandoffTransitionAllowed(HandoffState from, HandoffState to) {

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <random>
 
+#include "common/serving/instance_setup.h"
+
 namespace tandem {
 namespace {
 
@@ -51,15 +53,8 @@ StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(const Model& mode
 
 Status PrefillEngine::Validate(const std::vector<int32_t>& prompt,
                                const SamplingParams& sampling) const {
-  if (prompt.empty()) return InvalidArgument("prompt is empty");
-  const int32_t vocab = model_.config().vocab_size;
-  for (int32_t t : prompt)
-    if (t < 0 || t >= vocab)
-      return InvalidArgument("prompt token " + std::to_string(t) + " is outside the vocabulary");
-  TANDEM_RETURN_IF_ERROR(sampling.ValidateForVocab(vocab));
-  if (static_cast<int64_t>(prompt.size()) + sampling.max_tokens > options_.max_model_len)
-    return TooLarge("prompt + max_tokens exceeds max_model_len " +
-                    std::to_string(options_.max_model_len));
+  TANDEM_RETURN_IF_ERROR(
+      CheckRequest(prompt, sampling, model_.config().vocab_size, options_.max_model_len));
   if (BlocksForTokens(prompt.size(), options_.block_size) > cache_->num_blocks())
     return TooLarge("prompt needs more KV blocks than the instance has");
   return Status();

@@ -12,11 +12,12 @@
 #include "prefill/prefill_engine.h"
 
 namespace tandem {
+namespace {
 
-class PrefillServer::Driver : public InstanceDriver, public PrefillObserver {
+class PrefillDriver : public InstanceDriver, public PrefillObserver {
  public:
   Status Init(const RoleArgs& args);
-  InstanceHost* host() { return host_.get(); }  // null until Init bound the ports
+  InstanceHost* host() { return host_.get(); }
 
   // ---- InstanceDriver (engine thread) ----
   void OnMessage(ConnId conn, ControlMessage message) override {
@@ -48,21 +49,17 @@ class PrefillServer::Driver : public InstanceDriver, public PrefillObserver {
   void HandleSubmit(ConnId conn, const Submit& submit);
   void Refuse(ConnId conn, const std::string& id, const Status& why);
 
-  std::string name_;
-  std::unique_ptr<MetricsRegistry> metrics_;
-  Gauge* running_gauge_ = nullptr;
-  Gauge* waiting_gauge_ = nullptr;
-  Gauge* usage_gauge_ = nullptr;
+  InstanceSetup setup_;
   Counter* handoff_failures_ = nullptr;
   std::unique_ptr<Model> model_;
-  std::unique_ptr<KvPublisher> publisher_;
+  PublisherWithPool kv_;  // the publisher and the pool memory
   std::unique_ptr<PrefillEngine> engine_;
   std::unique_ptr<InstanceHost> host_;  // stopped before the engine and the handoff go
   std::unique_ptr<KvHandoff> handoff_;
   uint64_t last_submit_seq_ = 0;  // the router's last Submit taken in
 };
 
-void PrefillServer::Driver::Refuse(ConnId conn, const std::string& id, const Status& why) {
+void PrefillDriver::Refuse(ConnId conn, const std::string& id, const Status& why) {
   TANDEM_LOG_REQ(kInfo, id) << "refused: " << why.ToString();
   Finish f;
   f.request_id = id;
@@ -71,10 +68,10 @@ void PrefillServer::Driver::Refuse(ConnId conn, const std::string& id, const Sta
   host_->Send(conn, f);
 }
 
-void PrefillServer::Driver::HandleSubmit(ConnId conn, const Submit& submit) {
+void PrefillDriver::HandleSubmit(ConnId conn, const Submit& submit) {
   last_submit_seq_ = std::max(last_submit_seq_, submit.seq);  // refused ones count as seen too
   if (!host_->accepting())
-    return Refuse(conn, submit.request_id, Unavailable(name_ + " is shutting down"));
+    return Refuse(conn, submit.request_id, Unavailable(setup_.name + " is shutting down"));
   if (submit.decode_address.empty())
     return Refuse(conn, submit.request_id,
                   InvalidArgument("decode_address is empty: a prefill instance hands every "
@@ -85,7 +82,7 @@ void PrefillServer::Driver::HandleSubmit(ConnId conn, const Submit& submit) {
   engine_->Add(submit.request_id, submit.prompt, submit.sampling);
 }
 
-LoadReport PrefillServer::Driver::Load() {
+LoadReport PrefillDriver::Load() {
   LoadReport r;
   r.queued_prefill_tokens = engine_->queued_tokens();
   r.waiting_requests = engine_->queued();
@@ -94,29 +91,23 @@ LoadReport PrefillServer::Driver::Load() {
   r.total_kv_blocks = engine_->total_blocks();
   r.prefill_seconds_per_token = engine_->seconds_per_token();
   r.last_submit_seq = last_submit_seq_;
-  running_gauge_->Set(static_cast<double>(handoff_->held()));
-  waiting_gauge_->Set(r.waiting_requests);
-  usage_gauge_->Set(1.0 - static_cast<double>(r.free_kv_blocks) / r.total_kv_blocks);
+  setup_.SetGauges(static_cast<double>(handoff_->held()), r.waiting_requests, r.free_kv_blocks,
+                   r.total_kv_blocks);
   return r;
 }
 
-Status PrefillServer::Driver::Init(const RoleArgs& args) {
+Status PrefillDriver::Init(const RoleArgs& args) {
   const ClusterConfig& config = args.config;
   const InstanceSection& section = config.prefill;
-  if (section.port == 0) return InvalidArgument("prefill.port must be set (nonzero)");
-  name_ = "prefill-" + std::to_string(args.index);
-  const std::string model_name = ServedModelName(config.model);
-  metrics_ = std::make_unique<MetricsRegistry>(Labels{{"role", "prefill"}, {"model", model_name}});
-  running_gauge_ = &metrics_->AddGauge("tandem_num_requests_running",
-                                       "Requests prefilled whose KV is held for decode.").Get();
-  waiting_gauge_ = &metrics_->AddGauge("tandem_num_requests_waiting",
-                                       "Requests queued for prefill.").Get();
-  usage_gauge_ = &metrics_->AddGauge("tandem_kv_cache_usage_ratio",
-                                     "Fraction of KV blocks in use.").Get();
-  handoff_failures_ = &metrics_->AddCounter("tandem_kv_handoff_failures_total",
-                                            "Requests whose KV could not be handed to decode.")
+  TANDEM_ASSIGN_OR_RETURN(setup_, InstanceSetup::Create(
+                                      InstanceRole::kPrefill, args, section,
+                                      ServedModelName(config.model),
+                                      "Requests prefilled whose KV is held for decode.",
+                                      "Requests queued for prefill."));
+  handoff_failures_ = &setup_.metrics
+                           ->AddCounter("tandem_kv_handoff_failures_total",
+                                        "Requests whose KV could not be handed to decode.")
                            .Get();
-
   TANDEM_ASSIGN_OR_RETURN(std::string dir, ResolveModelDir(config.model));
   TANDEM_ASSIGN_OR_RETURN(model_, Model::Load(dir));
   const ModelConfig& mc = model_->config();
@@ -127,58 +118,39 @@ Status PrefillServer::Driver::Init(const RoleArgs& args) {
   eo.block_size = config.kv_cache.block_size;
   eo.kv_blocks = KvPoolBlocks(config, section);
   eo.max_model_len = config.model.max_model_len;
-  eo.metrics = metrics_.get();
+  eo.metrics = setup_.metrics.get();
   const KvLayout layout{mc.num_layers, mc.num_kv_heads, mc.head_dim, eo.block_size};
-  TransferFactoryOptions to;
   // Our own hold timer fires first; the transport's lease is the backstop.
-  to.lease_timeout_s = section.kv_hold_timeout_s + 5;
-  to.metrics = metrics_.get();
-  TANDEM_ASSIGN_OR_RETURN(PublisherWithPool published,
-                          CreatePublisherWithPool(config.transfer,
-                                                  KvPoolBytes(layout, eo.kv_blocks), to));
-  publisher_ = std::move(published.publisher);
-  eo.kv_memory = std::move(published.memory);
+  TANDEM_ASSIGN_OR_RETURN(kv_, CreatePublisherWithPool(
+                                   config.transfer, KvPoolBytes(layout, eo.kv_blocks),
+                                   {.lease_timeout_s = section.kv_hold_timeout_s + 5,
+                                    .metrics = setup_.metrics.get()}));
+  eo.kv_memory = kv_.memory;  // shared: the cache and the publisher keep it alive
   TANDEM_ASSIGN_OR_RETURN(engine_, PrefillEngine::Create(*model_, std::move(eo)));
 
-  HostOptions ho;
-  ho.name = name_;
-  ho.role = InstanceRole::kPrefill;
-  ho.model = model_name;
-  ho.control_port = section.port + args.index;
-  ho.metrics_port = section.metrics_port == 0 ? 0 : section.metrics_port + args.index;
-  ho.control = config.control;
-  ho.drain_timeout_s = args.drain_timeout_s;
-  ho.kv_peer_info = Encode(publisher_->peer_info());
-  ho.kv_block_size = config.kv_cache.block_size;
+  HostOptions ho = setup_.Host(InstanceRole::kPrefill, args, section);
+  ho.kv_peer_info = Encode(kv_.publisher->peer_info());
   ho.kv_total_blocks = engine_->total_blocks();
-  ho.metrics = metrics_.get();
   TANDEM_ASSIGN_OR_RETURN(host_, InstanceHost::Create(std::move(ho)));
   KvHandoffOptions hand;
   hand.hold_timeout_s = section.kv_hold_timeout_s;
   hand.layerwise = StreamsLayerwise(config.transfer);
-  handoff_ = std::make_unique<KvHandoff>(*host_, *engine_, *publisher_, hand, handoff_failures_);
+  handoff_ = std::make_unique<KvHandoff>(*host_, *engine_, *kv_.publisher, hand, handoff_failures_);
   host_->Run(this);
-  TANDEM_LOG(kInfo) << name_ << " serving '" << model_name << "' on 127.0.0.1:"
-                    << host_->control_port() << " (" << engine_->total_blocks()
-                    << " KV blocks of " << config.kv_cache.block_size << " tokens, transfer "
-                    << config.transfer.backend << ")";
+  TANDEM_LOG(kInfo) << setup_.name << ": " << engine_->total_blocks() << " KV blocks of "
+                    << config.kv_cache.block_size << " tokens, transfer "
+                    << config.transfer.backend;
   return Status();
 }
 
-StatusOr<std::unique_ptr<PrefillServer>> PrefillServer::Start(const RoleArgs& args) {
-  std::unique_ptr<PrefillServer> server(new PrefillServer());
-  server->driver_ = std::make_unique<Driver>();
-  TANDEM_RETURN_IF_ERROR(server->driver_->Init(args));
-  return server;
+}  // namespace
+
+StatusOr<std::unique_ptr<HostedRole>> StartPrefillServer(const RoleArgs& args) {
+  auto driver = std::make_unique<PrefillDriver>();
+  TANDEM_RETURN_IF_ERROR(driver->Init(args));
+  InstanceHost* host = driver->host();
+  return std::make_unique<HostedRole>(std::move(driver), host);
 }
-
-PrefillServer::~PrefillServer() { Stop(); }
-
-void PrefillServer::Stop() {
-  if (driver_ && driver_->host()) driver_->host()->Stop();
-}
-
-int PrefillServer::control_port() const { return driver_->host()->control_port(); }
 
 int PrefillMain(const std::vector<std::string>& args) {
   RoleSpec spec;
@@ -186,7 +158,7 @@ int PrefillMain(const std::vector<std::string>& args) {
   spec.description = "Runs a prefill instance: batches prompts, streams the first token, hands "
                      "the KV to a decode instance.";
   spec.start = [](const RoleArgs& role) -> StatusOr<std::unique_ptr<RoleProcess>> {
-    TANDEM_ASSIGN_OR_RETURN(auto server, PrefillServer::Start(role));
+    TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<HostedRole> server, StartPrefillServer(role));
     return std::unique_ptr<RoleProcess>(std::move(server));
   };
   return RunRoleMain(spec, args);

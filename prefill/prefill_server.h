@@ -21,27 +21,15 @@
 #include <vector>
 
 #include "common/base/status.h"
+#include "common/serving/instance_setup.h"
 #include "common/serving/role_main.h"
 
 namespace tandem {
 
-class PrefillServer : public RoleProcess {
- public:
-  // Loads the model, allocates the pool with the KV publisher, binds the ports.
-  // Errors: InvalidArgument (prefill.port 0, bad config), Unavailable (port taken), model and
-  // transport errors.
-  static StatusOr<std::unique_ptr<PrefillServer>> Start(const RoleArgs& args);
-  ~PrefillServer() override;  // Stop()
-
-  void Stop() override;
-  int control_port() const;
-
-  class Driver;
-
- private:
-  PrefillServer() = default;
-  std::unique_ptr<Driver> driver_;
-};
+// Loads the model, allocates the pool with the KV publisher, binds the ports and starts serving.
+// Errors: InvalidArgument (prefill.port 0, bad config), Unavailable (port taken), model and
+// transport errors.
+StatusOr<std::unique_ptr<HostedRole>> StartPrefillServer(const RoleArgs& args);
 
 // `tandem prefill --config FILE --index I [--SECTION.KEY=VALUE ...]`
 int PrefillMain(const std::vector<std::string>& args);

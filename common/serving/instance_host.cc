@@ -154,6 +154,8 @@ void InstanceHost::Run(InstanceDriver* driver) {
   ScheduleReport();
   for (int i = 0; i < options_.io_threads; ++i) io_threads_.emplace_back([this] { io_.run(); });
   engine_thread_ = std::thread([this] { EngineLoop(); });
+  TANDEM_LOG(kInfo) << name() << " serving '" << options_.model << "' on " << options_.bind_host
+                    << ":" << control_port();
 }
 
 void InstanceHost::EngineLoop() {
