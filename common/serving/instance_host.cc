@@ -68,12 +68,11 @@ Hello InstanceHost::MakeHello() const {
 }
 
 ConnId InstanceHost::Adopt(const std::shared_ptr<ControlConnection>& conn, bool reply_hello) {
-  const ConnId id = connections_.Add(conn);
   if (!connection_gate_.TryEnter()) {  // stopping: no new connections
-    connections_.Remove(id);
     conn->Close();
-    return id;
+    return 0;
   }
+  const ConnId id = connections_.Add(conn);
   std::weak_ptr<ControlConnection> weak = conn;
   conn->Start(
       [this, id, weak, reply_hello](ControlMessage message) {
@@ -109,7 +108,7 @@ StatusOr<ConnId> InstanceHost::Dial(const std::string& address) {
   TANDEM_ASSIGN_OR_RETURN(std::shared_ptr<ControlConnection> conn,
                           ConnectControl(io_, address, options_.control.connect_timeout_s));
   const ConnId id = Adopt(conn, /*reply_hello=*/false);
-  if (!conn->Send(MakeHello())) return Unavailable(name() + " is stopping");
+  if (id == 0 || !conn->Send(MakeHello())) return Unavailable(name() + " is stopping");
   dialed_[address] = id;
   return id;
 }

@@ -110,6 +110,7 @@ class InstanceHost {
   std::optional<uint64_t> SessionOf(ConnId conn) const { return connections_.SessionOf(conn); }
   // An outbound control connection to "host:port" (one per address, opened on first use with
   // Hello, within control.connect_timeout_s; blocks the engine thread that long at most).
+  // Unavailable once Stop() has closed the connection gate.
   StatusOr<ConnId> Dial(const std::string& address);
   // False once Stop() began: new requests are refused.
   bool accepting() const { return !work_gate_.closed(); }
@@ -122,7 +123,7 @@ class InstanceHost {
   explicit InstanceHost(HostOptions options);
   Hello MakeHello() const;
   // Registers and starts reading a connection (accepted or dialed).
-  ConnId Adopt(const std::shared_ptr<ControlConnection>& conn, bool reply_hello);
+  ConnId Adopt(const std::shared_ptr<ControlConnection>& conn, bool reply_hello);  // 0: refused
   void ScheduleReport();
   void EngineLoop();
   void PublishLoad();

@@ -21,8 +21,8 @@ StatusOr<ClusterConfig> Load(const std::string& path, const std::vector<std::str
 }
 
 // Waits for signals until one asks to stop; SIGHUP reloads the config meanwhile.
-void WaitForStop(const sigset_t& signals, RoleProcess& process, const std::string& config_path,
-                 const std::vector<std::string>& overrides) {
+void WaitForStop(const sigset_t& signals, RoleProcess& process, bool reloads,
+                 const std::string& config_path, const std::vector<std::string>& overrides) {
   for (;;) {
     int signal_number = 0;
     if (sigwait(&signals, &signal_number) != 0) continue;
@@ -30,7 +30,10 @@ void WaitForStop(const sigset_t& signals, RoleProcess& process, const std::strin
       TANDEM_LOG(kInfo) << "signal " << signal_number << ": draining";
       return;
     }
-    if (config_path.empty()) continue;
+    if (!reloads || config_path.empty()) {
+      TANDEM_LOG(kInfo) << "SIGHUP ignored: this process runs the config it started with";
+      continue;
+    }
     StatusOr<ClusterConfig> reloaded = Load(config_path, overrides);
     Status applied = reloaded.ok() ? process.Reload(*reloaded) : reloaded.status();
     if (!applied.ok()) {
@@ -99,7 +102,8 @@ int RunRoleMain(const RoleSpec& spec, const std::vector<std::string>& args) {
     TANDEM_LOG(kError) << "cannot start: " << process.status().ToString();
     return kExitFailure;
   }
-  WaitForStop(signals, **process, config_path, flags.config_overrides());
+  WaitForStop(signals, **process, /*reloads=*/!spec.instance, config_path,
+              flags.config_overrides());
   (*process)->Stop();
   TANDEM_LOG(kInfo) << "stopped";
   return kExitOk;
