@@ -1,8 +1,8 @@
 // The colocated instance: prefill and decode in one engine loop (vLLM-style continuous batching
 // of prefill chunks and decode steps under one token budget), no KV transfer. The baseline the
 // disaggregated cluster is measured against; the same engine and sampler as decode, so greedy
-// outputs agree token for token. It is a DecodeServer with role kColocated: see
-// decode/decode_server.h for the messages, sessions and shutdown contract.
+// outputs agree token for token. It is the batch server of decode/decode_server.h with role
+// kColocated: see there for the messages, sessions and shutdown contract.
 #pragma once
 
 #include <string>
