@@ -19,6 +19,20 @@ std::string Label(const std::string& name, const std::string& role) {
   return name + "{role=\"" + role + "\",model=\"model\"}";
 }
 
+// Until every sample named in `targets` (metric with labels -> value) reads its value at
+// http://127.0.0.1:port/metrics; false if that did not happen within `bound`.
+bool MetricsReach(int port, const std::vector<std::pair<std::string, double>>& targets,
+                  std::chrono::milliseconds bound) {
+  const auto deadline = Clock::now() + bound;
+  for (;;) {
+    bool all = true;
+    for (const auto& [name, value] : targets) all = all && MetricValue(port, name) == value;
+    if (all) return true;
+    if (Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(20ms);
+  }
+}
+
 // Both pools are whole again and nothing runs or waits anywhere.
 bool AllFree(Inbox& inbox, int p, int d) {
   return inbox.last_load[p].free_kv_blocks == inbox.last_load[p].total_kv_blocks &&
@@ -136,17 +150,25 @@ TEST_CASE("instance faults: router sessions decide which requests decode still r
     return true;
   }));
   CHECK(MetricValue(decode_metrics, Label("tandem_num_requests_running", "decode")) > 0);
-  router.Close(d);
-  const auto closed_at = Clock::now();
-  const auto deadline = closed_at + 1s;
-  bool dropped = false;
-  while (!dropped && Clock::now() < deadline) {
-    dropped = MetricValue(decode_metrics, Label("tandem_num_requests_running", "decode")) == 0 &&
-              MetricValue(decode_metrics, Label("tandem_kv_cache_usage_ratio", "decode")) == 0;
-    if (!dropped) std::this_thread::sleep_for(50ms);
+  // A newer router connection (another session) does not take the requests' tokens over.
+  const int other = router.Connect(cluster.decode_port, 30s, kSession + 7);
+  REQUIRE(inbox.WaitFor(10s, [&] { return inbox.load_count[other] > 1; }));
+  size_t seen = 0;
+  {
+    std::lock_guard<std::mutex> lock(inbox.mutex);
+    seen = inbox.tokens["live0"].size();
   }
-  CHECK(dropped);
-  INFO("dropped after " << std::chrono::duration<double>(Clock::now() - closed_at).count() << " s");
+  REQUIRE(inbox.WaitFor(10s, [&] { return inbox.tokens["live0"].size() > seen + 5; }));
+  {
+    std::lock_guard<std::mutex> lock(inbox.mutex);
+    for (int i = 0; i < 3; ++i)
+      CHECK(inbox.tokens_by_connection["live" + std::to_string(i)][other].empty());
+  }
+  router.Close(d);
+  CHECK(MetricsReach(decode_metrics,
+                     {{Label("tandem_num_requests_running", "decode"), 0},
+                      {Label("tandem_kv_cache_usage_ratio", "decode"), 0}},
+                     1s));
   {
     std::lock_guard<std::mutex> lock(inbox.mutex);
     for (int i = 0; i < 3; ++i) CHECK(inbox.tokens["live" + std::to_string(i)].size() < 4000);
@@ -156,6 +178,51 @@ TEST_CASE("instance faults: router sessions decide which requests decode still r
   }));
   CHECK(decode.Terminate(10s) == 0);
   CHECK(prefill.Terminate(10s) == 0);
+}
+
+TEST_CASE("instance faults: a closed router session ends its requests on prefill and colocated",
+          "[instances]") {
+  Cluster cluster("  kv_blocks: 12\n", false);
+  // Long prompts in small chunks keep prefill busy for seconds; long generations colocated.
+  std::vector<std::string> prefill_args = cluster.Args("prefill");
+  for (const char* flag : {"--model.max_model_len=4096", "--prefill.kv_blocks=4096",
+                           "--prefill.token_budget=16"})
+    prefill_args.push_back(flag);
+  std::vector<std::string> colocated_args = cluster.Args("colocated");
+  for (const char* flag : {"--model.max_model_len=4096", "--colocated.kv_blocks=800"})
+    colocated_args.push_back(flag);
+  Child prefill(prefill_args, cluster.Log("prefill"));
+  Child colocated(colocated_args, cluster.Log("colocated"));
+  FakeRouter router;
+  const int p = router.Connect(cluster.prefill_port, 30s, 0x71);
+  const int c = router.Connect(cluster.colocated_port, 30s, 0x72);
+  Inbox& inbox = router.inbox;
+  REQUIRE(inbox.WaitFor(10s, [&] { return inbox.load_count[p] > 1 && inbox.load_count[c] > 1; }));
+  // Nobody listens at this decode address: the handoffs fail, after the prefill work.
+  const std::string nowhere = "127.0.0.1:" + std::to_string(FreePort());
+  for (int i = 0; i < 20; ++i)
+    router.Send(p, Greedy("q" + std::to_string(i), Prompt(2000, 30 + i), 8, nowhere));
+  for (int i = 0; i < 3; ++i) {
+    Submit s = Greedy("c" + std::to_string(i), Prompt(20 + i, 50 + i), 4000, "");
+    s.sampling.ignore_eos = true;
+    router.Send(c, s);
+  }
+  REQUIRE(inbox.WaitFor(20s, [&] {
+    return inbox.last_load[p].waiting_requests > 10 && inbox.tokens["c2"].size() >= 3;
+  }));
+  router.Close(p);
+  router.Close(c);
+  CHECK(MetricsReach(cluster.metrics_port,
+                     {{Label("tandem_num_requests_waiting", "prefill"), 0},
+                      {Label("tandem_kv_cache_usage_ratio", "prefill"), 0}},
+                     1s));
+  CHECK(MetricsReach(cluster.colocated_metrics_port,
+                     {{Label("tandem_num_requests_running", "colocated"), 0},
+                      {Label("tandem_num_requests_waiting", "colocated"), 0},
+                      {Label("tandem_kv_cache_usage_ratio", "colocated"), 0}},
+                     1s));
+  CHECK(prefill.Terminate(10s) == 0);
+  CHECK(colocated.Terminate(10s) == 0);
 }
 
 TEST_CASE("instance faults: load reports follow control.heartbeat_interval_s", "[instances]") {
