@@ -4,6 +4,7 @@
 
 #include "common/engine/kv_cache.h"
 #include "common/base/log.h"
+#include "common/serving/instance_setup.h"
 
 namespace tandem {
 namespace {
@@ -20,7 +21,7 @@ void Average(double* avg, double sample) {
 
 void KvArrival::LayerLanded(uint32_t layer) {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(&mutex_);
     landed_ = std::max(landed_, static_cast<int>(layer) + 1);
   }
   cv_.notify_all();
@@ -28,7 +29,7 @@ void KvArrival::LayerLanded(uint32_t layer) {
 
 void KvArrival::Done(const Status& status) {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(&mutex_);
     done_ = true;
     ok_ = status.ok();
     if (ok_) landed_ = num_layers_;
@@ -37,23 +38,26 @@ void KvArrival::Done(const Status& status) {
 }
 
 bool KvArrival::WaitLayer(int layer, Clock::time_point deadline) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  cv_.wait_until(lock, deadline, [&] { return landed_ > layer || done_; });
+  MutexLock lock(&mutex_);
+  while (landed_ <= layer && !done_)
+    if (cv_.wait_until(mutex_, deadline) == std::cv_status::timeout) break;
   return landed_ > layer;
 }
 
 bool KvArrival::WaitDone(Clock::time_point deadline) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  return cv_.wait_until(lock, deadline, [&] { return done_; });
+  MutexLock lock(&mutex_);
+  while (!done_)
+    if (cv_.wait_until(mutex_, deadline) == std::cv_status::timeout) return done_;
+  return true;
 }
 
 bool KvArrival::ended() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(&mutex_);
   return done_;
 }
 
 bool KvArrival::complete() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(&mutex_);
   return done_ && ok_;
 }
 
@@ -102,17 +106,9 @@ StatusOr<std::unique_ptr<BatchEngine>> BatchEngine::Create(const Model& model,
 
 Status BatchEngine::Validate(const std::vector<int32_t>& prompt,
                              const SamplingParams& sampling) const {
-  if (prompt.empty()) return InvalidArgument("prompt is empty");
-  const int32_t vocab = model_.config().vocab_size;
-  for (int32_t t : prompt)
-    if (t < 0 || t >= vocab)
-      return InvalidArgument("prompt token " + std::to_string(t) + " is outside the vocabulary");
-  TANDEM_RETURN_IF_ERROR(sampling.ValidateForVocab(vocab));
+  TANDEM_RETURN_IF_ERROR(
+      CheckRequest(prompt, sampling, model_.config().vocab_size, options_.max_model_len));
   const int64_t total = static_cast<int64_t>(prompt.size()) + sampling.max_tokens;
-  if (total > options_.max_model_len)
-    return TooLarge("prompt (" + std::to_string(prompt.size()) + ") + max_tokens (" +
-                    std::to_string(sampling.max_tokens) + ") exceeds max_model_len " +
-                    std::to_string(options_.max_model_len));
   if (BlocksForTokens(total, options_.block_size) > options_.kv_blocks)
     return TooLarge("request needs more KV blocks than the instance has (" +
                     std::to_string(options_.kv_blocks) + ")");
@@ -210,9 +206,7 @@ void BatchEngine::FinishRequest(Request& r, Finish finish, EngineSink& sink) {
   sink.OnFinish(std::move(finish));
 }
 
-bool BatchEngine::Step(EngineSink& sink) {
-  if (idle()) return false;
-  const auto t0 = Clock::now();
+StepPlan BatchEngine::PlanStep() {
   for (auto& r : running_)
     if (r->arrival != nullptr && r->arrival->complete()) r->arrival.reset();
   running_state_.clear();
@@ -225,28 +219,27 @@ bool BatchEngine::Step(EngineSink& sink) {
                               static_cast<int32_t>(r->blocks.size())});
   StepLimits limits{options_.token_budget, options_.max_batch_size, options_.block_size,
                     options_.policy};
-  StepPlan plan = ScheduleEngineStep(running_state_, waiting_state_, limits,
-                                     cache_->blocks().num_free());
+  return ScheduleEngineStep(running_state_, waiting_state_, limits, cache_->blocks().num_free());
+}
 
-  // Preempt (recompute): free the victims' blocks and put them back at the front of the
-  // waiting queue, oldest first, so that they are the next to be admitted.
-  if (!plan.preempted.empty()) {
-    std::vector<size_t> victims = plan.preempted;
-    std::sort(victims.begin(), victims.end());
-    for (auto it = victims.rbegin(); it != victims.rend(); ++it) {
-      auto& r = running_[*it];
-      TANDEM_LOG_REQ(kInfo, r->id) << "preempted (recompute " << r->tokens.size() << " tokens)";
-      WaitArrivalEnded(*r);  // nothing may write into freed blocks
-      cache_->blocks().Free(r->blocks);
-      r->blocks.clear();
-      r->num_computed = 0;
-      waiting_.push_front(std::move(r));
-      running_.erase(running_.begin() + static_cast<long>(*it));
-      if (preemptions_ != nullptr) preemptions_->Inc();
-    }
+void BatchEngine::Preempt(std::vector<size_t> victims) {
+  // Recompute: free the victims' blocks and put them back at the front of the waiting queue,
+  // oldest first, so that they are the next to be admitted.
+  std::sort(victims.begin(), victims.end());
+  for (auto it = victims.rbegin(); it != victims.rend(); ++it) {
+    auto& r = running_[*it];
+    TANDEM_LOG_REQ(kInfo, r->id) << "preempted (recompute " << r->tokens.size() << " tokens)";
+    WaitArrivalEnded(*r);  // nothing may write into freed blocks
+    cache_->blocks().Free(r->blocks);
+    r->blocks.clear();
+    r->num_computed = 0;
+    waiting_.push_front(std::move(r));
+    running_.erase(running_.begin() + static_cast<long>(*it));
+    if (preemptions_ != nullptr) preemptions_->Inc();
   }
-  if (plan.scheduled.empty()) return !plan.preempted.empty();
+}
 
+BatchEngine::StepShape BatchEngine::BuildBatch(const StepPlan& plan) {
   // Admitted waiting requests join the running set (in order) after the running ones; the plan
   // lists running first, so indices of admitted ones refer to the waiting queue before removal.
   batch_.clear();
@@ -263,22 +256,24 @@ bool BatchEngine::Step(EngineSink& sink) {
     waiting_.pop_front();
   }
   const size_t first_admitted = running_.size() - admitted;
-  int64_t prefill_tokens = 0;
-  // A step without prompt work, as the load report counts it: sequences, and every token of
-  // each (what the latency model's decode step is a function of).
-  int64_t decode_batch = 0, decode_context = 0;
+  StepShape shape;
   for (const ScheduledSeq& s : plan.scheduled) {
-    Request* r = s.from_waiting ? running_[first_admitted + s.index].get() : running_[s.index].get();
+    Request* r = s.from_waiting ? running_[first_admitted + s.index].get()
+                                : running_[s.index].get();
     Status alloc = cache_->blocks().Allocate(s.new_blocks, &r->blocks);
     TANDEM_CHECK(alloc.ok(), "the scheduler only plans blocks that are free: " + alloc.message());
     const int32_t remaining = static_cast<int32_t>(r->tokens.size()) - r->num_computed;
-    if (remaining > 1 || s.from_waiting) prefill_tokens += s.num_tokens;
-    decode_batch += 1;
-    decode_context += static_cast<int64_t>(r->tokens.size());
+    if (remaining > 1 || s.from_waiting) shape.prefill_tokens += s.num_tokens;
+    shape.batch += 1;
+    shape.context += static_cast<int64_t>(r->tokens.size());
     inputs_.push_back({std::span<const int32_t>(r->tokens).subspan(r->num_computed, s.num_tokens),
                        r->num_computed, r->blocks});
     batch_.push_back(r);
   }
+  return shape;
+}
+
+std::span<const float> BatchEngine::RunForward(StepShape* shape) {
   // Layer-wise: before layer l, wait until layer l of every request whose KV is still arriving
   // has landed; a request whose layer does not come has its output discarded.
   landed_.assign(batch_.size(), 1);
@@ -302,11 +297,15 @@ bool BatchEngine::Step(EngineSink& sink) {
   StatusOr<std::span<const float>> logits =
       forward_->Forward(inputs_, *cache_, LogitsMode::kLastToken, arriving ? &hooks : nullptr);
   // The forward pass's compute: what a latency model (tandem profile) times.
-  const double forward_s =
+  shape->forward_s =
       std::chrono::duration<double>(Clock::now() - forward_start).count() - kv_wait_s;
+  shape->kv_wait_s = kv_wait_s;
   TANDEM_CHECK(logits.ok(), "forward of a scheduled batch failed: " + logits.status().ToString());
-  const size_t vocab = static_cast<size_t>(model_.config().vocab_size);
+  return *logits;
+}
 
+void BatchEngine::SampleBatch(std::span<const float> logits, EngineSink& sink) {
+  const size_t vocab = static_cast<size_t>(model_.config().vocab_size);
   std::vector<std::string> finished;
   for (size_t i = 0; i < batch_.size(); ++i) {
     Request& r = *batch_[i];
@@ -316,7 +315,7 @@ bool BatchEngine::Step(EngineSink& sink) {
     }
     r.num_computed += static_cast<int32_t>(inputs_[i].tokens.size());
     if (r.num_computed < static_cast<int32_t>(r.tokens.size())) continue;  // mid-prompt chunk
-    SampleResult sample = r.sampler->Sample(logits->subspan(i * vocab, vocab), r.tokens);
+    SampleResult sample = r.sampler->Sample(logits.subspan(i * vocab, vocab), r.tokens);
     r.tokens.push_back(sample.token_id);
     StopUpdate update = r.stop->Append(sample.token_id, "");
     Tokens out;
@@ -324,7 +323,8 @@ bool BatchEngine::Step(EngineSink& sink) {
     GeneratedToken record;
     record.token_id = sample.token_id;
     record.logprob = sample.logprob;
-    for (const TokenLogprob& t : sample.top()) record.top_logprobs.push_back({t.token_id, t.logprob});
+    for (const TokenLogprob& t : sample.top())
+      record.top_logprobs.push_back({t.token_id, t.logprob});
     out.tokens.push_back(std::move(record));
     sink.OnTokens(std::move(out));
     if (update.finished()) {
@@ -341,22 +341,36 @@ bool BatchEngine::Step(EngineSink& sink) {
                            [&](const auto& r) { return r->id == id; });
     running_.erase(it);
   }
-  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+void BatchEngine::RecordStep(const StepShape& shape, double seconds) {
   if (step_seconds_ != nullptr) step_seconds_->Observe(seconds);
   // A trace of every step at debug level: what the simulator's replay of a run can be compared
   // with step by step.
-  TANDEM_LOG(kDebug) << "step: " << batch_.size() << " sequences, " << prefill_tokens
-                     << " prompt tokens, context " << decode_context << ", forward "
-                     << forward_s * 1e3 << " ms, kv wait " << kv_wait_s * 1e3 << " ms, step "
-                     << seconds * 1e3 << " ms";
-  if (prefill_tokens > 0) {
-    Average(&avg_prefill_s_per_token_, seconds / static_cast<double>(prefill_tokens));
+  TANDEM_LOG(kDebug) << "step: " << shape.batch << " sequences, " << shape.prefill_tokens
+                     << " prompt tokens, context " << shape.context << ", forward "
+                     << shape.forward_s * 1e3 << " ms, kv wait " << shape.kv_wait_s * 1e3
+                     << " ms, step " << seconds * 1e3 << " ms";
+  if (shape.prefill_tokens > 0) {
+    Average(&avg_prefill_s_per_token_, seconds / static_cast<double>(shape.prefill_tokens));
   } else {
     Average(&avg_decode_step_s_, seconds);
-    Average(&avg_decode_forward_s_, forward_s);
-    Average(&avg_decode_batch_, static_cast<double>(decode_batch));
-    Average(&avg_decode_context_, static_cast<double>(decode_context));
+    Average(&avg_decode_forward_s_, shape.forward_s);
+    Average(&avg_decode_batch_, static_cast<double>(shape.batch));
+    Average(&avg_decode_context_, static_cast<double>(shape.context));
   }
+}
+
+bool BatchEngine::Step(EngineSink& sink) {
+  if (idle()) return false;
+  const auto t0 = Clock::now();
+  StepPlan plan = PlanStep();
+  if (!plan.preempted.empty()) Preempt(plan.preempted);
+  if (plan.scheduled.empty()) return !plan.preempted.empty();
+  StepShape shape = BuildBatch(plan);
+  std::span<const float> logits = RunForward(&shape);
+  SampleBatch(logits, sink);
+  RecordStep(shape, std::chrono::duration<double>(Clock::now() - t0).count());
   return true;
 }
 

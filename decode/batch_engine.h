@@ -15,7 +15,6 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -23,6 +22,7 @@
 #include "common/engine/forward.h"
 #include "common/engine/kv_cache.h"
 #include "common/base/metrics.h"
+#include "common/base/thread_annotations.h"
 #include "common/model/model.h"
 #include "common/engine/sampling.h"
 #include "decode/colocated_scheduler.h"
@@ -48,11 +48,11 @@ class KvArrival {
 
  private:
   const int num_layers_;
-  mutable std::mutex mutex_;
-  std::condition_variable cv_;
-  int landed_ = 0;
-  bool done_ = false;
-  bool ok_ = false;
+  mutable Mutex mutex_;
+  std::condition_variable_any cv_;
+  int landed_ TANDEM_GUARDED_BY(mutex_) = 0;
+  bool done_ TANDEM_GUARDED_BY(mutex_) = false;
+  bool ok_ TANDEM_GUARDED_BY(mutex_) = false;
 };
 
 class EngineSink {
@@ -146,6 +146,22 @@ class BatchEngine {
   };
   // Blocks until r's KV stopped arriving (bounded by kv_wait_timeout); then r.arrival is reset.
   void WaitArrivalEnded(Request& r);
+  // One step, in the order Step runs them.
+  struct StepShape {
+    int64_t prefill_tokens = 0;  // prompt tokens computed (0: a decode-only step)
+    int64_t batch = 0;           // sequences
+    int64_t context = 0;         // summed tokens of those sequences
+    double forward_s = 0;        // the forward pass, less the wait for arriving KV
+    double kv_wait_s = 0;
+  };
+  StepPlan PlanStep();
+  void Preempt(std::vector<size_t> victims);
+  // Admits the planned waiting requests, allocates blocks, fills batch_ and inputs_.
+  StepShape BuildBatch(const StepPlan& plan);
+  std::span<const float> RunForward(StepShape* shape);
+  // Samples every request whose prompt is done, reports tokens, finishes the stopped ones.
+  void SampleBatch(std::span<const float> logits, EngineSink& sink);
+  void RecordStep(const StepShape& shape, double seconds);
   BatchEngine(const Model& model, const BatchEngineOptions& options);
   void FinishRequest(Request& r, Finish finish, EngineSink& sink);
 

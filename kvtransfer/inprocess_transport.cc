@@ -5,10 +5,11 @@
 #include <condition_variable>
 #include <cstring>
 #include <map>
-#include <mutex>
 #include <random>
 #include <set>
 #include <thread>
+
+#include "common/base/thread_annotations.h"
 
 namespace tandem {
 namespace {
@@ -17,15 +18,15 @@ using Clock = std::chrono::steady_clock;
 
 // What a publisher shares with pullers; outlives the publisher while a puller holds it.
 struct PublisherCore {
-  std::mutex mutex;  // held during a copy and by the publisher's destructor
-  bool alive = true;
+  Mutex mutex;  // held during a copy and by the publisher's destructor
+  bool alive TANDEM_GUARDED_BY(mutex) = true;
   MemoryRegion region;
   PeerInfo info;
-  std::map<std::string, ReleaseCallback> leases;
+  std::map<std::string, ReleaseCallback> leases TANDEM_GUARDED_BY(mutex);
 };
 
-std::mutex& TableMutex() {
-  static std::mutex m;
+Mutex& TableMutex() {
+  static Mutex m;
   return m;
 }
 std::map<uint64_t, std::weak_ptr<PublisherCore>>& Table() {
@@ -36,7 +37,7 @@ std::map<uint64_t, std::weak_ptr<PublisherCore>>& Table() {
 Status ReleaseLease(PublisherCore& core, const TransferResult& result) {
   ReleaseCallback cb;
   {
-    std::lock_guard<std::mutex> lock(core.mutex);
+    MutexLock lock(&core.mutex);
     auto it = core.leases.find(result.request_id);
     if (it == core.leases.end()) return NotFound("request " + result.request_id + " not published");
     cb = std::move(it->second);
@@ -54,7 +55,7 @@ class InProcessPublisher final : public KvPublisher {
     core_->info.transport = "inprocess";
     core_->info.region_base = reinterpret_cast<uint64_t>(region.base);
     core_->info.region_bytes = region.bytes;
-    std::lock_guard<std::mutex> lock(TableMutex());
+    MutexLock lock(&TableMutex());
     do {
       core_->info.instance_id = (static_cast<uint64_t>(rd()) << 32) | rd();
     } while (core_->info.instance_id == 0 || Table().count(core_->info.instance_id));
@@ -63,12 +64,12 @@ class InProcessPublisher final : public KvPublisher {
 
   ~InProcessPublisher() override {
     {
-      std::lock_guard<std::mutex> lock(TableMutex());
+      MutexLock lock(&TableMutex());
       Table().erase(core_->info.instance_id);
     }
     std::map<std::string, ReleaseCallback> leases;
     {
-      std::lock_guard<std::mutex> lock(core_->mutex);
+      MutexLock lock(&core_->mutex);
       core_->alive = false;
       leases.swap(core_->leases);
     }
@@ -82,7 +83,7 @@ class InProcessPublisher final : public KvPublisher {
     TANDEM_RETURN_IF_ERROR(CheckRanges(layers, core_->region.bytes));
     TANDEM_ASSIGN_OR_RETURN(KvDescriptor d, MakeDescriptor(core_->info.instance_id, request_id,
                                                            std::move(layers)));
-    std::lock_guard<std::mutex> lock(core_->mutex);
+    MutexLock lock(&core_->mutex);
     if (!core_->leases.emplace(request_id, std::move(on_release)).second) {
       return InvalidArgument("request " + request_id + " is already published");
     }
@@ -97,7 +98,7 @@ class InProcessPublisher final : public KvPublisher {
   }
 
   size_t published_count() const override {
-    std::lock_guard<std::mutex> lock(core_->mutex);
+    MutexLock lock(&core_->mutex);
     return core_->leases.size();
   }
 
@@ -114,18 +115,18 @@ class InProcessPuller final : public KvPuller {
 
   ~InProcessPuller() override {
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(&mutex_);
       stopping_ = true;
     }
     watchdog_cv_.notify_all();
     watchdog_.join();
     std::vector<std::shared_ptr<Pending>> left;
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(&mutex_);
       for (auto& [id, p] : pending_) left.push_back(p);
     }
     for (auto& p : left) {
-      std::lock_guard<std::mutex> lock(p->mutex);
+      MutexLock lock(&p->mutex);
       Finish(*p, Cancelled("puller shut down"));
     }
   }
@@ -134,11 +135,11 @@ class InProcessPuller final : public KvPuller {
     if (info.transport != "inprocess") {
       return InvalidArgument("peer transport is '" + info.transport + "', not inprocess");
     }
-    std::lock_guard<std::mutex> table_lock(TableMutex());
+    MutexLock table_lock(&TableMutex());
     auto it = Table().find(info.instance_id);
     if (it == Table().end()) return Unavailable("no in-process publisher " +
                                                 std::to_string(info.instance_id));
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(&mutex_);
     peers_[info.instance_id] = it->second;
     return Status();
   }
@@ -148,7 +149,7 @@ class InProcessPuller final : public KvPuller {
     if (!callbacks.on_done) return InvalidArgument("Pull needs an on_done callback");
     std::shared_ptr<PublisherCore> core;
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(&mutex_);
       if (stopping_) return FailedPrecondition("puller is stopping");
       auto it = peers_.find(d.instance_id);
       if (it == peers_.end()) return NotFound("publisher not connected");
@@ -171,16 +172,19 @@ class InProcessPuller final : public KvPuller {
     pull->core = std::move(core);
     pull->pieces = std::move(pieces);
     pull->callbacks = std::move(callbacks);
-    pull->deadline = Clock::now() + timeout_;
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(&pull->mutex);  // the watchdog reads it once the pull is pending
+      pull->deadline = Clock::now() + timeout_;
+    }
+    {
+      MutexLock lock(&mutex_);
       if (!active_.insert(d.request_id).second) {
         return FailedPrecondition("request " + d.request_id + " is already pulling");
       }
       pending_[d.request_id] = pull;
     }
     metrics_.Started();
-    std::lock_guard<std::mutex> lock(pull->mutex);
+    MutexLock lock(&pull->mutex);
     Advance(*pull, layers_available);
     return Status();
   }
@@ -188,12 +192,12 @@ class InProcessPuller final : public KvPuller {
   Status SetLayersAvailable(const std::string& request_id, uint32_t layers) override {
     std::shared_ptr<Pending> pull;
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(&mutex_);
       auto it = pending_.find(request_id);
       if (it == pending_.end()) return NotFound("request " + request_id + " is not pulling");
       pull = it->second;
     }
-    std::lock_guard<std::mutex> lock(pull->mutex);
+    MutexLock lock(&pull->mutex);
     if (pull->finished || layers <= pull->available) return Status();
     pull->deadline = Clock::now() + timeout_;
     Advance(*pull, layers);
@@ -201,7 +205,7 @@ class InProcessPuller final : public KvPuller {
   }
 
   size_t inflight_count() const override {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(&mutex_);
     return active_.size();
   }
 
@@ -209,30 +213,31 @@ class InProcessPuller final : public KvPuller {
   // One pull; its mutex serializes the copies and callbacks of SetLayersAvailable callers and
   // the watchdog.
   struct Pending {
-    std::mutex mutex;
+    Mutex mutex;
     std::string request_id;
     uint64_t instance_id = 0;
     uint64_t total_bytes = 0;
     uint32_t num_layers = 0;
     std::shared_ptr<PublisherCore> core;
-    std::vector<CopyPiece> pieces;  // in layer order
-    size_t next = 0;                // next piece to copy
-    uint32_t available = 0;
-    uint32_t layers_reported = 0;
+    std::vector<CopyPiece> pieces;                // in layer order
+    size_t next TANDEM_GUARDED_BY(mutex) = 0;     // next piece to copy
+    uint32_t available TANDEM_GUARDED_BY(mutex) = 0;
+    uint32_t layers_reported TANDEM_GUARDED_BY(mutex) = 0;
     PullCallbacks callbacks;
-    Clock::time_point deadline;
-    Clock::duration busy{0};  // time spent copying: tandem_kv_transfer_seconds
-    bool finished = false;
+    Clock::time_point deadline TANDEM_GUARDED_BY(mutex);
+    // Time spent copying: tandem_kv_transfer_seconds.
+    Clock::duration busy TANDEM_GUARDED_BY(mutex){0};
+    bool finished TANDEM_GUARDED_BY(mutex) = false;
   };
 
   // Copies the pieces of layers below `available`, reports finished layers, finishes the pull
   // when every piece is in. pull.mutex held.
-  void Advance(Pending& pull, uint32_t available) {
+  void Advance(Pending& pull, uint32_t available) TANDEM_REQUIRES(pull.mutex) {
     pull.available = std::max(pull.available, available);
     const auto start = Clock::now();
     Status status;
     {
-      std::lock_guard<std::mutex> lock(pull.core->mutex);
+      MutexLock lock(&pull.core->mutex);
       if (!pull.core->alive) {
         status = Unavailable("publisher shut down");
       } else {
@@ -258,7 +263,7 @@ class InProcessPuller final : public KvPuller {
   }
 
   // Ends a pull once (pull.mutex held): metrics, the publisher's lease, on_done.
-  void Finish(Pending& pull, const Status& status) {
+  void Finish(Pending& pull, const Status& status) TANDEM_REQUIRES(pull.mutex) {
     if (pull.finished) return;
     pull.finished = true;
     const double seconds = std::chrono::duration<double>(pull.busy).count();
@@ -268,7 +273,7 @@ class InProcessPuller final : public KvPuller {
       metrics_.Failed(seconds, TransferMetrics::ReasonFor(status));
     }
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(&mutex_);
       active_.erase(pull.request_id);
       pending_.erase(pull.request_id);
     }
@@ -285,33 +290,34 @@ class InProcessPuller final : public KvPuller {
 
   // Fails pulls whose next layer was not announced within the timeout.
   void Watch() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    while (!stopping_) {
-      watchdog_cv_.wait_for(lock, std::chrono::milliseconds(10));
+    for (;;) {
       std::vector<std::shared_ptr<Pending>> candidates;
-      for (auto& [id, p] : pending_) candidates.push_back(p);
-      lock.unlock();
+      {
+        MutexLock lock(&mutex_);
+        if (!stopping_) watchdog_cv_.wait_for(mutex_, std::chrono::milliseconds(10));
+        if (stopping_) return;
+        for (auto& [id, p] : pending_) candidates.push_back(p);
+      }
       const auto now = Clock::now();
       for (auto& p : candidates) {
-        std::lock_guard<std::mutex> pull_lock(p->mutex);
+        MutexLock pull_lock(&p->mutex);
         if (!p->finished && now >= p->deadline) {
           Finish(*p, DeadlineExceeded("pull of " + p->request_id + ": no layer announced within " +
                                       std::to_string(timeout_.count()) + " ms"));
         }
       }
-      lock.lock();
     }
   }
 
   MemoryRegion region_;
   TransferMetrics metrics_;
   std::chrono::milliseconds timeout_;
-  mutable std::mutex mutex_;
-  std::map<uint64_t, std::weak_ptr<PublisherCore>> peers_;
-  std::set<std::string> active_;
-  std::map<std::string, std::shared_ptr<Pending>> pending_;
-  bool stopping_ = false;
-  std::condition_variable watchdog_cv_;
+  mutable Mutex mutex_;
+  std::map<uint64_t, std::weak_ptr<PublisherCore>> peers_ TANDEM_GUARDED_BY(mutex_);
+  std::set<std::string> active_ TANDEM_GUARDED_BY(mutex_);
+  std::map<std::string, std::shared_ptr<Pending>> pending_ TANDEM_GUARDED_BY(mutex_);
+  bool stopping_ TANDEM_GUARDED_BY(mutex_) = false;
+  std::condition_variable_any watchdog_cv_;
   std::thread watchdog_;
 };
 

@@ -98,11 +98,11 @@ PullCallbacks PullWaiter::callbacks() {
   PullCallbacks cb;
   std::shared_ptr<State> state = state_;
   cb.on_layer = [state](uint32_t) {
-    std::lock_guard<std::mutex> lock(state->mutex);
+    MutexLock lock(&state->mutex);
     ++state->layers_done;
   };
   cb.on_done = [state](const std::string&, const Status& status) {
-    std::lock_guard<std::mutex> lock(state->mutex);
+    MutexLock lock(&state->mutex);
     state->status = status;
     state->cv.notify_all();
   };
@@ -110,8 +110,11 @@ PullCallbacks PullWaiter::callbacks() {
 }
 
 Status PullWaiter::Wait(std::chrono::milliseconds timeout) {
-  std::unique_lock<std::mutex> lock(state_->mutex);
-  if (!state_->cv.wait_for(lock, timeout, [&] { return state_->status.has_value(); })) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  MutexLock lock(&state_->mutex);
+  while (!state_->status.has_value()) {
+    if (state_->cv.wait_until(state_->mutex, deadline) != std::cv_status::timeout) continue;
+    if (state_->status.has_value()) break;
     return DeadlineExceeded("pull did not finish within " + std::to_string(timeout.count()) +
                             " ms");
   }
@@ -119,7 +122,7 @@ Status PullWaiter::Wait(std::chrono::milliseconds timeout) {
 }
 
 uint32_t PullWaiter::layers_done() const {
-  std::lock_guard<std::mutex> lock(state_->mutex);
+  MutexLock lock(&state_->mutex);
   return state_->layers_done;
 }
 

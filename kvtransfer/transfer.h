@@ -31,13 +31,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "common/base/metrics.h"
 #include "common/base/status.h"
+#include "common/base/thread_annotations.h"
 #include "kvtransfer/wire.h"
 
 namespace tandem {
@@ -160,10 +160,10 @@ class PullWaiter {
 
  private:
   struct State {
-    std::mutex mutex;
-    std::condition_variable cv;
-    std::optional<Status> status;
-    uint32_t layers_done = 0;
+    Mutex mutex;
+    std::condition_variable_any cv;
+    std::optional<Status> status TANDEM_GUARDED_BY(mutex);
+    uint32_t layers_done TANDEM_GUARDED_BY(mutex) = 0;
   };
   std::shared_ptr<State> state_ = std::make_shared<State>();
 };

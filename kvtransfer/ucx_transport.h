@@ -42,6 +42,10 @@ struct UcxOptions {
   std::chrono::milliseconds lease_timeout{60000};
   // Puller: RMA gets in flight at once, over all pulls.
   size_t max_inflight_gets = 64;
+  // Puller: send each pull's TransferResult to its publisher (which then runs the release
+  // callback). Off when the caller reports outcomes over its own control plane
+  // (kvtransfer/factory.h), so that the publisher is told once.
+  bool report_results = true;
   MetricsRegistry* metrics = nullptr;  // not owned; must outlive the object
 };
 

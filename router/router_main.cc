@@ -1,16 +1,13 @@
 #include "router/router_main.h"
 
-#include <pthread.h>
-#include <signal.h>
-
 #include <chrono>
-#include <cstdio>
+#include <memory>
 
-#include "common/config/config.h"
-#include "common/base/flags.h"
 #include "common/base/log.h"
 #include "common/base/metrics.h"
+#include "common/config/config.h"
 #include "common/model/model_store.h"
+#include "common/serving/role_main.h"
 #include "router/cluster_backend.h"
 #include "common/net/http_server.h"
 #include "router/openai_api.h"
@@ -21,120 +18,80 @@ namespace {
 
 constexpr auto kDrainTimeout = std::chrono::seconds(30);
 
-void ApplyLogging(const ClusterConfig& config) {
-  if (auto level = ParseLogLevel(config.logging.level); level.ok()) SetLogLevel(*level);
-  if (auto format = ParseLogFormat(config.logging.format); format.ok()) SetLogFormat(*format);
-}
+// The router as a RoleProcess: the HTTP front end over the cluster backend.
+class RouterProcess : public RoleProcess {
+ public:
+  static StatusOr<std::unique_ptr<RoleProcess>> Start(const RoleArgs& args) {
+    const ClusterConfig& config = args.config;
+    TANDEM_ASSIGN_OR_RETURN(std::string model_dir, ResolveModelDir(config.model));
+    const std::string served_name = ServedModelName(config.model);
+    StatusOr<ServedModel> model = LoadServedModel(model_dir, served_name,
+                                                  config.model.chat_template,
+                                                  config.model.max_model_len);
+    if (!model.ok()) return model.status().WithContext("model " + model_dir);
+    std::unique_ptr<RouterProcess> router(new RouterProcess(config, served_name));
+    TANDEM_RETURN_IF_ERROR(router->backend_.Start());
+    RouterServiceOptions service_options;
+    service_options.max_concurrent_requests = config.router.max_concurrent_requests;
+    service_options.metrics = &router->metrics_;
+    router->service_ = std::make_unique<RouterService>(std::move(model).value(),
+                                                       &router->backend_, service_options);
+    HttpServerOptions http;
+    http.host = config.router.host;
+    http.port = static_cast<uint16_t>(config.router.port);
+    http.io_threads = config.router.http_threads;
+    http.max_body_bytes = static_cast<size_t>(config.router.max_body_bytes);
+    http.request_timeout =
+        std::chrono::milliseconds(static_cast<int64_t>(config.router.request_timeout_s * 1000));
+    router->server_ = std::make_unique<HttpServer>(http);
+    router->service_->RegisterRoutes(router->server_.get());
+    if (Status s = router->server_->Start(); !s.ok()) {
+      router->backend_.Stop();
+      return s;
+    }
+    TANDEM_LOG(kInfo) << "router serving " << served_name << " on http://" << http.host << ":"
+                      << router->server_->port() << " (policy " << config.router.policy << ")";
+    return std::unique_ptr<RoleProcess>(std::move(router));
+  }
+
+  void Stop() override {
+    if (stopped_) return;
+    stopped_ = true;
+    TANDEM_LOG(kInfo) << "draining " << service_->running() << " request(s)";
+    // Order matters: the HTTP server drains (and cancels what is left) while the backend still
+    // delivers events; then the backend stops.
+    server_->Stop(std::chrono::duration_cast<std::chrono::milliseconds>(kDrainTimeout));
+    backend_.Stop();
+  }
+
+  Status Reload(const ClusterConfig& config) override { return backend_.Reconfigure(config); }
+
+ private:
+  RouterProcess(const ClusterConfig& config, const std::string& served_name)
+      : metrics_(Labels{{"role", "router"}, {"model", served_name}}),
+        backend_(config, BackendOptions(&metrics_)) {}
+  static ClusterBackendOptions BackendOptions(MetricsRegistry* metrics) {
+    ClusterBackendOptions options;
+    options.metrics = metrics;
+    return options;
+  }
+
+  MetricsRegistry metrics_;
+  ClusterBackend backend_;
+  std::unique_ptr<RouterService> service_;
+  std::unique_ptr<HttpServer> server_;
+  bool stopped_ = false;
+};
 
 }  // namespace
 
 int RouterMain(const std::vector<std::string>& args) {
-  FlagParser flags("tandem router --config FILE [--SECTION.KEY=VALUE ...]",
-                   "Runs the OpenAI-compatible router in front of the cluster's instances.");
-  flags.AddString("config", "", "cluster config file (YAML)");
-  flags.AllowConfigOverrides();
-  if (Status s = flags.Parse(args); !s.ok()) {
-    std::fprintf(stderr, "tandem router: %s\n", s.message().c_str());
-    return kExitUsage;
-  }
-  if (flags.help_requested()) {
-    std::fputs(flags.Help().c_str(), stdout);
-    return kExitOk;
-  }
-  const std::string config_path = flags.GetString("config");
-  if (config_path.empty() || !flags.positional().empty()) {
-    std::fprintf(stderr, "tandem router: expected --config FILE (and no positional arguments)\n");
-    return kExitUsage;
-  }
-  const std::vector<std::string> overrides = flags.config_overrides();
-  StatusOr<ClusterConfig> config = LoadConfig(config_path, overrides);
-  if (!config.ok()) {
-    std::fprintf(stderr, "%s\n", config.status().message().c_str());
-    return kExitFailure;
-  }
-  SetLogRole("router");
-  ApplyLogging(*config);
-
-  // Signals are taken by sigwait below; block them before any thread starts so that every
-  // thread inherits the mask.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGHUP);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-
-  StatusOr<std::string> model_dir = ResolveModelDir(config->model);
-  if (!model_dir.ok()) {
-    TANDEM_LOG(kError) << "model: " << model_dir.status().message();
-    return kExitFailure;
-  }
-  std::string served_name = ServedModelName(config->model);
-  StatusOr<ServedModel> model = LoadServedModel(*model_dir, served_name,
-                                                config->model.chat_template,
-                                                config->model.max_model_len);
-  if (!model.ok()) {
-    TANDEM_LOG(kError) << "model " << *model_dir << ": " << model.status().message();
-    return kExitFailure;
-  }
-
-  MetricsRegistry metrics(Labels{{"role", "router"}, {"model", served_name}});
-  ClusterBackendOptions backend_options;
-  backend_options.metrics = &metrics;
-  ClusterBackend backend(*config, backend_options);
-  if (Status s = backend.Start(); !s.ok()) {
-    TANDEM_LOG(kError) << s.message();
-    return kExitFailure;
-  }
-  RouterServiceOptions service_options;
-  service_options.max_concurrent_requests = config->router.max_concurrent_requests;
-  service_options.metrics = &metrics;
-  RouterService service(std::move(model).value(), &backend, service_options);
-
-  HttpServerOptions http;
-  http.host = config->router.host;
-  http.port = static_cast<uint16_t>(config->router.port);
-  http.io_threads = config->router.http_threads;
-  http.max_body_bytes = static_cast<size_t>(config->router.max_body_bytes);
-  http.request_timeout =
-      std::chrono::milliseconds(static_cast<int64_t>(config->router.request_timeout_s * 1000));
-  HttpServer server(http);
-  service.RegisterRoutes(&server);
-  if (Status s = server.Start(); !s.ok()) {
-    TANDEM_LOG(kError) << s.message();
-    backend.Stop();
-    return kExitFailure;
-  }
-  TANDEM_LOG(kInfo) << "router serving " << served_name << " on http://" << http.host << ":"
-                    << server.port() << " (policy " << config->router.policy << ")";
-
-  for (;;) {
-    int signal_number = 0;
-    if (sigwait(&signals, &signal_number) != 0) continue;
-    if (signal_number == SIGHUP) {
-      StatusOr<ClusterConfig> reloaded = LoadConfig(config_path, overrides);
-      if (!reloaded.ok()) {
-        TANDEM_LOG(kError) << "config reload failed, keeping the old one: "
-                           << reloaded.status().message();
-        continue;
-      }
-      if (Status s = backend.Reconfigure(*reloaded); !s.ok()) {
-        TANDEM_LOG(kError) << "config reload failed, keeping the old one: " << s.message();
-        continue;
-      }
-      ApplyLogging(*reloaded);
-      continue;
-    }
-    TANDEM_LOG(kInfo) << "signal " << signal_number << ": draining " << service.running()
-                      << " request(s)";
-    break;
-  }
-  // Order matters: the HTTP server drains (and cancels what is left) while the backend still
-  // delivers events; then the backend stops.
-  server.Stop(std::chrono::duration_cast<std::chrono::milliseconds>(kDrainTimeout));
-  backend.Stop();
-  TANDEM_LOG(kInfo) << "router stopped";
-  return kExitOk;
+  RoleSpec spec;
+  spec.command = "router";
+  spec.description = "Runs the OpenAI-compatible router in front of the cluster's instances.";
+  spec.instance = false;
+  spec.start = RouterProcess::Start;
+  return RunRoleMain(spec, args);
 }
 
 }  // namespace tandem

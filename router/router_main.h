@@ -4,7 +4,9 @@
 // Serves on router.host:router.port. SIGHUP reloads the config file (with the same overrides)
 // and applies its placement policy and SLOs to new requests; requests in flight continue.
 // SIGTERM/SIGINT drain: no new connections, in-flight requests finish (bounded by 30 s), then
-// the process exits 0. Exit 1 on a start-up failure (config, model, port), 2 on bad flags.
+// the process exits 0. Exit 1 on a start-up failure (config, model, port), 2 on bad flags. The
+// flags, config snapshot, logging and signals are the shared role main's
+// (common/serving/role_main.h); this file builds only what is the router's own.
 #pragma once
 
 #include <string>

@@ -1,72 +1,61 @@
-// The control connections an instance holds, by id, and which of them are routers.
+// The control connections an instance holds, by id, and which of them are router sessions.
 //
-// Prefill, decode and colocated servers all keep the same table: every connection (accepted or
-// outbound) gets an id; a connection that said Hello with role router is a router; the most
-// recent live router receives Tokens/Finish (one router per cluster), and every router receives
-// LoadReports. Thread-safe: io threads add/remove, the engine thread looks up.
+// Every connection (accepted or outbound) gets an id. A connection whose peer said Hello with role
+// router is a router session: its id is the Hello's instance_id (the router draws a fresh one per
+// connection; control_wire.h Submit.decode_session). A session is open while one of its
+// connections is; the router gives a session up by closing it, so an instance learns from this
+// table which requests are still wanted. Every router connection receives LoadReports.
+//
+// Thread-safe: io threads add, mark and remove; any thread looks up and sends.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
+#include <optional>
 #include <vector>
 
+#include "common/base/thread_annotations.h"
 #include "common/net/control_channel.h"
 
 namespace tandem {
+
+using ConnId = uint64_t;  // never 0
 
 class ConnectionTable {
  public:
   using ConnPtr = std::shared_ptr<ControlConnection>;
 
-  // Registers a connection and returns its id (never 0).
-  uint64_t Add(ConnPtr conn) {
-    const uint64_t id = next_id_++;
-    std::lock_guard<std::mutex> lock(mutex_);
-    conns_[id] = std::move(conn);
-    return id;
-  }
+  // Registers a connection and returns its id.
+  ConnId Add(ConnPtr conn);
+  // The connection said Hello as a router with session id `session`.
+  void MarkRouter(ConnId id, uint64_t session);
+  void Remove(ConnId id);
 
-  // The connection `id` said Hello as a router.
-  void MarkRouter(uint64_t id) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    router_ids_.push_back(id);
-  }
+  ConnPtr Get(ConnId id) const;
+  // Queues `message` on connection `id`; false when it is gone or closed.
+  bool Send(ConnId id, const ControlMessage& message) const;
 
-  void Remove(uint64_t id) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    conns_.erase(id);
-    std::erase(router_ids_, id);
-  }
+  // The open connection of router session `session` (the latest, when the router reused an id),
+  // or nothing when the session is closed.
+  std::optional<ConnId> RouterSession(uint64_t session) const;
+  // Whether connection `id` is a router's, and its session.
+  std::optional<uint64_t> SessionOf(ConnId id) const;
+  std::vector<ConnPtr> Routers() const;
 
-  // The current router (the last that said Hello and is still connected), or null.
-  ConnPtr Router() const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (router_ids_.empty()) return nullptr;
-    auto it = conns_.find(router_ids_.back());
-    return it == conns_.end() ? nullptr : it->second;
-  }
-
-  std::vector<ConnPtr> Routers() const {
-    std::vector<ConnPtr> routers;
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (uint64_t id : router_ids_)
-      if (auto it = conns_.find(id); it != conns_.end()) routers.push_back(it->second);
-    return routers;
-  }
-
-  void CloseAll() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (auto& [id, conn] : conns_) conn->Close();
-  }
+  size_t size() const;
+  // CloseAfterFlush on every connection.
+  void CloseAllAfterFlush() const;
+  void CloseAll() const;
 
  private:
-  mutable std::mutex mutex_;
-  std::map<uint64_t, ConnPtr> conns_;
-  std::vector<uint64_t> router_ids_;  // in Hello order; back() is the current router
-  std::atomic<uint64_t> next_id_{1};
+  struct Entry {
+    ConnPtr conn;
+    std::optional<uint64_t> session;  // set for a router connection
+  };
+  mutable Mutex mutex_;
+  std::map<ConnId, Entry> conns_ TANDEM_GUARDED_BY(mutex_);
+  ConnId next_id_ TANDEM_GUARDED_BY(mutex_) = 1;
 };
 
 }  // namespace tandem

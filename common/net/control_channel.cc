@@ -66,8 +66,8 @@ void ControlConnection::ReadBody(size_t frame_bytes) {
 bool ControlConnection::Send(const ControlMessage& message) {
   std::string frame = EncodeControl(message);
   {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (closed_) return false;
+    MutexLock lock(&mutex_);
+    if (closed_ || close_after_flush_) return false;
     write_queue_.push_back(std::move(frame));
     if (writing_) return true;
     writing_ = true;
@@ -79,20 +79,22 @@ bool ControlConnection::Send(const ControlMessage& message) {
 void ControlConnection::WriteNext() {
   const std::string* front;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(&mutex_);
     if (closed_ || write_queue_.empty()) {
       writing_ = false;
-      return;
+      front = nullptr;
+    } else {
+      front = &write_queue_.front();  // deque keeps element addresses stable on push_back
     }
-    front = &write_queue_.front();  // deque keeps element addresses stable on push_back
   }
+  if (front == nullptr) return MaybeCloseFlushed();
   asio::async_write(socket_, asio::buffer(*front),
                     asio::bind_executor(strand_, [self = shared_from_this()](
                                                      boost::system::error_code ec, size_t) {
                       if (ec) return self->Fail(Unavailable("write to " + self->peer_ +
                                                             " failed: " + ec.message()));
                       {
-                        std::lock_guard<std::mutex> lock(self->mutex_);
+                        MutexLock lock(&self->mutex_);
                         if (!self->write_queue_.empty()) self->write_queue_.pop_front();
                       }
                       self->WriteNext();
@@ -102,7 +104,7 @@ void ControlConnection::WriteNext() {
 void ControlConnection::Fail(const Status& reason) {
   CloseHandler on_close;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(&mutex_);
     if (closed_) return;
     closed_ = true;
     write_queue_.clear();
@@ -121,8 +123,25 @@ void ControlConnection::Close() {
   });
 }
 
+void ControlConnection::CloseAfterFlush() {
+  {
+    MutexLock lock(&mutex_);
+    if (closed_ || close_after_flush_) return;
+    close_after_flush_ = true;
+  }
+  asio::post(strand_, [self = shared_from_this()] { self->MaybeCloseFlushed(); });
+}
+
+void ControlConnection::MaybeCloseFlushed() {
+  {
+    MutexLock lock(&mutex_);
+    if (!close_after_flush_ || writing_ || !write_queue_.empty()) return;
+  }
+  Fail(Cancelled("control connection to " + peer_ + " closed after flushing"));
+}
+
 bool ControlConnection::closed() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(&mutex_);
   return closed_;
 }
 

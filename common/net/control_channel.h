@@ -4,7 +4,8 @@
 // Threads: every handler runs on the io_context's threads, serialised per connection (a
 // strand). Send() may be called from any thread: it queues the frame and returns at once, so the
 // engine thread never blocks on the network. A connection closes on the first malformed frame,
-// on a read/write error, or on Close(); its close handler runs exactly once, with the reason.
+// on a read/write error, on Close(), or (CloseAfterFlush) once its write queue is empty; its
+// close handler runs exactly once, with the reason.
 #pragma once
 
 #include <boost/asio/io_context.hpp>
@@ -13,11 +14,11 @@
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 
-#include "common/net/control_wire.h"
 #include "common/base/status.h"
+#include "common/base/thread_annotations.h"
+#include "common/net/control_wire.h"
 
 namespace tandem {
 
@@ -38,6 +39,11 @@ class ControlConnection : public std::enable_shared_from_this<ControlConnection>
   // Closes the socket; queued frames not yet written are dropped. Idempotent.
   void Close();
 
+  // Closes the connection once every frame queued so far has been written (or a write failed);
+  // later Send() calls are refused. How a stopping instance makes sure its last Tokens and
+  // Finish frames leave before the socket closes. Idempotent.
+  void CloseAfterFlush();
+
   bool closed() const;
   const std::string& peer() const { return peer_; }
 
@@ -47,6 +53,8 @@ class ControlConnection : public std::enable_shared_from_this<ControlConnection>
   void ReadBody(size_t frame_bytes);
   void WriteNext();
   void Fail(const Status& reason);
+  // Strand only: writing_ is false and the queue empty: Fail when CloseAfterFlush was asked.
+  void MaybeCloseFlushed();
 
   boost::asio::ip::tcp::socket socket_;
   boost::asio::strand<boost::asio::any_io_executor> strand_;
@@ -55,10 +63,11 @@ class ControlConnection : public std::enable_shared_from_this<ControlConnection>
   MessageHandler on_message_;
   CloseHandler on_close_;
 
-  mutable std::mutex mutex_;  // guards write_queue_, writing_, closed_
-  std::deque<std::string> write_queue_;
-  bool writing_ = false;
-  bool closed_ = false;
+  mutable Mutex mutex_;
+  std::deque<std::string> write_queue_ TANDEM_GUARDED_BY(mutex_);
+  bool writing_ TANDEM_GUARDED_BY(mutex_) = false;
+  bool closed_ TANDEM_GUARDED_BY(mutex_) = false;
+  bool close_after_flush_ TANDEM_GUARDED_BY(mutex_) = false;
 };
 
 // Accepts control connections on host:port (port 0 = an ephemeral port).

@@ -9,10 +9,10 @@
 #include <vector>
 
 #include "common/engine/kv_cache.h"
-#include "decode/kv_pull_link.h"
+#include "kvtransfer/factory.h"
 #include "kvtransfer/transfer.h"
 #include "kvtransfer/ucx_transport.h"
-#include "prefill/kv_publish_link.h"
+#include "kvtransfer/wire.h"
 
 namespace tandem {
 namespace {
@@ -182,28 +182,26 @@ TEST_CASE("kvtransfer: layers complete in order, each whole when reported", "[kv
   }
 }
 
-TEST_CASE("kvtransfer links: pools from the transport, per-layer completion to decode",
+TEST_CASE("kvtransfer factory: pools from the transport, per-layer completion to decode",
           "[kvtransfer]") {
-  // What the servers do: each side's link provides its KV pool's memory; decode sees layers.
+  // What the servers do: the factory gives each side its KV pool's memory; decode sees layers.
   std::string backend = GENERATE(as<std::string>{}, "ucx-sm", "ucx-tcp", "inproc");
   INFO("backend " << backend);
   KvLayout layout{4, 2, 16, 16};  // 8 KiB blocks
   constexpr int kBlocks = 16;
-  KvPublishOptions po;
-  KvPullOptions qo;
-  po.backend = qo.backend = backend == "inproc" ? "inproc" : "ucx";
-  po.ucx_tls = qo.ucx_tls = backend == "ucx-sm" ? "sm,self" : "tcp";
-  KvPoolMemory src_memory, dst_memory;
-  auto publish = KvPublishLink::CreateWithPool(KvPoolBytes(layout, kBlocks), po, &src_memory);
+  TransferSection transfer;
+  transfer.backend = backend == "inproc" ? "inproc" : "ucx";
+  transfer.ucx_tls = backend == "ucx-sm" ? "sm,self" : "tcp";
+  auto publish = CreatePublisherWithPool(transfer, KvPoolBytes(layout, kBlocks), {});
   REQUIRE(publish.ok());
-  auto pull = KvPullLink::CreateWithPool(KvPoolBytes(layout, kBlocks), qo, &dst_memory);
+  auto pull = CreatePullerWithPool(transfer, KvPoolBytes(layout, kBlocks), {});
   REQUIRE(pull.ok());
-  auto src = KvCache::Create(layout, kBlocks, src_memory);
-  auto dst = KvCache::Create(layout, kBlocks, dst_memory);
+  auto src = KvCache::Create(layout, kBlocks, publish->memory);
+  auto dst = KvCache::Create(layout, kBlocks, pull->memory);
   REQUIRE(src.ok());
   REQUIRE(dst.ok());
   std::vector<int32_t> src_table = {5, 2, 11}, dst_table = {0, 15, 7};
-  PublishRanges src_ranges(layout.num_layers), dst_ranges(layout.num_layers);
+  LayerRanges src_ranges(layout.num_layers), dst_ranges(layout.num_layers);
   std::mt19937 rng(3);
   for (int l = 0; l < layout.num_layers; ++l) {
     for (size_t i = 0; i < src_table.size(); ++i) {
@@ -218,29 +216,29 @@ TEST_CASE("kvtransfer links: pools from the transport, per-layer completion to d
       dst_ranges[l].push_back({offset(**dst, l, dst_table[i]), (*dst)->block_bytes()});
     }
   }
-  auto descriptor = (*publish)->Publish("r", src_ranges, [](auto&, auto&) {});
+  auto descriptor = publish->publisher->Publish("r", src_ranges, [](auto&, auto&) {});
   REQUIRE(descriptor.ok());
-  REQUIRE((*pull)->Prepare((*publish)->peer_info_blob(), *descriptor, layout.num_layers).ok());
+  // The blobs travel over the control plane as the servers send them.
+  auto peer = DecodePeerInfo(AsBytes(Encode(publish->publisher->peer_info())));
+  auto desc = DecodeKvDescriptor(AsBytes(Encode(*descriptor)));
+  REQUIRE(peer.ok());
+  REQUIRE(desc.ok());
+  REQUIRE(pull->puller->Connect(*peer).ok());
   std::mutex mutex;
   std::vector<uint32_t> order;
   std::vector<bool> whole;
   PullWaiter waiter;
-  PullCallbacks wait = waiter.callbacks();
-  REQUIRE((*pull)
-              ->Pull(
-                  *descriptor, dst_ranges,
-                  [wait](const std::string& id, const Status& s) { wait.on_done(id, s); },
-                  [&](uint32_t layer) {
-                    bool ok = true;
-                    for (size_t i = 0; i < src_table.size(); ++i)
-                      ok = ok && std::memcmp((*src)->BlockData(layer, src_table[i]),
-                                             (*dst)->BlockData(layer, dst_table[i]),
-                                             (*src)->block_bytes()) == 0;
-                    std::lock_guard<std::mutex> lock(mutex);
-                    order.push_back(layer);
-                    whole.push_back(ok);
-                  })
-              .ok());
+  PullCallbacks callbacks = waiter.callbacks();
+  callbacks.on_layer = [&](uint32_t layer) {
+    bool ok = true;
+    for (size_t i = 0; i < src_table.size(); ++i)
+      ok = ok && std::memcmp((*src)->BlockData(layer, src_table[i]),
+                             (*dst)->BlockData(layer, dst_table[i]), (*src)->block_bytes()) == 0;
+    std::lock_guard<std::mutex> lock(mutex);
+    order.push_back(layer);
+    whole.push_back(ok);
+  };
+  REQUIRE(pull->puller->Pull(*desc, dst_ranges, callbacks).ok());
   REQUIRE(waiter.Wait(5000ms).ok());
   std::lock_guard<std::mutex> lock(mutex);
   REQUIRE(order.size() == static_cast<size_t>(layout.num_layers));
@@ -248,6 +246,16 @@ TEST_CASE("kvtransfer links: pools from the transport, per-layer completion to d
     CHECK(order[l] == l);
     CHECK(whole[l]);
   }
+}
+
+TEST_CASE("kvtransfer factory: refuses a backend the servers do not run", "[kvtransfer]") {
+  TransferSection transfer;
+  transfer.backend = "carrier-pigeon";
+  auto publish = CreatePublisherWithPool(transfer, 4096, {});
+  REQUIRE_FALSE(publish.ok());
+  CHECK(publish.status().code() == StatusCode::kInvalidArgument);
+  CHECK(publish.status().message().find("carrier-pigeon") != std::string::npos);
+  CHECK_FALSE(CreatePullerWithPool(transfer, 4096, {}).ok());
 }
 
 }  // namespace

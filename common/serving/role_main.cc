@@ -1,0 +1,112 @@
+#include "common/serving/role_main.h"
+
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+
+#include "common/base/flags.h"
+#include "common/base/log.h"
+
+namespace tandem {
+namespace {
+
+void ApplyLogging(const ClusterConfig& config) {
+  if (auto level = ParseLogLevel(config.logging.level); level.ok()) SetLogLevel(*level);
+  if (auto format = ParseLogFormat(config.logging.format); format.ok()) SetLogFormat(*format);
+}
+
+StatusOr<ClusterConfig> Load(const std::string& path, const std::vector<std::string>& overrides) {
+  return path.empty() ? ParseConfig("", "<defaults>", overrides) : LoadConfig(path, overrides);
+}
+
+// Waits for signals until one asks to stop; SIGHUP reloads the config meanwhile.
+void WaitForStop(const sigset_t& signals, RoleProcess& process, bool reloads,
+                 const std::string& config_path, const std::vector<std::string>& overrides) {
+  for (;;) {
+    int signal_number = 0;
+    if (sigwait(&signals, &signal_number) != 0) continue;
+    if (signal_number != SIGHUP) {
+      TANDEM_LOG(kInfo) << "signal " << signal_number << ": draining";
+      return;
+    }
+    if (!reloads || config_path.empty()) {
+      TANDEM_LOG(kInfo) << "SIGHUP ignored: this process runs the config it started with";
+      continue;
+    }
+    StatusOr<ClusterConfig> reloaded = Load(config_path, overrides);
+    Status applied = reloaded.ok() ? process.Reload(*reloaded) : reloaded.status();
+    if (!applied.ok()) {
+      TANDEM_LOG(kError) << "config reload failed, keeping the old one: " << applied.message();
+      continue;
+    }
+    ApplyLogging(*reloaded);
+  }
+}
+
+}  // namespace
+
+int RunRoleMain(const RoleSpec& spec, const std::vector<std::string>& args) {
+  const std::string tool = "tandem " + spec.command;
+  FlagParser flags(tool + (spec.instance ? " [--config FILE] [--index I]" : " --config FILE") +
+                       " [--SECTION.KEY=VALUE ...]",
+                   spec.description);
+  flags.AddString("config", "", spec.instance ? "cluster YAML (absent: defaults)"
+                                              : "cluster config file (YAML)");
+  if (spec.instance) {
+    flags.AddInt("index", 0, "instance index: ports are SECTION.port + index");
+    flags.AddDouble("drain-timeout-s", 30,
+                    "on SIGTERM, wait at most this long for in-flight requests");
+  }
+  flags.AllowConfigOverrides();
+  if (Status s = flags.Parse(args); !s.ok()) {
+    std::fprintf(stderr, "%s: %s\n", tool.c_str(), s.message().c_str());
+    return kExitUsage;
+  }
+  if (flags.help_requested()) {
+    std::fputs(flags.Help().c_str(), stdout);
+    return kExitOk;
+  }
+  const std::string config_path = flags.GetString("config");
+  if (!spec.instance && (config_path.empty() || !flags.positional().empty())) {
+    std::fprintf(stderr, "%s: expected --config FILE (and no positional arguments)\n",
+                 tool.c_str());
+    return kExitUsage;
+  }
+  StatusOr<ClusterConfig> config = Load(config_path, flags.config_overrides());
+  if (!config.ok()) {
+    std::fprintf(stderr, "%s: %s\n", tool.c_str(), config.status().message().c_str());
+    return kExitFailure;
+  }
+  RoleArgs role_args;
+  role_args.config = std::move(*config);
+  if (spec.instance) {
+    role_args.index = static_cast<int>(flags.GetInt("index"));
+    role_args.drain_timeout_s = flags.GetDouble("drain-timeout-s");
+    SetLogRole(spec.command + "-" + std::to_string(role_args.index));
+  } else {
+    SetLogRole(spec.command);
+  }
+  ApplyLogging(role_args.config);
+
+  // Signals are taken by sigwait; blocked before any thread starts, so every thread inherits
+  // the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGHUP);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  StatusOr<std::unique_ptr<RoleProcess>> process = spec.start(role_args);
+  if (!process.ok()) {
+    TANDEM_LOG(kError) << "cannot start: " << process.status().ToString();
+    return kExitFailure;
+  }
+  WaitForStop(signals, **process, /*reloads=*/!spec.instance, config_path,
+              flags.config_overrides());
+  (*process)->Stop();
+  TANDEM_LOG(kInfo) << "stopped";
+  return kExitOk;
+}
+
+}  // namespace tandem

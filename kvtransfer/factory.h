@@ -1,0 +1,58 @@
+// The one place a transfer backend is chosen: builds a KvPublisher (prefill) or a KvPuller
+// (decode) together with the KV pool's memory, from the cluster config's `transfer` section.
+// Callers hold a KvPublisher/KvPuller and never learn which transport it is.
+//
+// Pool memory: for ucx the transport allocates it (UCX-mapped, so that shared-memory transports
+// do RMA on it: kvtransfer/ucx_transport.h UcxPool) and registers it once; for inproc it is heap
+// memory as KvCache would allocate. KvPoolMemory.owner keeps it alive, so the cache and the
+// publisher/puller may be destroyed in either order.
+//
+// Shared memory: before a UCX pool is allocated, what killed instances left in shared memory is
+// removed (kvtransfer/shm_sweep.h).
+//
+// Results: the servers report every pull's outcome over the control plane (KvReleased), so the
+// publishers and pullers built here do not report it over the transport as well
+// (UcxOptions::report_results off): prefill is told once.
+//
+// Errors: InvalidArgument for a backend the instance servers do not run (nccl on this build,
+// unknown names), the backends' own errors otherwise.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "common/base/metrics.h"
+#include "common/base/status.h"
+#include "common/config/config.h"
+#include "common/engine/kv_cache.h"
+#include "kvtransfer/transfer.h"
+
+namespace tandem {
+
+struct PublisherWithPool {
+  std::unique_ptr<KvPublisher> publisher;
+  KvPoolMemory memory;  // pass to KvCache::Create
+};
+
+struct PullerWithPool {
+  std::unique_ptr<KvPuller> puller;
+  KvPoolMemory memory;
+};
+
+struct TransferFactoryOptions {
+  // Publisher: a publication nobody released within this long is dropped by the transport (a
+  // backstop behind the prefill server's own prefill.kv_hold_timeout_s).
+  double lease_timeout_s = 60;
+  // Puller, layer-wise: the longest wait for the publisher to announce the next layer
+  // (0 = transfer.timeout_s).
+  double layer_wait_timeout_s = 0;
+  MetricsRegistry* metrics = nullptr;  // not owned; may be null
+};
+
+StatusOr<PublisherWithPool> CreatePublisherWithPool(const TransferSection& transfer,
+                                                    size_t pool_bytes,
+                                                    const TransferFactoryOptions& options);
+StatusOr<PullerWithPool> CreatePullerWithPool(const TransferSection& transfer, size_t pool_bytes,
+                                              const TransferFactoryOptions& options);
+
+}  // namespace tandem

@@ -1,0 +1,168 @@
+#include "prefill/prefill_engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <random>
+
+#include "common/serving/instance_setup.h"
+
+namespace tandem {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr double kAverageWeight = 0.2;  // the moving average reported in LoadReport
+
+uint64_t RandomSeed() {
+  std::random_device rd;
+  return (uint64_t{rd()} << 32) ^ rd();
+}
+
+}  // namespace
+
+PrefillEngine::PrefillEngine(const Model& model, PrefillEngineOptions options)
+    : model_(model), options_(std::move(options)) {}
+
+StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(const Model& model,
+                                                               PrefillEngineOptions options) {
+  std::unique_ptr<PrefillEngine> engine(new PrefillEngine(model, std::move(options)));
+  PrefillEngineOptions& o = engine->options_;
+  for (int id : model.config().eos_token_ids) engine->eos_ids_.push_back(id);
+  engine->workspace_ = std::make_unique<SamplerWorkspace>(model.config().vocab_size);
+  ForwardOptions fo;
+  fo.num_threads = o.threads;
+  fo.max_batch_tokens = o.token_budget;
+  fo.max_batch_sequences = o.max_batch_size;
+  TANDEM_ASSIGN_OR_RETURN(engine->forward_, CpuForward::Create(model, fo));
+  const KvLayout layout = engine->forward_->MakeKvLayout(o.block_size);
+  if (o.kv_memory.base != nullptr) {
+    TANDEM_ASSIGN_OR_RETURN(engine->cache_,
+                            KvCache::Create(layout, o.kv_blocks, std::move(o.kv_memory)));
+  } else {
+    TANDEM_ASSIGN_OR_RETURN(engine->cache_, KvCache::Create(layout, o.kv_blocks));
+  }
+  if (o.metrics != nullptr) {
+    engine->batch_seconds_ = &o.metrics
+                                  ->AddHistogram("tandem_prefill_batch_seconds",
+                                                 "Wall time of one prefill batch (forward + "
+                                                 "sampling).",
+                                                 {}, LatencyBuckets())
+                                  .Get();
+  }
+  return engine;
+}
+
+Status PrefillEngine::Validate(const std::vector<int32_t>& prompt,
+                               const SamplingParams& sampling) const {
+  TANDEM_RETURN_IF_ERROR(
+      CheckRequest(prompt, sampling, model_.config().vocab_size, options_.max_model_len));
+  if (BlocksForTokens(prompt.size(), options_.block_size) > cache_->num_blocks())
+    return TooLarge("prompt needs more KV blocks than the instance has");
+  return Status();
+}
+
+void PrefillEngine::Add(std::string id, std::vector<int32_t> prompt, SamplingParams sampling) {
+  auto r = std::make_unique<PrefillRequest>();
+  r->id = std::move(id);
+  r->prompt = std::move(prompt);
+  r->sampling = std::move(sampling);
+  if (!r->sampling.seed) r->sampling.seed = RandomSeed();
+  queue_.push_back(std::move(r));
+}
+
+bool PrefillEngine::Cancel(const std::string& id) {
+  for (auto it = queue_.begin(); it != queue_.end(); ++it) {
+    if ((*it)->id != id) continue;
+    FreeBlocks((*it)->blocks);
+    queue_.erase(it);
+    return true;
+  }
+  return false;
+}
+
+std::vector<std::string> PrefillEngine::QueuedIds() const {
+  std::vector<std::string> ids;
+  for (const auto& r : queue_) ids.push_back(r->id);
+  return ids;
+}
+
+int64_t PrefillEngine::queued_tokens() const {
+  int64_t n = 0;
+  for (const auto& r : queue_) n += static_cast<int64_t>(r->prompt.size()) - r->num_computed;
+  return n;
+}
+
+int64_t PrefillEngine::PrepareBatch(const std::vector<PrefillChunk>& batch) {
+  inputs_.clear();
+  int64_t tokens = 0;
+  for (const PrefillChunk& c : batch) {
+    PrefillRequest& r = *queue_[c.index];
+    Status alloc = cache_->blocks().Allocate(c.new_blocks, &r.blocks);
+    TANDEM_CHECK(alloc.ok(), "the scheduler only plans blocks that are free");
+    inputs_.push_back({std::span<const int32_t>(r.prompt).subspan(r.num_computed, c.num_tokens),
+                       r.num_computed, r.blocks});
+    tokens += c.num_tokens;
+  }
+  return tokens;
+}
+
+void PrefillEngine::Complete(PrefillRequest& r, std::span<const float> logits,
+                             PrefillObserver& observer) {
+  Sampler sampler(r.sampling, workspace_.get(), r.prompt.size());
+  SampleResult sample = sampler.Sample(logits, r.prompt);
+  Prefilled done;
+  done.first.token_id = sample.token_id;
+  done.first.logprob = sample.logprob;
+  for (const TokenLogprob& t : sample.top())
+    done.first.top_logprobs.push_back({t.token_id, t.logprob});
+  StopChecker stop(r.sampling, eos_ids_);
+  StopUpdate update = stop.Append(sample.token_id, "");
+  if (update.finished()) done.finish = update.finish_reason;
+  done.request = std::move(r);
+  observer.OnPrefilled(std::move(done));
+}
+
+bool PrefillEngine::Step(PrefillObserver& observer) {
+  if (queue_.empty()) return false;
+  const auto t0 = Clock::now();
+  items_.clear();
+  for (auto& r : queue_)
+    items_.push_back({static_cast<int32_t>(r->prompt.size()), r->num_computed,
+                      static_cast<int32_t>(r->blocks.size())});
+  PrefillLimits limits{options_.token_budget, options_.max_batch_size, options_.block_size};
+  std::vector<PrefillChunk> batch = SchedulePrefill(items_, limits, cache_->blocks().num_free());
+  if (batch.empty()) return false;
+  const int64_t tokens = PrepareBatch(batch);
+  bool observe_layers = false;
+  for (const PrefillChunk& c : batch) {
+    PrefillRequest& r = *queue_[c.index];
+    if (r.num_computed + c.num_tokens == static_cast<int32_t>(r.prompt.size()))
+      observe_layers = observer.BeforeLastChunk(r) || observe_layers;
+  }
+  ForwardHooks hooks;
+  if (observe_layers)
+    hooks.after_layer = [&observer](int layer) { observer.OnLayerComputed(layer); };
+  StatusOr<std::span<const float>> logits = forward_->Forward(
+      inputs_, *cache_, LogitsMode::kLastToken, observe_layers ? &hooks : nullptr);
+  TANDEM_CHECK(logits.ok(), "forward of a scheduled batch failed: " + logits.status().ToString());
+  const size_t vocab = static_cast<size_t>(model_.config().vocab_size);
+  std::vector<size_t> done;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    PrefillRequest& r = *queue_[batch[i].index];
+    r.num_computed += batch[i].num_tokens;
+    if (r.num_computed < static_cast<int32_t>(r.prompt.size())) continue;
+    done.push_back(batch[i].index);
+    Complete(r, logits->subspan(i * vocab, vocab), observer);
+  }
+  std::sort(done.begin(), done.end());
+  for (auto it = done.rbegin(); it != done.rend(); ++it)
+    queue_.erase(queue_.begin() + static_cast<long>(*it));
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (batch_seconds_ != nullptr) batch_seconds_->Observe(seconds);
+  const double per_token = seconds / static_cast<double>(tokens);
+  avg_s_per_token_ = avg_s_per_token_ == 0
+                         ? per_token
+                         : (1 - kAverageWeight) * avg_s_per_token_ + kAverageWeight * per_token;
+  return true;
+}
+
+}  // namespace tandem

@@ -1,0 +1,116 @@
+// The prefill engine: the model, the KV pool and the prefill queue, with no networking (as
+// decode/batch_engine.h is for decode). Requests are queued (Add), batched by token budget
+// (prefill/prefill_scheduler.h), run through one forward pass per Step, and leave with their
+// first token sampled: PrefillObserver::OnPrefilled hands the request, its blocks and its first
+// token to the caller, which frees the blocks or hands them off (prefill/kv_handoff.h).
+//
+// Layer-wise handoff: before the pass that computes a request's last prompt chunk,
+// PrefillObserver::BeforeLastChunk sees it (its blocks are final by then); the observer may ask to
+// hear of every layer of that pass (OnLayerComputed) to announce the KV while it is computed.
+//
+// Every queued request has a sampling seed from Add on (decode continues the same sampler stream).
+// Threads: everything here belongs to the instance's engine thread.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/base/metrics.h"
+#include "common/base/status.h"
+#include "common/engine/forward.h"
+#include "common/engine/kv_cache.h"
+#include "common/engine/sampling.h"
+#include "common/model/model.h"
+#include "prefill/prefill_scheduler.h"
+
+namespace tandem {
+
+struct PrefillEngineOptions {
+  int threads = 1;
+  int token_budget = 2048;
+  int max_batch_size = 64;
+  int block_size = 16;
+  int kv_blocks = 0;  // resolved (> 0)
+  int max_model_len = 4096;
+  KvPoolMemory kv_memory;  // where the pool lives (a transport allocated it); empty: the heap
+  MetricsRegistry* metrics = nullptr;  // not owned; may be null
+};
+
+struct PrefillRequest {
+  std::string id;
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;  // seed always set
+  int32_t num_computed = 0;
+  std::vector<int32_t> blocks;
+};
+
+// A request whose prompt is computed and whose first token is sampled.
+struct Prefilled {
+  PrefillRequest request;  // request.blocks are the caller's now: free or hand off
+  GeneratedToken first;
+  FinishReason finish = FinishReason::kNone;  // kNone: the request continues in decode
+};
+
+class PrefillObserver {
+ public:
+  virtual ~PrefillObserver() = default;
+  // `r`'s last prompt chunk is in the coming pass. True: call OnLayerComputed for this pass.
+  virtual bool BeforeLastChunk(PrefillRequest& r) = 0;
+  // Layer `layer` of the pass is computed (only when a BeforeLastChunk said true).
+  virtual void OnLayerComputed(int layer) = 0;
+  virtual void OnPrefilled(Prefilled done) = 0;
+};
+
+class PrefillEngine {
+ public:
+  // `model` must outlive the engine.
+  static StatusOr<std::unique_ptr<PrefillEngine>> Create(const Model& model,
+                                                         PrefillEngineOptions options);
+
+  // InvalidArgument (empty prompt, tokens outside the vocabulary, bad sampling), TooLarge
+  // (prompt + max_tokens over max_model_len, prompt over the pool).
+  Status Validate(const std::vector<int32_t>& prompt, const SamplingParams& sampling) const;
+  // Queues a validated request.
+  void Add(std::string id, std::vector<int32_t> prompt, SamplingParams sampling);
+  // Removes a queued request and frees its blocks. False when it is not queued.
+  bool Cancel(const std::string& id);
+  // Runs one batch. False when nothing could be scheduled.
+  bool Step(PrefillObserver& observer);
+
+  void FreeBlocks(std::span<const int32_t> blocks) { cache_->blocks().Free(blocks); }
+  // Ids of the queued requests (for failing them all).
+  std::vector<std::string> QueuedIds() const;
+
+  bool idle() const { return queue_.empty(); }
+  int32_t queued() const { return static_cast<int32_t>(queue_.size()); }
+  int64_t queued_tokens() const;
+  int32_t free_blocks() const { return cache_->blocks().num_free(); }
+  int32_t total_blocks() const { return cache_->num_blocks(); }
+  double seconds_per_token() const { return avg_s_per_token_; }
+  KvCache& cache() { return *cache_; }
+
+ private:
+  PrefillEngine(const Model& model, PrefillEngineOptions options);
+  // Allocates the batch's new blocks and builds the forward inputs; the number of tokens.
+  int64_t PrepareBatch(const std::vector<PrefillChunk>& batch);
+  // Samples the first token of a request whose prompt is done and reports it.
+  void Complete(PrefillRequest& r, std::span<const float> logits, PrefillObserver& observer);
+
+  const Model& model_;
+  PrefillEngineOptions options_;
+  std::unique_ptr<CpuForward> forward_;
+  std::unique_ptr<KvCache> cache_;
+  std::unique_ptr<SamplerWorkspace> workspace_;
+  std::vector<int32_t> eos_ids_;
+  std::deque<std::unique_ptr<PrefillRequest>> queue_;
+  std::vector<PrefillItem> items_;
+  std::vector<SequenceInput> inputs_;
+  double avg_s_per_token_ = 0;
+  Histogram* batch_seconds_ = nullptr;
+};
+
+}  // namespace tandem
