@@ -18,6 +18,7 @@
 #include <thread>
 #include <variant>
 
+#include "common/config/serving_config.h"
 #include "common/net/connection_table.h"
 #include "common/net/control_channel.h"
 #include "common/base/flags.h"
@@ -621,7 +622,11 @@ StatusOr<std::unique_ptr<DecodeServer>> DecodeServer::Start(const InstanceOption
   eo.token_budget = section.token_budget;
   if (colocated) eo.policy = StepPolicyFromConfig(section.scheduling);
   eo.max_model_len = options.config.model.max_model_len;
-  eo.kv_blocks = KvPoolBlocks(options.config, section);
+  const ModelConfig& model_config = impl.model->config();
+  TANDEM_ASSIGN_OR_RETURN(eo.kv_blocks,
+                          KvPoolBlocks(options.config, section,
+                                       KvLayout{model_config.num_layers, model_config.num_kv_heads,
+                                                model_config.head_dim, eo.block_size}));
   eo.metrics = impl.metrics.get();
   // A request joins the batch only once every layer was announced: the pull ends within the
   // transfer timeout, and the step's wait for a layer a little later.
@@ -738,8 +743,7 @@ int RunBatchInstanceMain(InstanceRole role, const std::vector<std::string>& args
     return kExitOk;
   }
   StatusOr<ClusterConfig> config =
-      flags.IsSet("config") ? LoadConfig(flags.GetString("config"), flags.config_overrides())
-                            : ParseConfig("", "<defaults>", flags.config_overrides());
+      LoadServingConfig(flags.GetString("config"), flags.config_overrides());
   if (!config.ok()) {
     std::fprintf(stderr, "tandem %s: %s\n", command.c_str(), config.status().message().c_str());
     return kExitFailure;

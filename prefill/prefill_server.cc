@@ -18,6 +18,7 @@
 #include <thread>
 #include <variant>
 
+#include "common/config/serving_config.h"
 #include "common/net/connection_table.h"
 #include "common/net/control_channel.h"
 #include "common/net/control_wire.h"
@@ -590,8 +591,8 @@ StatusOr<std::unique_ptr<PrefillServer>> PrefillServer::Start(const PrefillOptio
   fo.max_batch_sequences = section.max_batch_size;
   TANDEM_ASSIGN_OR_RETURN(impl.forward, CpuForward::Create(*impl.model, fo));
   const int block_size = options.config.kv_cache.block_size;
-  const int kv_blocks = KvPoolBlocks(options.config, section);
   const KvLayout kv_layout = impl.forward->MakeKvLayout(block_size);
+  TANDEM_ASSIGN_OR_RETURN(const int kv_blocks, KvPoolBlocks(options.config, section, kv_layout));
   const TransferSection& t = options.config.transfer;
   KvPublishOptions po;
   po.backend = t.backend;
@@ -682,8 +683,7 @@ int PrefillMain(const std::vector<std::string>& args) {
     return kExitOk;
   }
   StatusOr<ClusterConfig> config =
-      flags.IsSet("config") ? LoadConfig(flags.GetString("config"), flags.config_overrides())
-                            : ParseConfig("", "<defaults>", flags.config_overrides());
+      LoadServingConfig(flags.GetString("config"), flags.config_overrides());
   if (!config.ok()) {
     std::fprintf(stderr, "tandem prefill: %s\n", config.status().message().c_str());
     return kExitFailure;

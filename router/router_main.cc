@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "common/config/config.h"
+#include "common/config/serving_config.h"
 #include "common/base/flags.h"
 #include "common/base/log.h"
 #include "common/base/metrics.h"
@@ -47,7 +48,7 @@ int RouterMain(const std::vector<std::string>& args) {
     return kExitUsage;
   }
   const std::vector<std::string> overrides = flags.config_overrides();
-  StatusOr<ClusterConfig> config = LoadConfig(config_path, overrides);
+  StatusOr<ClusterConfig> config = LoadServingConfig(config_path, overrides);
   if (!config.ok()) {
     std::fprintf(stderr, "%s\n", config.status().message().c_str());
     return kExitFailure;
@@ -112,7 +113,7 @@ int RouterMain(const std::vector<std::string>& args) {
     int signal_number = 0;
     if (sigwait(&signals, &signal_number) != 0) continue;
     if (signal_number == SIGHUP) {
-      StatusOr<ClusterConfig> reloaded = LoadConfig(config_path, overrides);
+      StatusOr<ClusterConfig> reloaded = LoadServingConfig(config_path, overrides);
       if (!reloaded.ok()) {
         TANDEM_LOG(kError) << "config reload failed, keeping the old one: "
                            << reloaded.status().message();
