@@ -355,7 +355,8 @@ bool CheckHealth(Child& c, const LauncherSection& l, bool announced, Clock::time
   if (c.pid <= 0 || c.health_port <= 0) return true;
   if (c.probe.result() != HttpProbe::kPending && now >= c.next_probe) {
     c.probe.Start(c.health_host, c.health_port, "/health", l.health_timeout_s);
-    c.next_probe = now + Seconds(l.health_interval_s);
+    // Until its first answer a child is probed often: that answer ends its start-up.
+    c.next_probe = now + (c.answered ? Seconds(l.health_interval_s) : std::chrono::milliseconds(100));
   }
   const HttpProbe::Result result = c.probe.Poll();
   if (result == HttpProbe::kOk) {
@@ -444,7 +445,7 @@ int RunCluster(const LaunchOptions& options) {
       int status = 0;
       if (c.pid > 0 && ::waitpid(c.pid, &status, WNOHANG) == c.pid) {
         c.pid = -1;
-        if (!announced) {
+        if (!announced && !c.answered) {
           // Restarting a child that cannot start would only repeat its error.
           std::fprintf(stderr, "tandem up: %s %s during start-up (its messages are above)\n",
                        c.name.c_str(), DescribeExit(status).c_str());

@@ -11,8 +11,9 @@
 // SNAPSHOT --index I`) and the router (`tandem router --config SNAPSHOT`) from that snapshot;
 // restarts use it too, so editing the file of a running cluster changes nothing until SIGHUP or
 // the next `up`. Until the router's /ready answers 200 from the router this launcher started
-// (its pid holds the listening socket), a child that exits, or that does not answer /health
-// within launcher.ready_timeout_s, stops the cluster with exit code 1.
+// (its pid holds the listening socket), a child that exits before it ever answered /health, or
+// that does not answer /health within launcher.ready_timeout_s, stops the cluster with exit
+// code 1 (a child that has answered and then exits is restarted, as below).
 //
 // Supervision. Once ready, a child that exits is restarted after a backoff (1 s, doubling to
 // 30 s; back to 1 s once it has run for a minute), with a log line each time. Every child's
