@@ -20,8 +20,12 @@
 #include <set>
 #include <thread>
 
+#include "cluster/launcher_checks.h"
+#include "cluster/launcher_probe.h"
 #include "common/base/flags.h"
 #include "common/base/log.h"
+#include "common/config/serving_config.h"
+#include "common/model/model_config.h"
 #include "common/model/model_store.h"
 #include "router/cluster_backend.h"
 
@@ -64,32 +68,6 @@ bool PortFree(int port) {
   return ok;
 }
 
-// GET http://127.0.0.1:port/ready; true on 200.
-bool RouterReady(const std::string& host, int port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return false;
-  timeval tv{1, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  if (::inet_pton(AF_INET, host == "0.0.0.0" ? "127.0.0.1" : host.c_str(), &addr.sin_addr) != 1)
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bool ready = false;
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
-    std::string request = "GET /ready HTTP/1.1\r\nHost: " + host + "\r\nConnection: close\r\n\r\n";
-    if (::send(fd, request.data(), request.size(), MSG_NOSIGNAL) ==
-        static_cast<ssize_t>(request.size())) {
-      char buffer[64] = {};
-      ssize_t n = ::recv(fd, buffer, sizeof buffer - 1, 0);
-      ready = n > 12 && std::strncmp(buffer + 8, " 200", 4) == 0;
-    }
-  }
-  ::close(fd);
-  return ready;
-}
-
 std::string SelfExe() {
   std::error_code ec;
   std::filesystem::path path = std::filesystem::read_symlink("/proc/self/exe", ec);
@@ -105,6 +83,13 @@ struct Child {
   Clock::time_point restart_at;
   double backoff_s = 1;
   int restarts = 0;
+  // Its /health: instances on 127.0.0.1:(S.metrics_port + I), the router on router.port.
+  std::string health_host = "127.0.0.1";
+  int health_port = 0;
+  HttpProbe probe;
+  Clock::time_point next_probe;
+  int failures = 0;       // failed probes in a row
+  bool answered = false;  // has answered /health since it was (re)started
 };
 
 pid_t Spawn(const std::string& binary, const std::vector<std::string>& argv, pid_t parent) {
@@ -220,33 +205,57 @@ StatusOr<std::vector<std::string>> PickPorts(const ClusterConfig& config) {
   return overrides;
 }
 
-int RunCluster(const LaunchOptions& options) {
-  SetLogRole("launcher");
-  StatusOr<ClusterConfig> config = LoadConfig(options.config_path, options.overrides);
-  if (!config.ok()) {
-    std::fprintf(stderr, "%s\n", config.status().message().c_str());
-    return kExitFailure;
+namespace {
+
+// What RunCluster prepared before starting a child: the validated config with its picked ports
+// and the snapshot file the children run on.
+struct Prepared {
+  ClusterConfig config;          // the snapshot (SnapshotConfig of the validated config)
+  std::vector<std::string> overrides;  // options.overrides + the picked ports (for reloads)
+  std::string run_dir;           // private (0700); removed when the cluster stops
+  std::string snapshot_path;     // run_dir/config.yaml
+};
+
+Status WriteFileAtomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << text;
+    out.close();
+    if (!out) return Internal("cannot write " + tmp);
   }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    return Internal("cannot rename " + tmp + ": " + std::strerror(errno));
+  return Status::Ok();
+}
+
+// Loads and checks everything that can be checked before a child starts; prints why not and
+// returns false when the cluster cannot run.
+bool Prepare(const LaunchOptions& options, Prepared* out) {
+  auto fail = [](const Status& s) {
+    std::fprintf(stderr, "tandem up: %s\n", s.message().c_str());
+    return false;
+  };
+  StatusOr<ClusterConfig> config = LoadServingConfig(options.config_path, options.overrides);
+  if (!config.ok()) return fail(config.status());
   if (auto level = ParseLogLevel(config->logging.level); level.ok()) SetLogLevel(*level);
   if (auto format = ParseLogFormat(config->logging.format); format.ok()) SetLogFormat(*format);
+  // The layout first: the ports to pick depend on it, and a port a child cannot bind would make
+  // it exit at once.
+  if (Status s = CheckClusterLayout(*config); !s.ok()) return fail(s);
+  if (Status s = CheckPortsFree(*config); !s.ok()) return fail(s);
   StatusOr<std::vector<std::string>> picked = PickPorts(*config);
-  if (!picked.ok()) {
-    TANDEM_LOG(kError) << picked.status().message();
-    return kExitFailure;
-  }
-  std::vector<std::string> overrides = options.overrides;
-  overrides.insert(overrides.end(), picked->begin(), picked->end());
-  config = LoadConfig(options.config_path, overrides);
-  if (!config.ok()) {
-    std::fprintf(stderr, "%s\n", config.status().message().c_str());
-    return kExitFailure;
-  }
+  if (!picked.ok()) return fail(picked.status());
+  out->overrides = options.overrides;
+  out->overrides.insert(out->overrides.end(), picked->begin(), picked->end());
+  config = LoadServingConfig(options.config_path, out->overrides);
+  if (!config.ok()) return fail(config.status());
+  if (Status s = CheckClusterLayout(*config); !s.ok()) return fail(s);
+  if (Status s = CheckPortsFree(*config); !s.ok()) return fail(s);
   // The router refuses to start on a latency model it cannot read or that lacks an instance's
   // shape; say so now rather than restart it with back-off for ever.
-  if (StatusOr<RouterLatencyModels> models = LoadRouterLatencyModels(*config); !models.ok()) {
-    std::fprintf(stderr, "%s\n", models.status().message().c_str());
-    return kExitFailure;
-  }
+  if (StatusOr<RouterLatencyModels> models = LoadRouterLatencyModels(*config); !models.ok())
+    return fail(models.status());
 
   // Make (or find) the model once, before the children race for it.
   TANDEM_LOG(kInfo) << "preparing the model ("
@@ -255,11 +264,140 @@ int RunCluster(const LaunchOptions& options) {
                                                    : config->model.path)
                     << ")";
   StatusOr<std::string> model_dir = ResolveModelDir(config->model);
-  if (!model_dir.ok()) {
-    TANDEM_LOG(kError) << "model: " << model_dir.status().message();
+  if (!model_dir.ok()) return fail(model_dir.status().WithContext("model"));
+  StatusOr<ModelConfig> model = LoadModelConfig(*model_dir);
+  if (!model.ok()) return fail(model.status().WithContext("model"));
+  const KvLayout layout{model->num_layers, model->num_kv_heads, model->head_dim,
+                        config->kv_cache.block_size};
+  if (Status s = CheckKvMemory(*config, layout, MachineMemoryBytes()); !s.ok()) return fail(s);
+
+  // The snapshot: what every child (and every restart) runs on, whatever happens to the file.
+  char run_dir[] = "/tmp/tandem-up-XXXXXX";
+  if (::mkdtemp(run_dir) == nullptr)
+    return fail(Internal(std::string("cannot make a run directory: ") + std::strerror(errno)));
+  out->run_dir = run_dir;
+  out->snapshot_path = out->run_dir + "/config.yaml";
+  out->config = SnapshotConfig(*config);
+  if (Status s = WriteFileAtomically(out->snapshot_path, ConfigToYaml(out->config)); !s.ok())
+    return fail(s);
+  out->config.source = out->snapshot_path;
+  return true;
+}
+
+// SIGHUP: the router reloads its policy, SLOs, latency model and logging. They are read from
+// the live file (with the same overrides and picked ports), checked, and copied into the
+// snapshot, which the router then rereads; everything else keeps running as validated.
+void Reload(const LaunchOptions& options, Prepared& prepared, const std::vector<Child>& children) {
+  StatusOr<ClusterConfig> live = LoadServingConfig(options.config_path, prepared.overrides);
+  if (live.ok()) {
+    if (Status s = LoadRouterLatencyModels(*live).status(); !s.ok()) live = s;
+  }
+  if (!live.ok()) {
+    TANDEM_LOG(kError) << "SIGHUP: " << options.config_path
+                       << " is not valid, the cluster keeps running as it is:\n"
+                       << live.status().message();
+    return;
+  }
+  const ClusterConfig fresh = SnapshotConfig(*live);
+  ClusterConfig next = prepared.config;
+  next.router.policy = fresh.router.policy;
+  next.router.latency_model = fresh.router.latency_model;
+  next.slo = fresh.slo;
+  next.logging = fresh.logging;
+  if (ConfigToYaml(next) != ConfigToYaml(fresh)) {
+    TANDEM_LOG(kWarn) << "SIGHUP: changes outside slo, router.policy, router.latency_model and "
+                         "logging apply when the cluster is started again";
+  }
+  if (Status s = WriteFileAtomically(prepared.snapshot_path, ConfigToYaml(next)); !s.ok()) {
+    TANDEM_LOG(kError) << "SIGHUP: " << s.message();
+    return;
+  }
+  prepared.config = next;
+  prepared.config.source = prepared.snapshot_path;
+  for (const Child& c : children)
+    if (c.is_router && c.pid > 0) ::kill(c.pid, SIGHUP);
+  TANDEM_LOG(kInfo) << "SIGHUP: reloaded slo, router.policy, router.latency_model and logging "
+                       "from "
+                    << options.config_path << "; passed on to the router";
+}
+
+std::vector<Child> MakeChildren(const std::string& binary, const Prepared& prepared) {
+  const ClusterConfig& config = prepared.config;
+  std::vector<Child> children;
+  const std::pair<const char*, const InstanceSection*> sections[] = {
+      {"prefill", &config.prefill}, {"decode", &config.decode}, {"colocated", &config.colocated}};
+  for (auto& [name, s] : sections) {
+    for (int i = 0; i < s->instances; ++i) {
+      Child c;
+      c.name = std::string(name) + "-" + std::to_string(i);
+      c.argv = {binary, name, "--config", prepared.snapshot_path, "--index", std::to_string(i)};
+      c.health_port = s->metrics_port > 0 ? s->metrics_port + i : 0;
+      children.push_back(std::move(c));
+    }
+  }
+  Child router;
+  router.name = "router";
+  router.is_router = true;
+  router.argv = {binary, "router", "--config", prepared.snapshot_path};
+  router.health_host = config.router.host;
+  router.health_port = config.router.port;
+  children.push_back(std::move(router));
+  return children;
+}
+
+Clock::duration Seconds(double s) {
+  return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+}
+
+// One turn of health checking for `c`; false when `c` could not start (the cluster was not
+// ready yet, so `up` stops).
+bool CheckHealth(Child& c, const LauncherSection& l, bool announced, Clock::time_point now) {
+  if (c.pid <= 0 || c.health_port <= 0) return true;
+  if (c.probe.result() != HttpProbe::kPending && now >= c.next_probe) {
+    c.probe.Start(c.health_host, c.health_port, "/health", l.health_timeout_s);
+    // Until its first answer a child is probed often: that answer ends its start-up.
+    c.next_probe = now + (c.answered ? Seconds(l.health_interval_s) : std::chrono::milliseconds(100));
+  }
+  const HttpProbe::Result result = c.probe.Poll();
+  if (result == HttpProbe::kOk) {
+    c.answered = true;
+    c.failures = 0;
+  } else if (result == HttpProbe::kFailed) {
+    const std::string error = c.probe.error();
+    c.probe = HttpProbe();  // counted once
+    if (c.answered && ++c.failures >= l.health_failures) {
+      TANDEM_LOG(kWarn) << c.name << " failed " << c.failures << " health check(s) in a row ("
+                        << error << "); killing it (launcher.health_failures)";
+      ::kill(c.pid, SIGKILL);  // reaped and restarted by the loop
+      c.failures = 0;
+      c.answered = false;
+    }
+  }
+  if (!c.answered && now - c.started > Seconds(l.ready_timeout_s)) {
+    if (!announced) {
+      std::fprintf(stderr,
+                   "tandem up: %s did not answer /health on %s:%d within "
+                   "launcher.ready_timeout_s (%g s)\n",
+                   c.name.c_str(), c.health_host.c_str(), c.health_port, l.ready_timeout_s);
+      return false;
+    }
+    TANDEM_LOG(kWarn) << c.name << " did not answer /health within launcher.ready_timeout_s; "
+                      << "killing it";
+    ::kill(c.pid, SIGKILL);
+    c.started = now;
+  }
+  return true;
+}
+
+}  // namespace
+
+int RunCluster(const LaunchOptions& options) {
+  SetLogRole("launcher");
+  Prepared prepared;
+  if (!Prepare(options, &prepared)) {
+    if (!prepared.run_dir.empty()) std::filesystem::remove_all(prepared.run_dir);
     return kExitFailure;
   }
-
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
@@ -268,70 +406,57 @@ int RunCluster(const LaunchOptions& options) {
   ::sigprocmask(SIG_BLOCK, &signals, nullptr);
 
   const std::string binary = options.binary.empty() ? SelfExe() : options.binary;
-  std::vector<std::string> common_args = {"--config", options.config_path};
-  for (const std::string& o : overrides) common_args.push_back("--" + o);
-  std::vector<Child> children;
-  const std::pair<const char*, const InstanceSection*> sections[] = {
-      {"prefill", &config->prefill}, {"decode", &config->decode}, {"colocated", &config->colocated}};
-  for (auto& [name, s] : sections) {
-    for (int i = 0; i < s->instances; ++i) {
-      Child c;
-      c.name = std::string(name) + "-" + std::to_string(i);
-      c.argv = {binary, name};
-      c.argv.insert(c.argv.end(), common_args.begin(), common_args.end());
-      c.argv.push_back("--index");
-      c.argv.push_back(std::to_string(i));
-      children.push_back(std::move(c));
-    }
-  }
-  Child router;
-  router.name = "router";
-  router.is_router = true;
-  router.argv = {binary, "router"};
-  router.argv.insert(router.argv.end(), common_args.begin(), common_args.end());
-  children.push_back(std::move(router));
-
+  std::vector<Child> children = MakeChildren(binary, prepared);
   const pid_t self = ::getpid();
   auto start = [&](Child& c) {
     c.pid = Spawn(binary, c.argv, self);
     c.started = Clock::now();
+    c.answered = false;
+    c.failures = 0;
+    c.probe = HttpProbe();
+    c.next_probe = c.started;
     if (c.pid < 0) {
       TANDEM_LOG(kError) << "cannot start " << c.name << ": " << std::strerror(errno);
       c.restart_at = Clock::now() + std::chrono::seconds(1);
     }
   };
   for (Child& c : children) start(c);
-  const std::string url =
-      "http://" + config->router.host + ":" + std::to_string(config->router.port);
+  const ClusterConfig& config = prepared.config;
+  const std::string url = "http://" + config.router.host + ":" + std::to_string(config.router.port);
   TANDEM_LOG(kInfo) << "started " << children.size() - 1 << " instance(s) and the router ("
-                    << url << "); waiting for it to be ready";
+                    << url << ") on " << prepared.snapshot_path << "; waiting for it to be ready";
 
-  bool announced = false;
-  Clock::time_point next_probe = Clock::now();
-  for (;;) {
-    timespec wait{0, 100 * 1000 * 1000};
+  bool announced = false, failed = false;
+  HttpProbe ready;
+  Clock::time_point next_ready = Clock::now();
+  const Clock::time_point ready_deadline =
+      Clock::now() + Seconds(config.launcher.ready_timeout_s);
+  while (!failed) {
+    timespec wait{0, 50 * 1000 * 1000};
     siginfo_t info;
     int sig = ::sigtimedwait(&signals, &info, &wait);
     if (sig == SIGINT || sig == SIGTERM) {
       TANDEM_LOG(kInfo) << "signal " << sig << ": stopping the cluster";
       break;
     }
-    if (sig == SIGHUP) {
-      for (Child& c : children)
-        if (c.is_router && c.pid > 0) ::kill(c.pid, SIGHUP);
-      TANDEM_LOG(kInfo) << "SIGHUP passed on to the router (config reload)";
-    }
+    if (sig == SIGHUP) Reload(options, prepared, children);
     Clock::time_point now = Clock::now();
     for (Child& c : children) {
       int status = 0;
       if (c.pid > 0 && ::waitpid(c.pid, &status, WNOHANG) == c.pid) {
+        c.pid = -1;
+        if (!announced && !c.answered) {
+          // Restarting a child that cannot start would only repeat its error.
+          std::fprintf(stderr, "tandem up: %s %s during start-up (its messages are above)\n",
+                       c.name.c_str(), DescribeExit(status).c_str());
+          failed = true;
+          break;
+        }
         double ran = std::chrono::duration<double>(now - c.started).count();
         if (ran > 60) c.backoff_s = 1;
         TANDEM_LOG(kWarn) << c.name << " " << DescribeExit(status) << " after " << ran
                           << " s; restarting in " << c.backoff_s << " s";
-        c.pid = -1;
-        c.restart_at = now + std::chrono::duration_cast<Clock::duration>(
-                                 std::chrono::duration<double>(c.backoff_s));
+        c.restart_at = now + Seconds(c.backoff_s);
         c.backoff_s = std::min(c.backoff_s * 2, 30.0);
       }
       if (c.pid <= 0 && now >= c.restart_at) {
@@ -339,15 +464,34 @@ int RunCluster(const LaunchOptions& options) {
         TANDEM_LOG(kInfo) << "restarting " << c.name << " (restart " << c.restarts << ")";
         start(c);
       }
+      if (!CheckHealth(c, config.launcher, announced, now)) failed = true;
     }
-    if (!announced && now >= next_probe) {
-      next_probe = now + std::chrono::milliseconds(250);
-      if (RouterReady(config->router.host, config->router.port)) {
+    if (failed || announced) continue;
+    if (ready.result() != HttpProbe::kPending && now >= next_ready) {
+      ready.Start(config.router.host, config.router.port, "/ready", config.launcher.health_timeout_s);
+      next_ready = now + std::chrono::milliseconds(250);
+    }
+    if (ready.Poll() == HttpProbe::kOk) {
+      ready = HttpProbe();
+      // The answer must come from this cluster's router, not from a process that took the port.
+      const Child& router = children.back();
+      if (router.pid > 0 && ListensOn(router.pid, config.router.port)) {
         announced = true;
         std::printf("tandem: ready at %s (model %s)\n", url.c_str(),
-                    ServedModelName(config->model).c_str());
+                    ServedModelName(config.model).c_str());
         std::fflush(stdout);
+      } else if (router.pid > 0) {
+        std::fprintf(stderr,
+                     "tandem up: %s: router.port: another process answers on port %d\n",
+                     config.Where("router.port").c_str(), config.router.port);
+        failed = true;
       }
+    } else if (Clock::now() >= ready_deadline) {
+      std::fprintf(stderr,
+                   "tandem up: the router did not answer /ready on %s within "
+                   "launcher.ready_timeout_s (%g s)\n",
+                   url.c_str(), config.launcher.ready_timeout_s);
+      failed = true;
     }
   }
 
@@ -356,8 +500,10 @@ int RunCluster(const LaunchOptions& options) {
     (children[i].is_router ? routers : instances).push_back(i);
   StopStage(children, routers, options.stop_timeout_s);
   StopStage(children, instances, options.stop_timeout_s);
+  std::error_code ec;
+  std::filesystem::remove_all(prepared.run_dir, ec);
   TANDEM_LOG(kInfo) << "cluster stopped";
-  return kExitOk;
+  return failed ? kExitFailure : kExitOk;
 }
 
 int UpMain(const std::vector<std::string>& args) {

@@ -1,19 +1,33 @@
 // A local cluster as child processes of this binary: `tandem up CONFIG` and `tandem serve`.
 //
-// The launcher starts every instance (`tandem prefill|decode|colocated --config CONFIG --index I`)
-// and the router (`tandem router --config CONFIG`), each with the launcher's config overrides.
+// Start-up. The launcher loads the config as the serving commands do (LoadServingConfig), checks
+// what would stop a child (cluster/launcher_checks.h: at least one instance, router.host,
+// colliding ports, ports in use, the latency model, the model, the KV pools against this
+// machine's memory) and stops with exit code 1 and a message naming the field when one fails.
 // Ports that are 0 in the config (S.port, S.metrics_port, router.port) are picked here, free on
-// 127.0.0.1 and below the ephemeral range, and passed to every child as overrides
-// (--prefill.port=...), so that the router and the instances agree.
+// 127.0.0.1 and below the ephemeral range. It then writes the validated, effective config (with
+// the picked ports) to a private run directory (/tmp/tandem-up-XXXXXX/config.yaml, removed when
+// the cluster stops) and starts every instance (`tandem prefill|decode|colocated --config
+// SNAPSHOT --index I`) and the router (`tandem router --config SNAPSHOT`) from that snapshot;
+// restarts use it too, so editing the file of a running cluster changes nothing until SIGHUP or
+// the next `up`. Until the router's /ready answers 200 from the router this launcher started
+// (its pid holds the listening socket), a child that exits before it ever answered /health, or
+// that does not answer /health within launcher.ready_timeout_s, stops the cluster with exit
+// code 1 (a child that has answered and then exits is restarted, as below).
 //
-// Supervision: a child that exits while the cluster runs is restarted after a backoff (1 s,
-// doubling to 30 s; back to 1 s once it has run for a minute), with a log line each time.
-// SIGHUP is passed on to the router (config reload). SIGINT/SIGTERM stop the cluster: SIGTERM
-// to the router (it drains), then to the instances, SIGKILL to whatever is left after
-// stop_timeout_s each. Children run in their own process groups (a terminal's Ctrl-C reaches
-// only the launcher, which then stops them in order) and get SIGTERM if the launcher dies.
+// Supervision. Once ready, a child that exits is restarted after a backoff (1 s, doubling to
+// 30 s; back to 1 s once it has run for a minute), with a log line each time. Every child's
+// /health (instances: S.metrics_port + I, always set under `up`; the router: router.port) is
+// polled every launcher.health_interval_s (each poll bounded by launcher.health_timeout_s); a
+// child that has answered once since its start and then fails launcher.health_failures polls in
+// a row is killed (SIGKILL) and restarted the same way. SIGHUP rereads slo, router.policy,
+// router.latency_model and logging from the live file, writes them into the snapshot and passes
+// SIGHUP to the router (an invalid file is logged and changes nothing). SIGINT/SIGTERM stop the
+// cluster: SIGTERM to the router (it drains), then to the instances, SIGKILL to whatever is left
+// after stop_timeout_s each. Children run in their own process groups (a terminal's Ctrl-C
+// reaches only the launcher, which then stops them in order) and get SIGTERM if the launcher dies.
 //
-// Once the router's /ready answers 200 the launcher prints one line to stdout:
+// Once ready the launcher prints one line to stdout:
 //   "tandem: ready at http://HOST:PORT (model NAME)"
 // Single-threaded; RunCluster blocks until the cluster is stopped.
 #pragma once
@@ -27,8 +41,8 @@
 namespace tandem {
 
 struct LaunchOptions {
-  std::string config_path;             // passed to every child as --config
-  std::vector<std::string> overrides;  // "section.key=value", passed to every child
+  std::string config_path;             // the live file (read at start and on SIGHUP)
+  std::vector<std::string> overrides;  // "section.key=value", applied to the file
   std::string binary;                  // "" = this executable (/proc/self/exe)
   double stop_timeout_s = 10;          // per stage of the shutdown, before SIGKILL
 };
@@ -39,7 +53,8 @@ struct LaunchOptions {
 StatusOr<std::vector<std::string>> PickPorts(const ClusterConfig& config);
 
 // Starts and supervises the cluster until SIGINT/SIGTERM. Returns an exit code (kExitOk after a
-// clean stop; kExitFailure when the config or the model is unusable).
+// clean stop; kExitFailure when the config, the machine or the model is unusable, or a child
+// could not start).
 int RunCluster(const LaunchOptions& options);
 
 // `tandem up CONFIG [--SECTION.KEY=VALUE ...]`.

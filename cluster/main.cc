@@ -9,6 +9,7 @@
 #include "cluster/profile.h"
 #include "cluster/simulator.h"
 #include "common/config/config.h"
+#include "common/config/serving_config.h"
 #include "common/base/flags.h"
 #include "cluster/generate_cli.h"
 #include "cluster/make_model_cli.h"
@@ -43,7 +44,10 @@ int CheckConfigMain(const std::vector<std::string>& args) {
     std::fprintf(stderr, "tandem check-config: expected one CONFIG file\n");
     return kExitUsage;
   }
-  StatusOr<ClusterConfig> config = LoadConfig(flags.positional()[0], flags.config_overrides());
+  // What the serving commands would refuse is refused here too (check-config answers "would
+  // `tandem up` accept this?").
+  StatusOr<ClusterConfig> config =
+      LoadServingConfig(flags.positional()[0], flags.config_overrides());
   if (!config.ok()) {
     std::fprintf(stderr, "%s\n", config.status().message().c_str());
     return kExitFailure;

@@ -222,7 +222,11 @@ Status BatchDriver::InitTransferAndEngine(const RoleArgs& args,
   eo.token_budget = section.token_budget;
   if (colocated()) eo.policy = StepPolicyFromConfig(section.scheduling);
   eo.max_model_len = config.model.max_model_len;
-  eo.kv_blocks = KvPoolBlocks(config, section);
+  const ModelConfig& mc = model_->config();
+  TANDEM_ASSIGN_OR_RETURN(
+      eo.kv_blocks,
+      KvPoolBlocks(config, section,
+                   KvLayout{mc.num_layers, mc.num_kv_heads, mc.head_dim, eo.block_size}));
   eo.metrics = setup_.metrics.get();
   // A request joins the batch only once every layer was announced: the pull ends within the
   // transfer timeout, and the step's wait for a layer a little later.

@@ -116,10 +116,10 @@ Status PrefillDriver::Init(const RoleArgs& args) {
   eo.token_budget = section.token_budget;
   eo.max_batch_size = section.max_batch_size;
   eo.block_size = config.kv_cache.block_size;
-  eo.kv_blocks = KvPoolBlocks(config, section);
   eo.max_model_len = config.model.max_model_len;
   eo.metrics = setup_.metrics.get();
   const KvLayout layout{mc.num_layers, mc.num_kv_heads, mc.head_dim, eo.block_size};
+  TANDEM_ASSIGN_OR_RETURN(eo.kv_blocks, KvPoolBlocks(config, section, layout));
   // Our own hold timer fires first; the transport's lease is the backstop.
   TANDEM_ASSIGN_OR_RETURN(kv_, CreatePublisherWithPool(
                                    config.transfer, KvPoolBytes(layout, eo.kv_blocks),

@@ -2,6 +2,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -10,6 +11,20 @@
 
 namespace tandem {
 namespace {
+
+// root[section][key], or an undefined node when either is missing (messages then name the file).
+YAML::Node At(const YAML::Node& root, const std::string& section, const char* key) {
+  if (!root.IsMap()) return YAML::Node(YAML::NodeType::Undefined);
+  YAML::Node sec = root[section];
+  if (!sec.IsMap()) return YAML::Node(YAML::NodeType::Undefined);
+  return sec[key];
+}
+
+const InstanceSection* SectionByName(const ClusterConfig* c, const std::string& name) {
+  if (name == "prefill") return &c->prefill;
+  if (name == "decode") return &c->decode;
+  return &c->colocated;
+}
 
 void ReadInstance(YamlErrors* v, YAML::Node node, const std::string& name, InstanceSection* s) {
   YamlFields sec(v, node, name);
@@ -29,8 +44,7 @@ void ReadInstance(YamlErrors* v, YAML::Node node, const std::string& name, Insta
   sec.Int("metrics_port", &s->metrics_port, 0, 65535);
 }
 
-void ReadConfig(YamlErrors* v, const YAML::Node& root, ClusterConfig* c) {
-  YamlFields top(v, root, "");
+void ReadModelAndRouter(YamlErrors* v, YamlFields& top, ClusterConfig* c) {
   {
     YamlFields sec(v, top.Child("model"), "model");
     sec.String("path", &c->model.path);
@@ -40,52 +54,70 @@ void ReadConfig(YamlErrors* v, const YAML::Node& root, ClusterConfig* c) {
                {"auto", "llama3", "chatml", "mistral", "none"});
     sec.Int("max_model_len", &c->model.max_model_len, 16, 1 << 20);
   }
-  {
-    YamlFields sec(v, top.Child("router"), "router");
-    sec.String("host", &c->router.host);
-    sec.Int("port", &c->router.port, 0, 65535);
-    sec.String("policy", &c->router.policy, {"goodput", "least_loaded", "round_robin"});
-    sec.Int("max_concurrent_requests", &c->router.max_concurrent_requests, 1, 1 << 20);
-    sec.Int("max_body_bytes", &c->router.max_body_bytes, 1024, 1 << 30);
-    sec.Double("request_timeout_s", &c->router.request_timeout_s, 0.001, 86400);
-    sec.Int("http_threads", &c->router.http_threads, 1, 256);
-    sec.String("latency_model", &c->router.latency_model);
+  YamlFields sec(v, top.Child("router"), "router");
+  sec.String("host", &c->router.host);
+  sec.Int("port", &c->router.port, 0, 65535);
+  sec.String("policy", &c->router.policy, {"goodput", "least_loaded", "round_robin"});
+  sec.Int("max_concurrent_requests", &c->router.max_concurrent_requests, 1, 1 << 20);
+  sec.Int("max_body_bytes", &c->router.max_body_bytes, 1024, 1 << 30);
+  sec.Double("request_timeout_s", &c->router.request_timeout_s, 0.001, 86400);
+  sec.Int("http_threads", &c->router.http_threads, 1, 256);
+  sec.String("latency_model", &c->router.latency_model);
+}
+
+void ReadSlo(YamlErrors* v, YamlFields& top, ClusterConfig* c) {
+  YamlFields sec(v, top.Child("slo"), "slo");
+  sec.Double("ttft_s", &c->slo.ttft_s, 1e-6, 3600);
+  sec.Double("tpot_s", &c->slo.tpot_s, 1e-6, 3600);
+  sec.Double("attainment_target", &c->slo.attainment_target, 0.0, 1.0);
+  YAML::Node classes = sec.Child("classes");
+  if (!classes || classes.IsNull()) return;
+  if (!classes.IsSequence()) {
+    v->Add(classes, "slo.classes", "must be a list, got " + DescribeYaml(classes));
+    return;
   }
-  ReadInstance(v, top.Child("prefill"), "prefill", &c->prefill);
-  ReadInstance(v, top.Child("decode"), "decode", &c->decode);
-  c->colocated.instances = 0;
-  ReadInstance(v, top.Child("colocated"), "colocated", &c->colocated);
-  {
-    YamlFields sec(v, top.Child("slo"), "slo");
-    sec.Double("ttft_s", &c->slo.ttft_s, 1e-6, 3600);
-    sec.Double("tpot_s", &c->slo.tpot_s, 1e-6, 3600);
-    sec.Double("attainment_target", &c->slo.attainment_target, 0.0, 1.0);
-    YAML::Node classes = sec.Child("classes");
-    if (classes && !classes.IsNull()) {
-      if (!classes.IsSequence()) {
-        v->Add(classes, "slo.classes", "must be a list, got " + DescribeYaml(classes));
-      } else {
-        std::set<std::string> names;
-        for (size_t i = 0; i < classes.size(); ++i) {
-          std::string prefix = "slo.classes[" + std::to_string(i) + "]";
-          SloClass cls{"", c->slo.ttft_s, c->slo.tpot_s};
-          YamlFields item(v, classes[i], prefix);
-          item.String("name", &cls.name);
-          item.Double("ttft_s", &cls.ttft_s, 1e-6, 3600);
-          item.Double("tpot_s", &cls.tpot_s, 1e-6, 3600);
-          if (cls.name.empty()) v->Add(classes[i], prefix + ".name", "is required");
-          else if (!names.insert(cls.name).second)
-            v->Add(classes[i], prefix + ".name", "duplicate class '" + cls.name + "'");
-          c->slo.classes.push_back(cls);
-        }
-      }
+  std::set<std::string> names;
+  for (size_t i = 0; i < classes.size(); ++i) {
+    std::string prefix = "slo.classes[" + std::to_string(i) + "]";
+    SloClass cls{"", c->slo.ttft_s, c->slo.tpot_s};
+    YamlFields item(v, classes[i], prefix);
+    item.String("name", &cls.name);
+    item.Double("ttft_s", &cls.ttft_s, 1e-6, 3600);
+    item.Double("tpot_s", &cls.tpot_s, 1e-6, 3600);
+    if (cls.name.empty()) v->Add(classes[i], prefix + ".name", "is required");
+    else if (!names.insert(cls.name).second)
+      v->Add(classes[i], prefix + ".name", "duplicate class '" + cls.name + "'");
+    c->slo.classes.push_back(cls);
+  }
+}
+
+// transfer.ucx_tls: each comma-separated item a transport UCX knows.
+void CheckUcxTls(YamlErrors* v, const YAML::Node& node, const std::string& tls) {
+  const std::vector<std::string>& known = KnownUcxTransports();
+  std::stringstream items(tls.size() > 0 && tls[0] == '^' ? tls.substr(1) : tls);
+  int count = 0;
+  for (std::string item; std::getline(items, item, ',');) {
+    ++count;
+    if (item.size() > 4 && item.compare(item.size() - 4, 4, ":aux") == 0)
+      item.resize(item.size() - 4);
+    if (std::find(known.begin(), known.end(), item) == known.end()) {
+      std::string list;
+      for (const std::string& k : known) list += (list.empty() ? "" : ", ") + k;
+      v->Add(node, "transfer.ucx_tls",
+             "'" + item + "' is not a UCX transport (known: " + list + ")");
     }
   }
+  if (count == 0 || tls.back() == ',')
+    v->Add(node, "transfer.ucx_tls", "must name at least one UCX transport, got '" + tls + "'");
+}
+
+void ReadTransport(YamlErrors* v, YamlFields& top, const YAML::Node& root, ClusterConfig* c) {
   {
     YamlFields sec(v, top.Child("kv_cache"), "kv_cache");
     sec.Int("block_size", &c->kv_cache.block_size, 1, 1024);
     if (c->kv_cache.block_size & (c->kv_cache.block_size - 1))
-      v->Add(root["kv_cache"]["block_size"], "kv_cache.block_size", "must be a power of two");
+      v->Add(At(root, "kv_cache", "block_size"), "kv_cache.block_size", "must be a power of two");
+    sec.Double("memory_fraction", &c->kv_cache.memory_fraction, 0.0001, kMaxKvMemoryShare);
   }
   {
     YamlFields sec(v, top.Child("transfer"), "transfer");
@@ -94,6 +126,7 @@ void ReadConfig(YamlErrors* v, const YAML::Node& root, ClusterConfig* c) {
     sec.Double("timeout_s", &c->transfer.timeout_s, 0.001, 3600);
     sec.Int("max_inflight", &c->transfer.max_inflight, 1, 1 << 16);
     sec.Bool("layerwise", &c->transfer.layerwise);
+    CheckUcxTls(v, At(root, "transfer", "ucx_tls"), c->transfer.ucx_tls);
   }
   {
     YamlFields sec(v, top.Child("control"), "control");
@@ -101,14 +134,45 @@ void ReadConfig(YamlErrors* v, const YAML::Node& root, ClusterConfig* c) {
     sec.Double("heartbeat_timeout_s", &c->control.heartbeat_timeout_s, 0.01, 3600);
     sec.Double("connect_timeout_s", &c->control.connect_timeout_s, 0.001, 3600);
     if (c->control.heartbeat_timeout_s < 3 * c->control.heartbeat_interval_s)
-      v->Add(root["control"]["heartbeat_timeout_s"], "control.heartbeat_timeout_s",
+      v->Add(At(root, "control", "heartbeat_timeout_s"), "control.heartbeat_timeout_s",
              "must be at least 3 x control.heartbeat_interval_s, so that one late report fails "
              "nothing");
+  }
+}
+
+void ReadConfig(YamlErrors* v, const YAML::Node& root, ClusterConfig* c) {
+  YamlFields top(v, root, "");
+  ReadModelAndRouter(v, top, c);
+  ReadInstance(v, top.Child("prefill"), "prefill", &c->prefill);
+  ReadInstance(v, top.Child("decode"), "decode", &c->decode);
+  c->colocated.instances = 0;
+  ReadInstance(v, top.Child("colocated"), "colocated", &c->colocated);
+  ReadSlo(v, top, c);
+  ReadTransport(v, top, root, c);
+  {
+    YamlFields sec(v, top.Child("launcher"), "launcher");
+    sec.Double("health_interval_s", &c->launcher.health_interval_s, 0.01, 3600);
+    sec.Double("health_timeout_s", &c->launcher.health_timeout_s, 0.01, 600);
+    sec.Int("health_failures", &c->launcher.health_failures, 1, 1000);
+    sec.Double("ready_timeout_s", &c->launcher.ready_timeout_s, 1, 86400);
   }
   {
     YamlFields sec(v, top.Child("logging"), "logging");
     sec.String("level", &c->logging.level, {"debug", "info", "warn", "error"});
     sec.String("format", &c->logging.format, {"text", "json"});
+  }
+  // An explicit pool must hold one request of model.max_model_len, or such a request could never
+  // run (the default pool is checked where its size is known: KvPoolBlocks).
+  const int64_t request_blocks =
+      (int64_t{c->model.max_model_len} + c->kv_cache.block_size - 1) / c->kv_cache.block_size;
+  for (const char* name : {"prefill", "decode", "colocated"}) {
+    const InstanceSection& s = *SectionByName(c, name);
+    if (s.kv_blocks > 0 && s.kv_blocks < request_blocks)
+      v->Add(At(root, name, "kv_blocks"), std::string(name) + ".kv_blocks",
+             "holds " + std::to_string(s.kv_blocks) + " blocks, fewer than one request of "
+             "model.max_model_len (" + std::to_string(c->model.max_model_len) + " tokens = " +
+             std::to_string(request_blocks) + " blocks of " +
+             std::to_string(c->kv_cache.block_size) + ")");
   }
 }
 
@@ -156,6 +220,10 @@ Status ApplyOverrides(YAML::Node& root, const std::vector<std::string>& override
 StatusOr<ClusterConfig> ParseConfig(const std::string& yaml_text, const std::string& source_name,
                                     const std::vector<std::string>& overrides) {
   TANDEM_ASSIGN_OR_RETURN(YAML::Node root, ParseYaml(yaml_text, source_name));
+  // Before the overrides: they replace a key, which would hide the second of two.
+  YamlErrors duplicates(source_name);
+  ReportDuplicateKeys(&duplicates, root, "");
+  TANDEM_RETURN_IF_ERROR(duplicates.ToStatus());
   std::set<std::string> overridden;
   TANDEM_RETURN_IF_ERROR(ApplyOverrides(root, overrides, &overridden));
   ClusterConfig config;
@@ -163,7 +231,24 @@ StatusOr<ClusterConfig> ParseConfig(const std::string& yaml_text, const std::str
   YamlErrors errors(source_name, overridden);
   ReadConfig(&errors, root, &config);
   TANDEM_RETURN_IF_ERROR(errors.ToStatus());
+  config.where = errors.locations();
   return config;
+}
+
+std::string ClusterConfig::Where(const std::string& field) const {
+  auto it = where.find(field);
+  return it == where.end() ? source : it->second;
+}
+
+const std::vector<std::string>& KnownUcxTransports() {
+  static const std::vector<std::string> known = {
+      "all",      "self",     "tcp",      "sm",       "shm",      "mm",        "posix",
+      "sysv",     "xpmem",    "cma",      "knem",     "ib",       "rc",        "rc_v",
+      "rc_verbs", "rc_x",     "rc_mlx5",  "ud",       "ud_v",     "ud_verbs",  "ud_x",
+      "ud_mlx5",  "dc",       "dc_x",     "dc_mlx5",  "rdmacm",   "sockcm",    "cuda",
+      "cuda_copy", "cuda_ipc", "gdr_copy", "rocm",    "rocm_copy", "rocm_ipc", "rocm_gdr",
+      "ze_copy",  "ugni",     "ugni_rdma", "ugni_udt", "ugni_smsg"};
+  return known;
 }
 
 StatusOr<ClusterConfig> LoadConfig(const std::string& path,
@@ -229,7 +314,9 @@ std::string ConfigToYaml(const ClusterConfig& c) {
   }
   out << YAML::EndSeq << YAML::EndMap;
   out << YAML::Key << "kv_cache" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "block_size" << YAML::Value << c.kv_cache.block_size << YAML::EndMap;
+  out << YAML::Key << "block_size" << YAML::Value << c.kv_cache.block_size;
+  out << YAML::Key << "memory_fraction" << YAML::Value << c.kv_cache.memory_fraction
+      << YAML::EndMap;
   out << YAML::Key << "transfer" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "backend" << YAML::Value << c.transfer.backend;
   out << YAML::Key << "ucx_tls" << YAML::Value << c.transfer.ucx_tls;
@@ -240,6 +327,12 @@ std::string ConfigToYaml(const ClusterConfig& c) {
   out << YAML::Key << "heartbeat_interval_s" << YAML::Value << c.control.heartbeat_interval_s;
   out << YAML::Key << "heartbeat_timeout_s" << YAML::Value << c.control.heartbeat_timeout_s;
   out << YAML::Key << "connect_timeout_s" << YAML::Value << c.control.connect_timeout_s
+      << YAML::EndMap;
+  out << YAML::Key << "launcher" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "health_interval_s" << YAML::Value << c.launcher.health_interval_s;
+  out << YAML::Key << "health_timeout_s" << YAML::Value << c.launcher.health_timeout_s;
+  out << YAML::Key << "health_failures" << YAML::Value << c.launcher.health_failures;
+  out << YAML::Key << "ready_timeout_s" << YAML::Value << c.launcher.ready_timeout_s
       << YAML::EndMap;
   out << YAML::Key << "logging" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "level" << YAML::Value << c.logging.level;

@@ -5,9 +5,17 @@
 // (a typo is an error, never silently ignored). Each error names the file, the line and the
 // dotted field ("cluster.yaml:12:3: decode.max_batch_size: must be an integer in [1, 4096],
 // got 'lots'"). Command-line overrides ("decode.max_batch_size=32") are applied before
-// validation and are reported as "flag --decode.max_batch_size" when wrong.
+// validation and are reported as "flag --decode.max_batch_size" when wrong. A key given twice in
+// one mapping is an error. Cross-field checks that need nothing but the file run here too (an
+// explicit kv_blocks holds one request of model.max_model_len; heartbeat timeout vs interval).
+//
+// LoadConfig accepts every value that some command can use: `tandem simulate` and `tandem plan`
+// read GPU layouts (device cuda, tensor/pipeline parallel > 1) that no server here can run. The
+// commands that serve load through LoadServingConfig (common/config/serving_config.h), which
+// refuses those values with the same file:line:field messages.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -44,11 +52,11 @@ struct InstanceSection {
   std::string device = "cpu";  // cpu|cuda
   int tensor_parallel = 1;
   int pipeline_parallel = 1;  // pipeline stages (GPU planner output; CPU instances use 1)
-  int kv_blocks = 0;          // 0 = size the pool from max_model_len and max_batch_size
+  int kv_blocks = 0;          // 0 = kv_cache.memory_fraction of the machine's memory
   int max_batch_size = 64;    // sequences in one forward pass
   int token_budget = 2048;    // prefill: tokens in one batch
   double kv_usage_watermark = 0.95;  // decode: admit only below this KV usage
-  std::string preemption = "recompute";  // decode: recompute|swap
+  std::string preemption = "recompute";  // decode: recompute (swap: refused for serving)
   double kv_hold_timeout_s = 30;  // prefill: free unpulled KV after this
   // colocated: "chunked" mixes prompt chunks into decode steps (vLLM today); "prefill_first"
   // runs waiting prompts whole, in prefill-only steps that pause every decode (vLLM 2023, the
@@ -71,8 +79,16 @@ struct SloSection {
   std::vector<SloClass> classes;  // per request class (the "x-tandem-slo-class" header)
 };
 
+// The KV pools of the instances on one machine take at most this share of its memory; the rest
+// is for the weights, the activations and everything else.
+inline constexpr double kMaxKvMemoryShare = 0.9;
+
 struct KvCacheSection {
   int block_size = 16;  // tokens per block
+  // The default KV pool of each instance (S.kv_blocks 0): this share of the machine's memory
+  // (physical memory or the cgroup limit, whichever is lower), at most what S.max_batch_size
+  // requests of model.max_model_len need.
+  double memory_fraction = 0.05;
 };
 
 struct TransferSection {
@@ -102,6 +118,19 @@ struct ControlSection {
   double connect_timeout_s = 2.0;
 };
 
+// `tandem up`'s supervisor (cluster/launcher.h).
+struct LauncherSection {
+  // Every child's /health (instances: S.metrics_port + I; the router: router.port) is polled this
+  // often; one poll gives up after health_timeout_s.
+  double health_interval_s = 1.0;
+  double health_timeout_s = 1.0;
+  // A child that fails this many polls in a row is killed and restarted.
+  int health_failures = 3;
+  // Start-up: every child answers /health and the router /ready within this long, or `up` stops
+  // with exit code 1.
+  double ready_timeout_s = 600;
+};
+
 struct LoggingSection {
   std::string level = "info";   // debug|info|warn|error
   std::string format = "text";  // text|json
@@ -117,9 +146,21 @@ struct ClusterConfig {
   KvCacheSection kv_cache;
   TransferSection transfer;
   ControlSection control;
+  LauncherSection launcher;
   LoggingSection logging;
   std::string source;  // where it came from, for messages ("cluster.yaml", "<defaults>")
+  // Dotted field -> where it was set ("cluster.yaml:12:3", "flag --decode.threads"), for every
+  // field the file or a flag set; checks made after load name the same place.
+  std::map<std::string, std::string> where;
+
+  // where[field], or `source` for a field left at its default.
+  std::string Where(const std::string& field) const;
 };
+
+// The transports UCX_TLS names (UCX 1.13+; `ucx_info -d` lists those this machine has), plus
+// "all". transfer.ucx_tls is a comma-separated list of these; a leading "^" excludes them and a
+// ":aux" suffix marks an auxiliary transport, as UCX reads them.
+const std::vector<std::string>& KnownUcxTransports();
 
 // Loads and validates a YAML file. `overrides` are "dotted.key=value" strings (from CLI flags);
 // values are parsed as YAML scalars. On error returns InvalidArgument naming file:line and field

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <map>
 
 namespace tandem {
 namespace {
@@ -44,17 +45,43 @@ std::string DescribeYaml(const YAML::Node& node) {
 YamlErrors::YamlErrors(std::string source, std::set<std::string> overridden)
     : source_(std::move(source)), overridden_(std::move(overridden)) {}
 
+std::string YamlErrors::Where(const YAML::Node& node, const std::string& field) const {
+  if (overridden_.count(field)) return "flag --" + field;
+  if (node.IsDefined() && !node.Mark().is_null())
+    return source_ + ":" + std::to_string(node.Mark().line + 1) + ":" +
+           std::to_string(node.Mark().column + 1);
+  return source_;
+}
+
 void YamlErrors::Add(const YAML::Node& node, const std::string& field, const std::string& what) {
-  std::string where;
-  if (overridden_.count(field)) {
-    where = "flag --" + field;
-  } else if (node.IsDefined() && !node.Mark().is_null()) {
-    where = source_ + ":" + std::to_string(node.Mark().line + 1) + ":" +
-            std::to_string(node.Mark().column + 1);
-  } else {
-    where = source_;
+  errors_.push_back(Where(node, field) + ": " + field + ": " + what);
+}
+
+void YamlErrors::Record(const YAML::Node& node, const std::string& field) {
+  locations_[field] = Where(node, field);
+}
+
+void ReportDuplicateKeys(YamlErrors* errors, const YAML::Node& node, const std::string& prefix) {
+  auto join = [&prefix](const std::string& key) { return prefix.empty() ? key : prefix + "." + key; };
+  if (node.IsSequence()) {
+    for (size_t i = 0; i < node.size(); ++i)
+      ReportDuplicateKeys(errors, node[i], prefix + "[" + std::to_string(i) + "]");
+    return;
   }
-  errors_.push_back(where + ": " + field + ": " + what);
+  if (!node.IsMap()) return;
+  std::map<std::string, int> first_line;  // key -> line of its first occurrence (1-based)
+  for (auto it = node.begin(); it != node.end(); ++it) {
+    const std::string key = it->first.IsScalar() ? it->first.Scalar() : "";
+    const int line = it->first.Mark().is_null() ? 0 : it->first.Mark().line + 1;
+    auto [seen, inserted] = first_line.emplace(key, line);
+    if (!inserted) {
+      errors->Add(it->first, join(key),
+                  "duplicate key" + (seen->second > 0
+                                         ? " (first at line " + std::to_string(seen->second) + ")"
+                                         : std::string()));
+    }
+    ReportDuplicateKeys(errors, it->second, join(key));
+  }
 }
 
 Status YamlErrors::ToStatus() const {
@@ -94,6 +121,7 @@ YAML::Node YamlFields::Take(const char* key, bool required) {
     if (required) errors_->Add(node_, Field(key), "is required");
     return YAML::Node(YAML::NodeType::Undefined);
   }
+  errors_->Record(n, Field(key));
   return n;
 }
 

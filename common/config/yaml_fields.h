@@ -1,7 +1,8 @@
 // Validated reading of YAML files that people write by hand (the cluster config, latency models):
 // every problem is collected, not just the first, and each message names where it is and which
 // dotted field ("cluster.yaml:12:3: decode.max_batch_size: must be an integer in [1, 4096], got
-// 'lots'"). Keys that nothing reads are errors ("unknown key"): a typo never passes silently.
+// 'lots'"). Keys that nothing reads are errors ("unknown key"), and so is a key given twice in one
+// mapping (yaml-cpp would keep one silently): a typo never passes silently.
 //
 //   YamlErrors errors("cluster.yaml");
 //   {
@@ -13,6 +14,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -37,6 +39,12 @@ class YamlErrors {
   explicit YamlErrors(std::string source, std::set<std::string> overridden = {});
 
   void Add(const YAML::Node& node, const std::string& field, const std::string& what);
+  // Where `field` was set: "flag --field", "source:line:column", or the source alone.
+  std::string Where(const YAML::Node& node, const std::string& field) const;
+  // Remembers where `field` was set (see locations()).
+  void Record(const YAML::Node& node, const std::string& field);
+  // Dotted field -> Where() of every field that a YamlFields reader found set.
+  const std::map<std::string, std::string>& locations() const { return locations_; }
   const std::vector<std::string>& list() const { return errors_; }
   // OK, or InvalidArgument with every error, one per line.
   Status ToStatus() const;
@@ -45,7 +53,12 @@ class YamlErrors {
   std::string source_;
   std::set<std::string> overridden_;
   std::vector<std::string> errors_;
+  std::map<std::string, std::string> locations_;
 };
+
+// Reports every key that occurs twice in one mapping of `node` (recursively, lists included), at
+// the second occurrence: "a.yaml:7:3: decode.threads: duplicate key (first at line 4)".
+void ReportDuplicateKeys(YamlErrors* errors, const YAML::Node& node, const std::string& prefix);
 
 // The fields of one mapping. Each reader leaves *out unchanged when the key is absent or null
 // (and reports "is required" when `required`), and reports a value of the wrong type or range.

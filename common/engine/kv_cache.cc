@@ -1,7 +1,12 @@
 #include "common/engine/kv_cache.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
+
+#include "common/config/serving_config.h"
 
 namespace tandem {
 
@@ -154,10 +159,52 @@ Status ImportBlocks(KvCache& cache, std::span<const int32_t> table, std::span<co
   return Status::Ok();
 }
 
-int KvPoolBlocks(const ClusterConfig& config, const InstanceSection& section) {
-  if (section.kv_blocks > 0) return section.kv_blocks;
-  return BlocksForTokens(config.model.max_model_len, config.kv_cache.block_size) *
-         section.max_batch_size;
+StatusOr<int> KvPoolBlocks(const ClusterConfig& config, const InstanceSection& section,
+                           const KvLayout& layout, uint64_t machine_bytes) {
+  const char* name = &section == &config.prefill  ? "prefill"
+                     : &section == &config.decode ? "decode"
+                                                  : "colocated";
+  // Bytes of one block across all layers: what a block of the pool costs.
+  const uint64_t block_bytes = uint64_t{layout.block_bytes()} * layout.num_layers;
+  const int64_t request_blocks = BlocksForTokens(config.model.max_model_len, layout.block_size);
+  auto gib = [](double bytes) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.2f GiB", bytes / (1 << 30));
+    return std::string(text);
+  };
+  int64_t blocks = section.kv_blocks;
+  std::string field = std::string(name) + ".kv_blocks";
+  if (blocks <= 0) {
+    field = "kv_cache.memory_fraction";
+    const int64_t cap = request_blocks * section.max_batch_size;
+    blocks = cap;
+    if (machine_bytes > 0 && block_bytes > 0) {
+      const double share = config.kv_cache.memory_fraction * static_cast<double>(machine_bytes);
+      blocks = std::min<int64_t>(cap, static_cast<int64_t>(share / block_bytes));
+    }
+  }
+  if (blocks < request_blocks)
+    return InvalidArgument(
+        config.Where(field) + ": " + field + ": the " + name + " KV pool holds " +
+        std::to_string(blocks) + " blocks (" + gib(static_cast<double>(blocks) * block_bytes) +
+        "), fewer than one request of model.max_model_len (" +
+        std::to_string(config.model.max_model_len) + " tokens = " +
+        std::to_string(request_blocks) + " blocks of " + gib(block_bytes) + "): raise it or "
+        "lower model.max_model_len");
+  const double pool_bytes = static_cast<double>(blocks) * block_bytes;
+  if (machine_bytes > 0 && pool_bytes > kMaxKvMemoryShare * static_cast<double>(machine_bytes))
+    return InvalidArgument(config.Where(field) + ": " + field + ": the " + name + " KV pool (" +
+                           std::to_string(blocks) + " blocks, " + gib(pool_bytes) +
+                           ") does not fit this machine's memory (" +
+                           gib(static_cast<double>(machine_bytes)) + ")");
+  if (blocks > std::numeric_limits<int32_t>::max())
+    return InvalidArgument(config.Where(field) + ": " + field + ": too many blocks");
+  return static_cast<int>(blocks);
+}
+
+StatusOr<int> KvPoolBlocks(const ClusterConfig& config, const InstanceSection& section,
+                           const KvLayout& layout) {
+  return KvPoolBlocks(config, section, layout, MachineMemoryBytes());
 }
 
 }  // namespace tandem

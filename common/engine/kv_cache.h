@@ -90,9 +90,17 @@ inline int32_t BlocksForTokens(int64_t tokens, int32_t block_size) {
   return static_cast<int32_t>((tokens + block_size - 1) / block_size);
 }
 
-// The KV pool size of an instance of `section`: section.kv_blocks when set, else the default
-// (enough for max_batch_size requests of model.max_model_len tokens).
-int KvPoolBlocks(const ClusterConfig& config, const InstanceSection& section);
+// The KV pool size (blocks per layer) of one instance of `section` (one of config's prefill,
+// decode, colocated) for a model whose KV has `layout`: section.kv_blocks when set, else
+// kv_cache.memory_fraction of `machine_bytes`, at most what section.max_batch_size requests of
+// model.max_model_len need. InvalidArgument naming the field and where it was set when the pool
+// holds less than one request of model.max_model_len, or takes more than kMaxKvMemoryShare of
+// `machine_bytes` (0 = unknown: not checked).
+StatusOr<int> KvPoolBlocks(const ClusterConfig& config, const InstanceSection& section,
+                           const KvLayout& layout, uint64_t machine_bytes);
+// Same, on this machine (MachineMemoryBytes, common/config/serving_config.h).
+StatusOr<int> KvPoolBlocks(const ClusterConfig& config, const InstanceSection& section,
+                           const KvLayout& layout);
 
 // `bytes` of 4096-aligned heap memory. ResourceExhausted when it is not available.
 StatusOr<KvPoolMemory> AllocateKvPoolMemory(size_t bytes);

@@ -17,7 +17,10 @@ void ApplyLogging(const ClusterConfig& config) {
 }
 
 StatusOr<ClusterConfig> Load(const std::string& path, const std::vector<std::string>& overrides) {
-  return path.empty() ? ParseConfig("", "<defaults>", overrides) : LoadConfig(path, overrides);
+  if (!path.empty()) return LoadServingConfig(path, overrides);
+  TANDEM_ASSIGN_OR_RETURN(ClusterConfig config, ParseConfig("", "<defaults>", overrides));
+  TANDEM_RETURN_IF_ERROR(ValidateForServing(config));
+  return config;
 }
 
 // Waits for signals until one asks to stop; SIGHUP reloads the config meanwhile.

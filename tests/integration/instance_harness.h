@@ -263,6 +263,7 @@ struct Cluster {
   int colocated_port = FreePort();
   int metrics_port = FreePort();
   int colocated_metrics_port = FreePort();
+  int decode_kv_blocks = 32;  // from decode_extra
 
   // decode_extra: YAML lines for the decode section (after port). layerwise: transfer.layerwise.
   // extra: whole YAML sections appended at the end (control:, ...).
@@ -271,6 +272,8 @@ struct Cluster {
                        // the pull queue (prefill keeps holding its KV) while the first one runs.
                        "  kv_blocks: 12\n  kv_usage_watermark: 0.1\n",
                    bool layerwise = true, const std::string& extra = "") {
+    if (size_t at = decode_extra.find("kv_blocks: "); at != std::string::npos)
+      decode_kv_blocks = std::stoi(decode_extra.substr(at + 11));
     dir = fs::temp_directory_path() / ("tandem-instances-" + std::to_string(getpid()));
     fs::remove_all(dir);
     fs::create_directories(dir);
@@ -294,8 +297,14 @@ struct Cluster {
     std::error_code ec;
     fs::remove_all(dir, ec);
   }
+  // Each instance's model.max_model_len is what its small pool holds (16-token blocks), as the
+  // config requires: the requests here fit them all.
   std::vector<std::string> Args(const std::string& role) const {
-    return {TANDEM_BINARY, role, "--config", config, "--index", "0"};
+    int pool = 64;
+    if (role == "colocated") pool = 6;
+    if (role == "decode") pool = decode_kv_blocks;
+    return {TANDEM_BINARY, role, "--config", config, "--index", "0",
+            "--model.max_model_len=" + std::to_string(std::min(pool * 16, 512))};
   }
   std::string Log(const std::string& role) const { return (dir / (role + ".log")).string(); }
 };

@@ -136,7 +136,8 @@ class TandemCluster:
             json.dump(self.config, f, indent=1)
 
     def start(self):
-        """Starts `tandem up` and waits until the router's /ready answers 200."""
+        """Starts `tandem up` and waits until the router's /ready answers 200 and the launcher
+        has printed its ready line."""
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen([self.binary, "up", self.config_path], stdout=self.log,
                                      stderr=subprocess.STDOUT)
@@ -145,7 +146,9 @@ class TandemCluster:
             self.known_children.update(pid for pid, _ in children_of(self.proc.pid))
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.name}: tandem up exited: {self.tail()}")
-            if self.ready():
+            # The launcher's own line: from then on it restarts a child that exits (before, a
+            # child that exits stops the cluster).
+            if self.ready() and "tandem: ready at" in self.tail(400):
                 self.known_children.update(pid for pid, _ in children_of(self.proc.pid))
                 return
             time.sleep(0.25)

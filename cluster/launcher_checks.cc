@@ -1,0 +1,208 @@
+#include "cluster/launcher_checks.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <vector>
+
+#include "common/model/model_store.h"
+
+namespace tandem {
+namespace {
+
+struct BoundPort {
+  std::string field;  // "decode.port"
+  std::string who;    // "decode-1"
+  int port = 0;
+};
+
+// Every port a child of `up` binds, in a fixed order (router first); those left at 0 (for
+// PickPorts) are not listed.
+std::vector<BoundPort> BoundPorts(const ClusterConfig& c) {
+  std::vector<BoundPort> out;
+  if (c.router.port != 0) out.push_back({"router.port", "the router", c.router.port});
+  const std::pair<const char*, const InstanceSection*> sections[] = {
+      {"prefill", &c.prefill}, {"decode", &c.decode}, {"colocated", &c.colocated}};
+  for (auto& [name, s] : sections) {
+    for (int i = 0; i < s->instances; ++i) {
+      const std::string who = std::string(name) + "-" + std::to_string(i);
+      if (s->port > 0) out.push_back({std::string(name) + ".port", who, s->port + i});
+      if (s->metrics_port > 0)
+        out.push_back({std::string(name) + ".metrics_port", who + " (metrics)", s->metrics_port + i});
+    }
+  }
+  return out;
+}
+
+std::string Join(const std::vector<std::string>& lines) {
+  std::string out;
+  for (const std::string& l : lines) out += (out.empty() ? "" : "\n") + l;
+  return out;
+}
+
+// Binds a TCP socket to host:port (port 0: any) and closes it; "" or the error.
+std::string TryBind(const std::string& host, int port) {
+  sockaddr_storage storage{};
+  socklen_t length = 0;
+  auto* v4 = reinterpret_cast<sockaddr_in*>(&storage);
+  auto* v6 = reinterpret_cast<sockaddr_in6*>(&storage);
+  if (::inet_pton(AF_INET, host.c_str(), &v4->sin_addr) == 1) {
+    v4->sin_family = AF_INET;
+    v4->sin_port = htons(static_cast<uint16_t>(port));
+    length = sizeof *v4;
+  } else if (::inet_pton(AF_INET6, host.c_str(), &v6->sin6_addr) == 1) {
+    v6->sin6_family = AF_INET6;
+    v6->sin6_port = htons(static_cast<uint16_t>(port));
+    length = sizeof *v6;
+  } else {
+    return "not an IP address";
+  }
+  int fd = ::socket(storage.ss_family, SOCK_STREAM, 0);
+  if (fd < 0) return std::strerror(errno);
+  int one = 1;
+  // As the servers bind: SO_REUSEADDR lets a port in TIME_WAIT be taken, not one that listens.
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  std::string error;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&storage), length) != 0) error = std::strerror(errno);
+  ::close(fd);
+  return error;
+}
+
+// Socket inodes that listen on `port` in /proc/net/tcp or tcp6.
+std::set<std::string> ListeningInodes(int port) {
+  std::set<std::string> inodes;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // header
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::string slot, local, remote, state, queues, timer, retransmits, uid, timeout, inode;
+      if (!(fields >> slot >> local >> remote >> state >> queues >> timer >> retransmits >> uid >>
+            timeout >> inode))
+        continue;
+      const size_t colon = local.rfind(':');
+      if (state != "0A" || colon == std::string::npos) continue;  // 0A = LISTEN
+      if (std::stoi(local.substr(colon + 1), nullptr, 16) == port) inodes.insert(inode);
+    }
+  }
+  return inodes;
+}
+
+}  // namespace
+
+Status CheckClusterLayout(const ClusterConfig& c) {
+  std::vector<std::string> errors;
+  auto add = [&](const std::string& field, const std::string& what) {
+    errors.push_back(c.Where(field) + ": " + field + ": " + what);
+  };
+  const bool prefill = c.prefill.instances > 0, decode = c.decode.instances > 0;
+  if (!prefill && !decode && c.colocated.instances == 0)
+    add("colocated.instances",
+        "the cluster has no instances: set prefill.instances and decode.instances (a "
+        "disaggregated pair) or colocated.instances to at least 1");
+  if (prefill && !decode)
+    add("decode.instances", "is 0, so the prefill instances' requests could never be decoded");
+  if (decode && !prefill)
+    add("prefill.instances", "is 0, so the decode instances would never get a request");
+  if (std::string error = TryBind(c.router.host, 0); error == "not an IP address")
+    add("router.host", "'" + c.router.host + "' is not an IP address (e.g. 127.0.0.1, 0.0.0.0)");
+  else if (!error.empty())
+    add("router.host", "cannot listen on '" + c.router.host + "': " + error);
+  std::map<int, const BoundPort*> owner;
+  const std::vector<BoundPort> ports = BoundPorts(c);
+  for (const BoundPort& p : ports) {
+    if (p.port < 1 || p.port > 65535) {
+      add(p.field, p.who + " would listen on port " + std::to_string(p.port) +
+                       ", outside [1, 65535]");
+      continue;
+    }
+    auto [it, inserted] = owner.emplace(p.port, &p);
+    if (!inserted)
+      add(p.field, p.who + " would listen on port " + std::to_string(p.port) + ", as " +
+                       it->second->who + " (" + it->second->field + ") does");
+  }
+  if (errors.empty()) return Status::Ok();
+  return InvalidArgument(Join(errors));
+}
+
+Status CheckPortsFree(const ClusterConfig& c) {
+  std::vector<std::string> errors;
+  for (const BoundPort& p : BoundPorts(c)) {
+    const std::string host = p.field == "router.port" ? c.router.host : "127.0.0.1";
+    if (std::string error = TryBind(host, p.port); !error.empty())
+      errors.push_back(c.Where(p.field) + ": " + p.field + ": " + p.who + " cannot listen on " +
+                       host + ":" + std::to_string(p.port) + ": " + error +
+                       " (another process holds it: stop it or pick another port)");
+  }
+  if (errors.empty()) return Status::Ok();
+  return Unavailable(Join(errors));
+}
+
+Status CheckKvMemory(const ClusterConfig& c, const KvLayout& layout, uint64_t machine_bytes) {
+  const std::pair<const char*, const InstanceSection*> sections[] = {
+      {"prefill", &c.prefill}, {"decode", &c.decode}, {"colocated", &c.colocated}};
+  const double block_bytes = static_cast<double>(layout.block_bytes()) * layout.num_layers;
+  double total = 0;
+  int instances = 0;
+  std::string fields;
+  for (auto& [name, s] : sections) {
+    if (s->instances <= 0) continue;
+    TANDEM_ASSIGN_OR_RETURN(int blocks, KvPoolBlocks(c, *s, layout, machine_bytes));
+    total += blocks * block_bytes * s->instances;
+    instances += s->instances;
+    if (s->kv_blocks > 0) fields += std::string(fields.empty() ? "" : ", ") + name + ".kv_blocks";
+  }
+  if (machine_bytes == 0 || total <= kMaxKvMemoryShare * static_cast<double>(machine_bytes))
+    return Status::Ok();
+  const std::string field = fields.empty() ? "kv_cache.memory_fraction" : fields;
+  char text[200];
+  std::snprintf(text, sizeof text,
+                "the KV pools of the %d instance(s) take %.2f GiB together, more than %.0f%% of "
+                "this machine's %.2f GiB",
+                instances, total / (1 << 30), kMaxKvMemoryShare * 100,
+                static_cast<double>(machine_bytes) / (1 << 30));
+  const std::string where = fields.empty() ? c.Where("kv_cache.memory_fraction") : c.source;
+  return InvalidArgument(where + ": " + field + ": " + text);
+}
+
+ClusterConfig SnapshotConfig(const ClusterConfig& config) {
+  namespace fs = std::filesystem;
+  ClusterConfig out = config;
+  out.model.name = ServedModelName(config.model);
+  std::error_code ec;
+  if (!config.model.path.empty()) out.model.path = fs::absolute(config.model.path, ec).string();
+  const std::string& lm = config.router.latency_model;
+  if (!lm.empty() && fs::path(lm).is_relative()) {
+    fs::path base = config.source.empty() || config.source[0] == '<'
+                        ? fs::current_path(ec)
+                        : fs::absolute(config.source, ec).parent_path();
+    out.router.latency_model = (base / lm).lexically_normal().string();
+  }
+  return out;
+}
+
+bool ListensOn(pid_t pid, int port) {
+  const std::set<std::string> inodes = ListeningInodes(port);
+  if (inodes.empty()) return false;
+  std::error_code ec;
+  const std::filesystem::path fds = "/proc/" + std::to_string(pid) + "/fd";
+  for (const auto& entry : std::filesystem::directory_iterator(fds, ec)) {
+    std::string target = std::filesystem::read_symlink(entry.path(), ec).string();
+    if (ec || target.rfind("socket:[", 0) != 0) continue;
+    if (inodes.count(target.substr(8, target.size() - 9))) return true;
+  }
+  return false;
+}
+
+}  // namespace tandem

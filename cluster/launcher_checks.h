@@ -1,0 +1,44 @@
+// What `tandem up` checks before it starts a child, so that a cluster that cannot run stops at
+// start-up with a message naming the field instead of restarting a child for ever; and the
+// config snapshot the children run on.
+//
+// Every function here is a plain function of the config (and of this machine's sockets and
+// memory where it says so); none starts a process.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+
+#include "common/base/status.h"
+#include "common/config/config.h"
+#include "common/engine/kv_cache.h"
+
+namespace tandem {
+
+// The layout of the cluster, with no socket opened: at least one instance (a prefill+decode pair
+// or a colocated instance; prefill without decode and the reverse are refused); router.host an IP
+// address; every port that a child binds (router.port, S.port + I, S.metrics_port + I) in
+// [1, 65535] and used once. Ports left at 0 (PickPorts picks them) are not checked. InvalidArgument with every problem, one per line, each naming where
+// the field was set and the field.
+Status CheckClusterLayout(const ClusterConfig& config);
+
+// Every port that a child binds, other than those left at 0, is free now (router.port on
+// router.host, the instances' on 127.0.0.1). Unavailable naming the field and the port otherwise.
+Status CheckPortsFree(const ClusterConfig& config);
+
+// Every instance's KV pool (KvPoolBlocks) for a model whose KV has `layout`, and all of them
+// together within kMaxKvMemoryShare of `machine_bytes` (0: not checked).
+Status CheckKvMemory(const ClusterConfig& config, const KvLayout& layout, uint64_t machine_bytes);
+
+// The config the children run on, readable from any directory: model.path and
+// router.latency_model absolute (a relative latency_model is relative to the config file's
+// directory, model.path to the working directory), model.name fixed to the served name.
+ClusterConfig SnapshotConfig(const ClusterConfig& config);
+
+// Whether process `pid` holds the socket that listens on TCP `port` (from /proc/net/tcp{,6} and
+// /proc/PID/fd): the answer on that port comes from that process.
+bool ListensOn(pid_t pid, int port);
+
+}  // namespace tandem

@@ -1,0 +1,41 @@
+// The checks that a config must pass to be served on this machine, beyond what LoadConfig checks.
+//
+// LoadConfig accepts what any command can use, including the GPU layouts that `tandem simulate`
+// and `tandem plan` read. The commands that run servers (up, serve, prefill, decode, colocated,
+// router, check-config) load through LoadServingConfig, which also refuses what no server here
+// does, each with the place it was set and the field ("cluster.yaml:7:11: decode.device: ..."):
+//   - S.device cuda (no CUDA forward pass exists yet, on any build);
+//   - S.tensor_parallel or S.pipeline_parallel > 1 (a CPU instance is one process; use S.threads);
+//   - S.preemption swap (decode preempts by recompute only);
+//   - S.scheduling prefill_first on prefill or decode (only colocated instances schedule steps);
+//   - transfer.backend nccl on a build without CUDA;
+//   - transfer.backend inproc with prefill or decode instances (each instance is its own
+//     process; inproc moves KV within one process, for tests).
+// Sizes that need the model (the KV pool against max_model_len and the machine's memory) are
+// checked where the model is known: KvPoolBlocks (common/engine/kv_cache.h) and `tandem up`.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/base/status.h"
+#include "common/config/config.h"
+
+namespace tandem {
+
+// OK, or InvalidArgument with every problem, one per line.
+Status ValidateForServing(const ClusterConfig& config);
+
+// LoadConfig (path empty: the defaults) followed by ValidateForServing.
+StatusOr<ClusterConfig> LoadServingConfig(const std::string& path,
+                                          const std::vector<std::string>& overrides = {});
+
+// Bytes of memory this process may use: physical memory, or the cgroup's limit when that is
+// lower (a container). 0 when neither can be read.
+uint64_t MachineMemoryBytes();
+
+// Whether this build has the CUDA libraries (NCCL): TANDEM_CUDA=ON with a CUDA compiler.
+bool BuiltWithCuda();
+
+}  // namespace tandem

@@ -1,0 +1,178 @@
+// `tandem up`'s start-up checks, its config snapshot and its non-blocking health probe, as plain
+// functions (cli_test drives the binary).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+#include "cluster/launcher.h"
+#include "cluster/launcher_checks.h"
+#include "cluster/launcher_probe.h"
+#include "common/config/config.h"
+
+using namespace tandem;
+
+namespace {
+
+ClusterConfig Parse(const std::string& yaml) {
+  StatusOr<ClusterConfig> config = ParseConfig(yaml, "up.yaml");
+  REQUIRE(config.ok());
+  return *config;
+}
+
+std::string LayoutError(const std::string& yaml) {
+  Status s = CheckClusterLayout(Parse(yaml));
+  return s.ok() ? "" : s.message();
+}
+
+bool Has(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// A socket listening on 127.0.0.1 (an ephemeral port); closed with the object.
+struct Listener {
+  int fd = -1;
+  int port = 0;
+  Listener() {
+    fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+    REQUIRE(::listen(fd, 8) == 0);
+    socklen_t size = sizeof addr;
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &size);
+    port = ntohs(addr.sin_port);
+  }
+  ~Listener() { ::close(fd); }
+};
+
+HttpProbe::Result Finish(HttpProbe& probe, std::chrono::seconds bound) {
+  const auto deadline = std::chrono::steady_clock::now() + bound;
+  while (probe.Poll() == HttpProbe::kPending && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  return probe.result();
+}
+
+}  // namespace
+
+TEST_CASE("launcher: a cluster without instances, or half a pair, is refused", "[launcher]") {
+  CHECK(Has(LayoutError("prefill: {instances: 0}\ndecode: {instances: 0}\n"),
+            "up.yaml: colocated.instances: the cluster has no instances"));
+  CHECK(Has(LayoutError("decode:\n  instances: 0\n"),
+            "up.yaml:2:14: decode.instances: is 0, so the prefill instances' requests"));
+  CHECK(Has(LayoutError("prefill: {instances: 0}\n"), "prefill.instances: is 0"));
+  CHECK(LayoutError("").empty());
+  CHECK(LayoutError("prefill: {instances: 0}\ndecode: {instances: 0}\ncolocated: {instances: 2}\n")
+            .empty());
+}
+
+TEST_CASE("launcher: router.host must be an address this machine can listen on", "[launcher]") {
+  CHECK(Has(LayoutError("router:\n  host: localhost\n"),
+            "up.yaml:2:9: router.host: 'localhost' is not an IP address"));
+  CHECK(Has(LayoutError("router: {host: 300.1.2.3}\n"), "router.host: '300.1.2.3' is not"));
+  // TEST-NET-1: a valid address that is not this machine's.
+  CHECK(Has(LayoutError("router: {host: 192.0.2.1}\n"), "router.host: cannot listen on '192.0.2.1'"));
+  CHECK(LayoutError("router: {host: 0.0.0.0}\n").empty());
+}
+
+TEST_CASE("launcher: two fields or two instances on one port are refused", "[launcher]") {
+  CHECK(Has(LayoutError("router: {port: 9000}\nprefill: {port: 9000}\n"),
+            "up.yaml:2:17: prefill.port: prefill-0 would listen on port 9000, as the router "
+            "(router.port) does"));
+  // decode-1 lands on colocated-0's port.
+  CHECK(Has(LayoutError("decode: {instances: 2, port: 9100}\ncolocated: {instances: 1, port: 9101}\n"),
+            "colocated.port: colocated-0 would listen on port 9101, as decode-1 (decode.port) does"));
+  CHECK(Has(LayoutError("prefill: {port: 9200, metrics_port: 9200}\n"),
+            "prefill.metrics_port: prefill-0 (metrics) would listen on port 9200"));
+  CHECK(Has(LayoutError("decode: {instances: 3, port: 65534}\n"),
+            "decode-2 would listen on port 65536, outside [1, 65535]"));
+  // Ports left at 0 are picked later.
+  CHECK(LayoutError("router: {port: 0}\nprefill: {port: 0}\ndecode: {port: 0}\n").empty());
+}
+
+TEST_CASE("launcher: a port another process holds is refused with its field", "[launcher]") {
+  Listener taken;
+  const std::string yaml = "router:\n  port: " + std::to_string(taken.port) + "\n";
+  Status s = CheckPortsFree(Parse(yaml));
+  REQUIRE_FALSE(s.ok());
+  CHECK(Has(s.message(), "up.yaml:2:9: router.port: the router cannot listen on 127.0.0.1:" +
+                             std::to_string(taken.port)));
+  CHECK(CheckPortsFree(Parse("router: {port: 0}\n")).ok());
+}
+
+TEST_CASE("launcher: the KV pools of all instances must fit the machine together", "[launcher]") {
+  const KvLayout layout{2, 2, 64, 16};  // 32 KiB per block
+  ClusterConfig config = Parse("prefill: {instances: 2, kv_blocks: 10000}\ndecode: {instances: 2}\n");
+  // 2 x 10000 blocks = 625 MiB of prefill pools + 2 x 5% of the machine.
+  CHECK(CheckKvMemory(config, layout, uint64_t{8} << 30).ok());
+  Status s = CheckKvMemory(config, layout, uint64_t{700} << 20);
+  REQUIRE_FALSE(s.ok());
+  CHECK(Has(s.message(), "prefill.kv_blocks: the KV pools of the 4 instance(s) take"));
+  // One pool below a request of max_model_len fails as KvPoolBlocks says.
+  ClusterConfig tight = Parse("kv_cache: {memory_fraction: 0.0001}\n");
+  CHECK(Has(CheckKvMemory(tight, layout, uint64_t{1} << 30).message(),
+            "kv_cache.memory_fraction: the prefill KV pool holds"));
+}
+
+TEST_CASE("launcher: the snapshot reads the same from any directory", "[launcher]") {
+  ClusterConfig config = Parse("model: {path: models/tiny}\nrouter: {latency_model: lm.yaml}\n");
+  config.source = "/etc/tandem/up.yaml";
+  ClusterConfig snapshot = SnapshotConfig(config);
+  CHECK(snapshot.model.path == (std::filesystem::current_path() / "models/tiny").string());
+  CHECK(snapshot.model.name == "tiny");
+  CHECK(snapshot.router.latency_model == "/etc/tandem/lm.yaml");
+  StatusOr<ClusterConfig> again = ParseConfig(ConfigToYaml(snapshot), "snapshot.yaml");
+  REQUIRE(again.ok());
+  CHECK(again->model.path == snapshot.model.path);
+}
+
+TEST_CASE("launcher: the health probe ends on an answer, a refusal or silence", "[launcher]") {
+  SECTION("a listener that never answers: failed after the timeout, without blocking") {
+    Listener silent;
+    HttpProbe probe;
+    const auto start = std::chrono::steady_clock::now();
+    probe.Start("127.0.0.1", silent.port, "/health", 0.3);
+    CHECK(probe.Poll() == HttpProbe::kPending);
+    CHECK(std::chrono::steady_clock::now() - start < std::chrono::milliseconds(100));
+    CHECK(Finish(probe, std::chrono::seconds(5)) == HttpProbe::kFailed);
+    CHECK(Has(probe.error(), "no answer within 0.3 s"));
+    CHECK(std::chrono::steady_clock::now() - start >= std::chrono::milliseconds(300));
+  }
+  SECTION("nothing listens: failed") {
+    int port = 0;
+    { Listener gone; port = gone.port; }
+    HttpProbe probe;
+    probe.Start("127.0.0.1", port, "/health", 2);
+    CHECK(Finish(probe, std::chrono::seconds(5)) == HttpProbe::kFailed);
+  }
+  SECTION("a 200 and a 503") {
+    for (const std::string status : {"200 OK", "503 Service Unavailable"}) {
+      Listener server;
+      HttpProbe probe;
+      probe.Start("127.0.0.1", server.port, "/ready", 5);
+      std::thread answer([&] {
+        int conn = ::accept(server.fd, nullptr, nullptr);
+        char buffer[512];
+        (void)::recv(conn, buffer, sizeof buffer, 0);
+        const std::string reply = "HTTP/1.1 " + status + "\r\nContent-Length: 0\r\n\r\n";
+        (void)::send(conn, reply.data(), reply.size(), MSG_NOSIGNAL);
+        ::close(conn);
+      });
+      const HttpProbe::Result result = Finish(probe, std::chrono::seconds(5));
+      answer.join();
+      CHECK(result == (status[0] == '2' ? HttpProbe::kOk : HttpProbe::kFailed));
+    }
+  }
+}
+
+TEST_CASE("launcher: ListensOn tells which process holds a port", "[launcher]") {
+  Listener mine;
+  CHECK(ListensOn(::getpid(), mine.port));
+  CHECK_FALSE(ListensOn(::getppid(), mine.port));
+}

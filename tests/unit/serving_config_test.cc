@@ -1,0 +1,174 @@
+// What the config refuses: values no server here can run (for serving only: simulate and plan
+// read GPU layouts), duplicate keys, unknown UCX transports, and KV pools that cannot hold one
+// request or do not fit the machine.
+#include <catch2/catch.hpp>
+
+#include "common/config/config.h"
+#include "common/config/serving_config.h"
+#include "common/engine/kv_cache.h"
+#include "test_util.h"
+
+using namespace tandem;
+
+namespace {
+
+std::string LoadError(const std::string& yaml) {
+  StatusOr<ClusterConfig> config = ParseConfig(yaml, "cluster.yaml");
+  return config.ok() ? "" : config.status().message();
+}
+
+// "" when the text loads and may be served; else the message of the step that refused it.
+std::string ServingError(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
+  StatusOr<ClusterConfig> config = ParseConfig(yaml, "cluster.yaml", overrides);
+  if (!config.ok()) return "load: " + config.status().message();
+  Status s = ValidateForServing(*config);
+  return s.ok() ? "" : s.message();
+}
+
+bool Has(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+constexpr uint64_t kGiB = uint64_t{1} << 30;
+
+}  // namespace
+
+TEST_CASE("serving config: GPU layouts load for simulation and are refused for serving",
+          "[config]") {
+  const std::string gpu =
+      "prefill:\n  device: cuda\n  tensor_parallel: 2\n"
+      "decode:\n  pipeline_parallel: 4\n  preemption: swap\n";
+  CHECK(LoadError(gpu).empty());  // tandem simulate / plan
+  const std::string error = ServingError(gpu);
+  CHECK(Has(error, "cluster.yaml:2:11: prefill.device: 'cuda' cannot be served"));
+  CHECK(Has(error, "cluster.yaml:3:20: prefill.tensor_parallel: 2 cannot be served"));
+  CHECK(Has(error, "cluster.yaml:5:22: decode.pipeline_parallel: 4 cannot be served"));
+  CHECK(Has(error, "cluster.yaml:6:15: decode.preemption: swap is not implemented"));
+  // A flag is named as the flag.
+  CHECK(Has(ServingError("", {"colocated.device=cuda"}), "flag --colocated.device: colocated.device"));
+  CHECK(ServingError("").empty());
+  CHECK(ServingError("colocated: {instances: 1, scheduling: prefill_first}\n").empty());
+  CHECK(Has(ServingError("decode: {scheduling: prefill_first}\n"),
+            "cluster.yaml:1:22: decode.scheduling: 'prefill_first' has no effect on decode"));
+}
+
+TEST_CASE("serving config: the KV transports this build cannot serve are refused", "[config]") {
+  const std::string nccl = ServingError("transfer:\n  backend: nccl\n");
+  if (BuiltWithCuda()) {
+    CHECK(nccl.empty());
+  } else {
+    CHECK(Has(nccl, "cluster.yaml:2:12: transfer.backend: nccl needs a build with CUDA"));
+  }
+  CHECK(Has(ServingError("transfer: {backend: inproc}\n"), "transfer.backend: inproc moves KV"));
+  // Colocated instances move no KV: any backend will do.
+  CHECK(ServingError("transfer: {backend: inproc}\nprefill: {instances: 0}\n"
+                     "decode: {instances: 0}\ncolocated: {instances: 1}\n")
+            .empty());
+}
+
+TEST_CASE("serving config: LoadServingConfig refuses what ValidateForServing does", "[config]") {
+  test::TempDir dir;
+  const std::string path = dir.Write("c.yaml", "decode:\n  device: cuda\n");
+  CHECK(LoadConfig(path).ok());
+  StatusOr<ClusterConfig> served = LoadServingConfig(path);
+  REQUIRE_FALSE(served.ok());
+  CHECK(Has(served.status().message(), path + ":2:11: decode.device"));
+  CHECK(LoadServingConfig("").ok());  // the defaults
+}
+
+TEST_CASE("config: a key given twice is an error naming both lines", "[config]") {
+  CHECK(LoadError("decode:\n  threads: 2\n  max_batch_size: 8\n  threads: 4\n") ==
+        "cluster.yaml:4:3: decode.threads: duplicate key (first at line 2)");
+  CHECK(LoadError("router: {port: 1}\nrouter: {port: 2}\n") ==
+        "cluster.yaml:2:1: router: duplicate key (first at line 1)");
+  CHECK(Has(LoadError("slo:\n  classes:\n    - {name: a, ttft_s: 1, ttft_s: 2}\n"),
+            "slo.classes[0].ttft_s: duplicate key"));
+  // An override replaces a key: not a duplicate.
+  CHECK(ParseConfig("decode: {threads: 2}\n", "c.yaml", {"decode.threads=3"}).ok());
+}
+
+TEST_CASE("config: transfer.ucx_tls names transports UCX knows", "[config]") {
+  CHECK(LoadError("transfer: {ucx_tls: 'tcp,sm,self'}\n").empty());
+  CHECK(LoadError("transfer: {ucx_tls: '^cuda_ipc,rc'}\n").empty());
+  CHECK(LoadError("transfer: {ucx_tls: 'ud:aux,rc_x'}\n").empty());
+  CHECK(LoadError("transfer: {ucx_tls: all}\n").empty());
+  CHECK(Has(LoadError("transfer:\n  ucx_tls: tcp,shared_mem\n"),
+            "cluster.yaml:2:12: transfer.ucx_tls: 'shared_mem' is not a UCX transport (known: "));
+  CHECK(Has(LoadError("transfer: {ucx_tls: ''}\n"), "transfer.ucx_tls: "));
+  CHECK(Has(LoadError("transfer: {ucx_tls: 'tcp,'}\n"), "must name at least one"));
+}
+
+TEST_CASE("config: an explicit KV pool holds one request of max_model_len", "[config]") {
+  CHECK(LoadError("model: {max_model_len: 512}\ndecode: {kv_blocks: 32}\n").empty());
+  CHECK(LoadError("model:\n  max_model_len: 512\ndecode:\n  kv_blocks: 31\n") ==
+        "cluster.yaml:4:14: decode.kv_blocks: holds 31 blocks, fewer than one request of "
+        "model.max_model_len (512 tokens = 32 blocks of 16)");
+  CHECK(Has(LoadError("kv_cache: {block_size: 32}\nmodel: {max_model_len: 100}\n"
+                      "colocated: {kv_blocks: 3}\n"),
+            "colocated.kv_blocks: holds 3 blocks, fewer than one request"));
+}
+
+TEST_CASE("KvPoolBlocks: the default pool is a share of memory, capped by the batch", "[config]") {
+  // 2 layers x 2 KV heads x 64 x 16 tokens x 2 x 4 bytes = 32 KiB per block.
+  const KvLayout layout{2, 2, 64, 16};
+  StatusOr<ClusterConfig> config = ParseConfig("model: {max_model_len: 1024}\n", "c.yaml");
+  REQUIRE(config.ok());
+  // 0.05 of 1 GiB = 51.2 MiB = 1638 blocks (the batch would take 64 x 64 = 4096).
+  StatusOr<int> blocks = KvPoolBlocks(*config, config->decode, layout, kGiB);
+  REQUIRE(blocks.ok());
+  CHECK(*blocks == 1638);
+  // A large machine: no more than max_batch_size requests of max_model_len use.
+  blocks = KvPoolBlocks(*config, config->decode, layout, 1024 * kGiB);
+  REQUIRE(blocks.ok());
+  CHECK(*blocks == 64 * 64);
+  // The old default (batch x max_model_len) of the medium model would take 6 GiB per instance:
+  // now 5% of the machine.
+  const KvLayout medium{12, 4, 64, 16};
+  ClusterConfig defaults = *ParseConfig("", "c.yaml");
+  blocks = KvPoolBlocks(defaults, defaults.decode, medium, 24 * kGiB);
+  REQUIRE(blocks.ok());
+  const double bytes = static_cast<double>(*blocks) * medium.block_bytes() * medium.num_layers;
+  CHECK(bytes <= 0.05 * 24 * kGiB);
+  CHECK(bytes > 0.049 * 24 * kGiB);
+}
+
+TEST_CASE("KvPoolBlocks: refuses a pool below one request or beyond the machine", "[config]") {
+  const KvLayout layout{2, 2, 64, 16};  // 32 KiB per block
+  StatusOr<ClusterConfig> small =
+      ParseConfig("model: {max_model_len: 4096}\nkv_cache:\n  memory_fraction: 0.01\n", "c.yaml");
+  REQUIRE(small.ok());
+  // 1% of 512 MiB = 163 blocks < 256 for one request of 4096 tokens.
+  StatusOr<int> blocks = KvPoolBlocks(*small, small->prefill, layout, kGiB / 2);
+  REQUIRE_FALSE(blocks.ok());
+  CHECK(Has(blocks.status().message(), "c.yaml:3:20: kv_cache.memory_fraction: the prefill KV "
+                                       "pool holds 163 blocks"));
+  CHECK(Has(blocks.status().message(), "fewer than one request of model.max_model_len (4096"));
+  // An explicit pool larger than the machine.
+  StatusOr<ClusterConfig> big = ParseConfig("decode:\n  kv_blocks: 100000\n", "c.yaml");
+  REQUIRE(big.ok());
+  blocks = KvPoolBlocks(*big, big->decode, layout, kGiB);
+  REQUIRE_FALSE(blocks.ok());
+  CHECK(Has(blocks.status().message(),
+            "c.yaml:2:14: decode.kv_blocks: the decode KV pool (100000 blocks, 3.05 GiB) does not "
+            "fit this machine's memory (1.00 GiB)"));
+  blocks = KvPoolBlocks(*big, big->decode, layout, 8 * kGiB);
+  REQUIRE(blocks.ok());
+  CHECK(*blocks == 100000);
+  CHECK(MachineMemoryBytes() > 0);
+}
+
+TEST_CASE("config: the snapshot round-trips the new sections", "[config]") {
+  StatusOr<ClusterConfig> config = ParseConfig(
+      "kv_cache: {memory_fraction: 0.125}\nlauncher: {health_interval_s: 0.5, "
+      "health_failures: 5}\n",
+      "a.yaml");
+  REQUIRE(config.ok());
+  StatusOr<ClusterConfig> again = ParseConfig(ConfigToYaml(*config), "b.yaml");
+  REQUIRE(again.ok());
+  CHECK(again->kv_cache.memory_fraction == 0.125);
+  CHECK(again->launcher.health_interval_s == 0.5);
+  CHECK(again->launcher.health_failures == 5);
+  CHECK(ConfigToYaml(*again) == ConfigToYaml(*config));
+  CHECK(config->Where("launcher.health_failures") == "a.yaml:2:53");
+  CHECK(config->Where("router.port") == "a.yaml");
+}
