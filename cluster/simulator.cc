@@ -58,6 +58,13 @@ namespace tandem {
 namespace simulator {
 namespace {
 
+// A simulated instance's pool: S.kv_blocks, else what max_batch_size requests of max_model_len
+// need (the machine simulated is not this one, so no memory fraction and no memory check).
+StatusOr<int> SimulatedPoolBlocks(const ClusterConfig& config, const InstanceSection& section) {
+  return KvPoolBlocks(config, section, KvLayout{0, 0, 0, config.kv_cache.block_size},
+                      /*machine_bytes=*/0);
+}
+
 const LatencyModel* FindEntry(const LatencyModelFile& models, const InstanceSection& s,
                               const std::string& role) {
   return models.ForInstance(s.device, s.threads, s.tensor_parallel, s.pipeline_parallel, role);
@@ -96,7 +103,8 @@ Status Simulation::Setup() {
       p.lm = pm;
       p.pp = std::max(1, ps.pipeline_parallel);
       p.limits = PrefillLimits{ps.token_budget, ps.max_batch_size, block_size_};
-      p.total_blocks = p.free_blocks = KvPoolBlocks(config_, ps);
+      TANDEM_ASSIGN_OR_RETURN(p.total_blocks, SimulatedPoolBlocks(config_, ps));
+      p.free_blocks = p.total_blocks;
       prefill_.push_back(std::move(p));
       view_p_.push_back(RouterView("prefill-" + std::to_string(i)));
     }
@@ -106,7 +114,8 @@ Status Simulation::Setup() {
       e.lm = dm;
       e.pp = std::max(1, ds.pipeline_parallel);
       e.limits = StepLimits{ds.token_budget, ds.max_batch_size, block_size_};
-      e.total_blocks = e.free_blocks = KvPoolBlocks(config_, ds);
+      TANDEM_ASSIGN_OR_RETURN(e.total_blocks, SimulatedPoolBlocks(config_, ds));
+      e.free_blocks = e.total_blocks;
       e.pull_limits = PullLimits{e.total_blocks, ds.kv_usage_watermark, ds.max_batch_size * e.pp};
       e.pull_expiry_s = std::max(0.0, config_.prefill.kv_hold_timeout_s - 1.0);
       e.lanes.resize(e.pp);
@@ -126,7 +135,8 @@ Status Simulation::Setup() {
       e.pp = std::max(1, cs.pipeline_parallel);
       e.limits = StepLimits{cs.token_budget, cs.max_batch_size, block_size_,
                             StepPolicyFromConfig(cs.scheduling)};
-      e.total_blocks = e.free_blocks = KvPoolBlocks(config_, cs);
+      TANDEM_ASSIGN_OR_RETURN(e.total_blocks, SimulatedPoolBlocks(config_, cs));
+      e.free_blocks = e.total_blocks;
       e.lanes.resize(e.pp);
       engines_.push_back(std::move(e));
       view_c_.push_back(RouterView("colocated-" + std::to_string(i)));

@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "common/base/flags.h"
+#include "common/config/serving_config.h"
 #include "common/base/log.h"
 
 namespace tandem {
