@@ -161,13 +161,14 @@ void ReadConfig(YamlErrors* v, const YAML::Node& root, ClusterConfig* c) {
     sec.String("level", &c->logging.level, {"debug", "info", "warn", "error"});
     sec.String("format", &c->logging.format, {"text", "json"});
   }
-  // An explicit pool must hold one request of model.max_model_len, or such a request could never
-  // run (the default pool is checked where its size is known: KvPoolBlocks).
+  // An explicit pool of a section that runs instances must hold one request of
+  // model.max_model_len, or such a request could never run (the default pool is checked where
+  // its size is known, and every served pool again when it is made: KvPoolBlocks).
   const int64_t request_blocks =
       (int64_t{c->model.max_model_len} + c->kv_cache.block_size - 1) / c->kv_cache.block_size;
   for (const char* name : {"prefill", "decode", "colocated"}) {
     const InstanceSection& s = *SectionByName(c, name);
-    if (s.kv_blocks > 0 && s.kv_blocks < request_blocks)
+    if (s.instances > 0 && s.kv_blocks > 0 && s.kv_blocks < request_blocks)
       v->Add(At(root, name, "kv_blocks"), std::string(name) + ".kv_blocks",
              "holds " + std::to_string(s.kv_blocks) + " blocks, fewer than one request of "
              "model.max_model_len (" + std::to_string(c->model.max_model_len) + " tokens = " +

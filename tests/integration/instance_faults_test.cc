@@ -111,6 +111,7 @@ TEST_CASE("instance faults: router sessions decide which requests decode still r
   auto args = [&](const std::string& role) {
     std::vector<std::string> a = cluster.Args(role);
     a.push_back("--model.max_model_len=4096");
+    a.push_back("--prefill.kv_blocks=256");
     return a;
   };
   Child prefill(args("prefill"), cluster.Log("prefill"));
@@ -186,10 +187,13 @@ TEST_CASE("instance faults: a closed router session ends its requests on prefill
   // Long prompts in small chunks keep prefill busy for seconds; long generations colocated.
   std::vector<std::string> prefill_args = cluster.Args("prefill");
   for (const char* flag : {"--model.max_model_len=4096", "--prefill.kv_blocks=4096",
-                           "--prefill.token_budget=16"})
+                           "--prefill.token_budget=16", "--decode.kv_blocks=256"})
     prefill_args.push_back(flag);
   std::vector<std::string> colocated_args = cluster.Args("colocated");
-  for (const char* flag : {"--model.max_model_len=4096", "--colocated.kv_blocks=800"})
+  // A colocated cluster: no prefill or decode instances (their small pools are not checked).
+  for (const char* flag : {"--model.max_model_len=4096", "--colocated.kv_blocks=800",
+                           "--colocated.instances=1", "--prefill.instances=0",
+                           "--decode.instances=0"})
     colocated_args.push_back(flag);
   Child prefill(prefill_args, cluster.Log("prefill"));
   Child colocated(colocated_args, cluster.Log("colocated"));

@@ -297,12 +297,11 @@ struct Cluster {
     std::error_code ec;
     fs::remove_all(dir, ec);
   }
-  // Each instance's model.max_model_len is what its small pool holds (16-token blocks), as the
-  // config requires: the requests here fit them all.
+  // model.max_model_len is what the smallest pool of the instances that serve together holds
+  // (16-token blocks), as the config requires: prefill and decode share one limit; colocated
+  // (no instances in the file, started alone) has its own small pool.
   std::vector<std::string> Args(const std::string& role) const {
-    int pool = 64;
-    if (role == "colocated") pool = 6;
-    if (role == "decode") pool = decode_kv_blocks;
+    int pool = role == "colocated" ? 6 : std::min(64, decode_kv_blocks);
     return {TANDEM_BINARY, role, "--config", config, "--index", "0",
             "--model.max_model_len=" + std::to_string(std::min(pool * 16, 512))};
   }

@@ -104,8 +104,10 @@ TEST_CASE("config: an explicit KV pool holds one request of max_model_len", "[co
         "cluster.yaml:4:14: decode.kv_blocks: holds 31 blocks, fewer than one request of "
         "model.max_model_len (512 tokens = 32 blocks of 16)");
   CHECK(Has(LoadError("kv_cache: {block_size: 32}\nmodel: {max_model_len: 100}\n"
-                      "colocated: {kv_blocks: 3}\n"),
+                      "colocated: {instances: 1, kv_blocks: 3}\n"),
             "colocated.kv_blocks: holds 3 blocks, fewer than one request"));
+  // A section without instances runs nothing: its pool is checked when an instance makes it.
+  CHECK(LoadError("model: {max_model_len: 512}\ncolocated: {kv_blocks: 3}\n").empty());
 }
 
 TEST_CASE("KvPoolBlocks: the default pool is a share of memory, capped by the batch", "[config]") {

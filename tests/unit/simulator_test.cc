@@ -124,6 +124,7 @@ TEST_CASE("decode admits pulls only within the batch limit and the KV blocks", "
     ClusterConfig c = Disaggregated();
     c.decode.kv_blocks = 10;
     c.decode.kv_usage_watermark = 1.0;
+    c.model.max_model_len = 160;  // a pool must hold one whole request: 10 blocks of 16
     check(c);
   }
   SECTION("both fit: one batch of two") {
