@@ -243,6 +243,128 @@ Status RejectUnsupported(Parser& p, ApiKind kind) {
   return Status::Ok();
 }
 
+// model: required; an unknown one is a 404, as OpenAI answers.
+Status ParseModel(Parser& p, const ServedModel& model, std::string* param) {
+  const json* model_field = p.Find("model");
+  if (!model_field) return p.Fail("model", "'model' is required");
+  if (!model_field->is_string()) return p.Fail("model", "'model' must be a string");
+  std::string model_name = model_field->get<std::string>();
+  if (model_name != model.name) {
+    *param = "model";
+    return NotFound("The model '" + model_name + "' does not exist");
+  }
+  return Status::Ok();
+}
+
+// stream and stream_options.
+Status ParseStreaming(Parser& p, ApiRequest* request) {
+  TANDEM_RETURN_IF_ERROR(p.GetBool("stream", &request->stream));
+  const json* options = p.Find("stream_options");
+  if (!options) return Status::Ok();
+  if (!request->stream) {
+    return p.Fail("stream_options", "'stream_options' is only allowed when 'stream' is true");
+  }
+  if (!options->is_object()) return p.Fail("stream_options", "'stream_options' must be an object");
+  auto it = options->find("include_usage");
+  if (it != options->end() && !it->is_null()) {
+    if (!it->is_boolean()) {
+      return p.Fail("stream_options", "'stream_options.include_usage' must be a boolean");
+    }
+    request->include_usage = it->get<bool>();
+  }
+  return Status::Ok();
+}
+
+// Sampling fields; ranges are checked once, by SamplingParams::Validate (after the prompt).
+Status ParseSampling(Parser& p, const ServedModel& model, SamplingParams* sp) {
+  TANDEM_RETURN_IF_ERROR(p.GetFloat("temperature", &sp->temperature));
+  TANDEM_RETURN_IF_ERROR(p.GetFloat("top_p", &sp->top_p));
+  TANDEM_RETURN_IF_ERROR(p.GetFloat("min_p", &sp->min_p));
+  TANDEM_RETURN_IF_ERROR(p.GetFloat("repetition_penalty", &sp->repetition_penalty));
+  TANDEM_RETURN_IF_ERROR(p.GetFloat("presence_penalty", &sp->presence_penalty));
+  TANDEM_RETURN_IF_ERROR(p.GetFloat("frequency_penalty", &sp->frequency_penalty));
+  std::optional<int32_t> top_k;
+  TANDEM_RETURN_IF_ERROR(p.GetInt32("top_k", -1, std::numeric_limits<int32_t>::max(), &top_k));
+  if (top_k) sp->top_k = *top_k;
+  std::optional<int64_t> seed;
+  TANDEM_RETURN_IF_ERROR(p.GetInt("seed", &seed));
+  if (seed) sp->seed = static_cast<uint64_t>(*seed);
+  TANDEM_RETURN_IF_ERROR(p.GetBool("ignore_eos", &sp->ignore_eos));
+  TANDEM_RETURN_IF_ERROR(ParseStop(p, &sp->stop));
+  if (const json* ids = p.Find("stop_token_ids")) {
+    if (!ids->is_array()) return p.Fail("stop_token_ids", "'stop_token_ids' must be a list");
+    TANDEM_RETURN_IF_ERROR(CheckTokenIds(p, "stop_token_ids", *ids,
+                                         model.tokenizer.vocab_size(), &sp->stop_token_ids));
+  }
+  return Status::Ok();
+}
+
+// logprobs: completions take an int (top alternatives; 0 = the sampled token only), chat a bool
+// and top_logprobs.
+Status ParseLogprobs(Parser& p, ApiKind kind, SamplingParams* sp) {
+  if (kind == ApiKind::kCompletion) {
+    std::optional<int32_t> logprobs;
+    TANDEM_RETURN_IF_ERROR(p.GetInt32("logprobs", 0, kMaxTopLogprobs, &logprobs));
+    if (logprobs) {
+      sp->logprobs = true;
+      sp->top_logprobs = *logprobs;
+    }
+    return Status::Ok();
+  }
+  TANDEM_RETURN_IF_ERROR(p.GetBool("logprobs", &sp->logprobs));
+  std::optional<int32_t> top_logprobs;
+  TANDEM_RETURN_IF_ERROR(p.GetInt32("top_logprobs", 0, kMaxTopLogprobs, &top_logprobs));
+  if (top_logprobs) {
+    if (!sp->logprobs) {
+      return p.Fail("top_logprobs", "'logprobs' must be true when 'top_logprobs' is used");
+    }
+    sp->top_logprobs = *top_logprobs;
+  }
+  return Status::Ok();
+}
+
+// The prompt, templated and tokenized here: the router knows every prompt's length.
+Status ParsePromptTokens(Parser& p, ApiKind kind, const ServedModel& model,
+                         std::vector<int32_t>* ids) {
+  if (kind != ApiKind::kChatCompletion) return ParsePrompt(p, model, ids);
+  std::vector<ChatMessage> messages;
+  TANDEM_RETURN_IF_ERROR(ParseMessages(p, &messages));
+  StatusOr<std::string> text = model.chat_template.Render(messages, true);
+  if (!text.ok()) return p.Fail("messages", text.status().message());
+  // The templates write their own bos token.
+  *ids = model.tokenizer.Encode(*text, /*add_special_tokens=*/false);
+  if (ids->empty()) return p.Fail("messages", "the rendered prompt is empty");
+  return Status::Ok();
+}
+
+// max_tokens (already read from `field`: chat may say max_completion_tokens) within what
+// model.max_model_len leaves after the prompt; absent, OpenAI's defaults: 16 for completions,
+// "as many as fit" for chat.
+Status FitMaxTokens(Parser& p, ApiKind kind, const ServedModel& model, int64_t prompt_len,
+                    std::optional<int32_t> max_tokens, const char* field, SamplingParams* sp) {
+  const char* prompt_field = kind == ApiKind::kChatCompletion ? "messages" : "prompt";
+  if (prompt_len >= model.max_model_len) {
+    return p.Fail(prompt_field, "This model's maximum context length is " +
+                                    std::to_string(model.max_model_len) +
+                                    " tokens. However, your prompt has " +
+                                    std::to_string(prompt_len) + " tokens.");
+  }
+  const int32_t room = static_cast<int32_t>(model.max_model_len - prompt_len);
+  if (!max_tokens) {
+    sp->max_tokens = kind == ApiKind::kCompletion ? std::min<int32_t>(16, room) : room;
+    return Status::Ok();
+  }
+  if (*max_tokens > room) {
+    return p.Fail(field, "This model's maximum context length is " +
+                             std::to_string(model.max_model_len) + " tokens. However, you requested " +
+                             std::to_string(prompt_len + *max_tokens) + " tokens (" +
+                             std::to_string(prompt_len) + " in the " + prompt_field + ", " +
+                             std::to_string(*max_tokens) + " in the completion).");
+  }
+  sp->max_tokens = *max_tokens;
+  return Status::Ok();
+}
+
 StatusOr<ApiRequest> Parse(ApiKind kind, const json& body, const ServedModel& model,
                            std::string* param) {
   Parser p{body, param};
@@ -255,118 +377,24 @@ StatusOr<ApiRequest> Parse(ApiKind kind, const json& body, const ServedModel& mo
                         .count();
   GenerateRequest& gen = request.generate;
   SamplingParams& sp = gen.sampling;
-
-  // model: required; unknown -> 404 as OpenAI does.
-  const json* model_field = p.Find("model");
-  if (!model_field) return p.Fail("model", "'model' is required");
-  if (!model_field->is_string()) return p.Fail("model", "'model' must be a string");
-  std::string model_name = model_field->get<std::string>();
-  if (model_name != model.name) {
-    *param = "model";
-    return NotFound("The model '" + model_name + "' does not exist");
-  }
+  TANDEM_RETURN_IF_ERROR(ParseModel(p, model, param));
   gen.model = model.name;
-
   TANDEM_RETURN_IF_ERROR(RejectUnsupported(p, kind));
-  TANDEM_RETURN_IF_ERROR(p.GetBool("stream", &request.stream));
-  if (const json* options = p.Find("stream_options")) {
-    if (!request.stream) {
-      return p.Fail("stream_options", "'stream_options' is only allowed when 'stream' is true");
-    }
-    if (!options->is_object()) return p.Fail("stream_options", "'stream_options' must be an object");
-    auto it = options->find("include_usage");
-    if (it != options->end() && !it->is_null()) {
-      if (!it->is_boolean()) {
-        return p.Fail("stream_options", "'stream_options.include_usage' must be a boolean");
-      }
-      request.include_usage = it->get<bool>();
-    }
-  }
-
-  // Sampling fields; ranges are checked once, by SamplingParams::Validate below.
-  TANDEM_RETURN_IF_ERROR(p.GetFloat("temperature", &sp.temperature));
-  TANDEM_RETURN_IF_ERROR(p.GetFloat("top_p", &sp.top_p));
-  TANDEM_RETURN_IF_ERROR(p.GetFloat("min_p", &sp.min_p));
-  TANDEM_RETURN_IF_ERROR(p.GetFloat("repetition_penalty", &sp.repetition_penalty));
-  TANDEM_RETURN_IF_ERROR(p.GetFloat("presence_penalty", &sp.presence_penalty));
-  TANDEM_RETURN_IF_ERROR(p.GetFloat("frequency_penalty", &sp.frequency_penalty));
-  std::optional<int32_t> top_k;
-  TANDEM_RETURN_IF_ERROR(p.GetInt32("top_k", -1, std::numeric_limits<int32_t>::max(), &top_k));
-  if (top_k) sp.top_k = *top_k;
-  std::optional<int64_t> seed;
-  TANDEM_RETURN_IF_ERROR(p.GetInt("seed", &seed));
-  if (seed) sp.seed = static_cast<uint64_t>(*seed);
-  TANDEM_RETURN_IF_ERROR(p.GetBool("ignore_eos", &sp.ignore_eos));
-  TANDEM_RETURN_IF_ERROR(ParseStop(p, &sp.stop));
-  if (const json* ids = p.Find("stop_token_ids")) {
-    if (!ids->is_array()) return p.Fail("stop_token_ids", "'stop_token_ids' must be a list");
-    TANDEM_RETURN_IF_ERROR(CheckTokenIds(p, "stop_token_ids", *ids,
-                                         model.tokenizer.vocab_size(), &sp.stop_token_ids));
-  }
-
-  const char* max_tokens_field = "max_tokens";
+  TANDEM_RETURN_IF_ERROR(ParseStreaming(p, &request));
+  TANDEM_RETURN_IF_ERROR(ParseSampling(p, model, &sp));
+  // max_tokens is read before the prompt, so that a wrongly typed one is named before any
+  // prompt error; its bound needs the prompt's length, checked after.
+  const char* max_tokens_field =
+      kind == ApiKind::kChatCompletion && p.Find("max_completion_tokens") ? "max_completion_tokens"
+                                                                          : "max_tokens";
   std::optional<int32_t> max_tokens;
-  const int32_t kMaxInt = std::numeric_limits<int32_t>::max();
-  if (kind == ApiKind::kChatCompletion && p.Find("max_completion_tokens")) {
-    max_tokens_field = "max_completion_tokens";
-  }
-  TANDEM_RETURN_IF_ERROR(p.GetInt32(max_tokens_field, 1, kMaxInt, &max_tokens));
-
-  if (kind == ApiKind::kCompletion) {
-    // logprobs: an int, the number of top alternatives (0 = the sampled token only).
-    std::optional<int32_t> logprobs;
-    TANDEM_RETURN_IF_ERROR(p.GetInt32("logprobs", 0, kMaxTopLogprobs, &logprobs));
-    if (logprobs) {
-      sp.logprobs = true;
-      sp.top_logprobs = *logprobs;
-    }
-  } else {
-    TANDEM_RETURN_IF_ERROR(p.GetBool("logprobs", &sp.logprobs));
-    std::optional<int32_t> top_logprobs;
-    TANDEM_RETURN_IF_ERROR(p.GetInt32("top_logprobs", 0, kMaxTopLogprobs, &top_logprobs));
-    if (top_logprobs) {
-      if (!sp.logprobs) {
-        return p.Fail("top_logprobs", "'logprobs' must be true when 'top_logprobs' is used");
-      }
-      sp.top_logprobs = *top_logprobs;
-    }
-  }
-
-  // The prompt, templated and tokenized here: the router knows every prompt's length.
-  const char* prompt_field = kind == ApiKind::kChatCompletion ? "messages" : "prompt";
-  if (kind == ApiKind::kChatCompletion) {
-    std::vector<ChatMessage> messages;
-    TANDEM_RETURN_IF_ERROR(ParseMessages(p, &messages));
-    StatusOr<std::string> text = model.chat_template.Render(messages, true);
-    if (!text.ok()) return p.Fail("messages", text.status().message());
-    // The templates write their own bos token.
-    gen.prompt_token_ids = model.tokenizer.Encode(*text, /*add_special_tokens=*/false);
-    if (gen.prompt_token_ids.empty()) return p.Fail("messages", "the rendered prompt is empty");
-  } else {
-    TANDEM_RETURN_IF_ERROR(ParsePrompt(p, model, &gen.prompt_token_ids));
-  }
-  const int64_t prompt_len = static_cast<int64_t>(gen.prompt_token_ids.size());
-  if (prompt_len >= model.max_model_len) {
-    return p.Fail(prompt_field, "This model's maximum context length is " +
-                                    std::to_string(model.max_model_len) +
-                                    " tokens. However, your prompt has " +
-                                    std::to_string(prompt_len) + " tokens.");
-  }
-  const int32_t room = static_cast<int32_t>(model.max_model_len - prompt_len);
-  if (max_tokens) {
-    if (*max_tokens > room) {
-      return p.Fail(max_tokens_field,
-                    "This model's maximum context length is " +
-                        std::to_string(model.max_model_len) + " tokens. However, you requested " +
-                        std::to_string(prompt_len + *max_tokens) + " tokens (" +
-                        std::to_string(prompt_len) + " in the " + prompt_field + ", " +
-                        std::to_string(*max_tokens) + " in the completion).");
-    }
-    sp.max_tokens = *max_tokens;
-  } else {
-    // OpenAI's defaults: 16 for completions, "as many as fit" for chat.
-    sp.max_tokens = kind == ApiKind::kCompletion ? std::min<int32_t>(16, room) : room;
-  }
+  TANDEM_RETURN_IF_ERROR(
+      p.GetInt32(max_tokens_field, 1, std::numeric_limits<int32_t>::max(), &max_tokens));
+  TANDEM_RETURN_IF_ERROR(ParseLogprobs(p, kind, &sp));
+  TANDEM_RETURN_IF_ERROR(ParsePromptTokens(p, kind, model, &gen.prompt_token_ids));
+  TANDEM_RETURN_IF_ERROR(FitMaxTokens(p, kind, model,
+                                      static_cast<int64_t>(gen.prompt_token_ids.size()),
+                                      max_tokens, max_tokens_field, &sp));
 
   Status valid = sp.Validate();
   if (!valid.ok()) {
