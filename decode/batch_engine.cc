@@ -10,12 +10,6 @@ namespace tandem {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr double kAverageWeight = 0.2;  // moving averages reported in LoadReport
-
-void Average(double* avg, double sample) {
-  *avg = *avg == 0 ? sample : (1 - kAverageWeight) * *avg + kAverageWeight * sample;
-}
-
 
 }  // namespace
 
@@ -352,12 +346,12 @@ void BatchEngine::RecordStep(const StepShape& shape, double seconds) {
                      << shape.forward_s * 1e3 << " ms, kv wait " << shape.kv_wait_s * 1e3
                      << " ms, step " << seconds * 1e3 << " ms";
   if (shape.prefill_tokens > 0) {
-    Average(&avg_prefill_s_per_token_, seconds / static_cast<double>(shape.prefill_tokens));
+    avg_prefill_s_per_token_.Add(seconds / static_cast<double>(shape.prefill_tokens));
   } else {
-    Average(&avg_decode_step_s_, seconds);
-    Average(&avg_decode_forward_s_, shape.forward_s);
-    Average(&avg_decode_batch_, static_cast<double>(shape.batch));
-    Average(&avg_decode_context_, static_cast<double>(shape.context));
+    avg_decode_step_s_.Add(seconds);
+    avg_decode_forward_s_.Add(shape.forward_s);
+    avg_decode_batch_.Add(static_cast<double>(shape.batch));
+    avg_decode_context_.Add(static_cast<double>(shape.context));
   }
 }
 
@@ -382,11 +376,11 @@ EngineStats BatchEngine::Stats() const {
   for (const auto& r : running_) s.context_tokens += r->tokens.size();
   s.free_blocks = cache_->blocks().num_free();
   s.total_blocks = cache_->num_blocks();
-  s.decode_step_seconds = avg_decode_step_s_;
-  s.decode_forward_seconds = avg_decode_forward_s_;
-  s.decode_step_batch = avg_decode_batch_;
-  s.decode_step_context_tokens = avg_decode_context_;
-  s.prefill_seconds_per_token = avg_prefill_s_per_token_;
+  s.decode_step_seconds = avg_decode_step_s_.value();
+  s.decode_forward_seconds = avg_decode_forward_s_.value();
+  s.decode_step_batch = avg_decode_batch_.value();
+  s.decode_step_context_tokens = avg_decode_context_.value();
+  s.prefill_seconds_per_token = avg_prefill_s_per_token_.value();
   return s;
 }
 

@@ -22,6 +22,7 @@
 #include "common/engine/forward.h"
 #include "common/engine/kv_cache.h"
 #include "common/base/metrics.h"
+#include "common/base/moving_average.h"
 #include "common/base/thread_annotations.h"
 #include "common/model/model.h"
 #include "common/engine/sampling.h"
@@ -178,11 +179,9 @@ class BatchEngine {
   std::vector<SequenceInput> inputs_;
   std::vector<Request*> batch_;
   std::vector<char> landed_;  // per batch entry: every layer it used had arrived
-  double avg_decode_step_s_ = 0;
-  double avg_decode_forward_s_ = 0;
-  double avg_decode_batch_ = 0;
-  double avg_decode_context_ = 0;
-  double avg_prefill_s_per_token_ = 0;
+  // What LoadReport carries: decode-only steps, and seconds per prompt token of mixed steps.
+  MovingAverage avg_decode_step_s_, avg_decode_forward_s_, avg_decode_batch_, avg_decode_context_;
+  MovingAverage avg_prefill_s_per_token_;
   Histogram* step_seconds_ = nullptr;
   Counter* preemptions_ = nullptr;
 };

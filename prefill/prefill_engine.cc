@@ -10,7 +10,6 @@ namespace tandem {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr double kAverageWeight = 0.2;  // the moving average reported in LoadReport
 
 uint64_t RandomSeed() {
   std::random_device rd;
@@ -158,10 +157,7 @@ bool PrefillEngine::Step(PrefillObserver& observer) {
     queue_.erase(queue_.begin() + static_cast<long>(*it));
   const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   if (batch_seconds_ != nullptr) batch_seconds_->Observe(seconds);
-  const double per_token = seconds / static_cast<double>(tokens);
-  avg_s_per_token_ = avg_s_per_token_ == 0
-                         ? per_token
-                         : (1 - kAverageWeight) * avg_s_per_token_ + kAverageWeight * per_token;
+  avg_s_per_token_.Add(seconds / static_cast<double>(tokens));
   return true;
 }
 

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "common/base/metrics.h"
+#include "common/base/moving_average.h"
 #include "common/base/status.h"
 #include "common/engine/forward.h"
 #include "common/engine/kv_cache.h"
@@ -90,7 +91,7 @@ class PrefillEngine {
   int64_t queued_tokens() const;
   int32_t free_blocks() const { return cache_->blocks().num_free(); }
   int32_t total_blocks() const { return cache_->num_blocks(); }
-  double seconds_per_token() const { return avg_s_per_token_; }
+  double seconds_per_token() const { return avg_s_per_token_.value(); }
   KvCache& cache() { return *cache_; }
 
  private:
@@ -109,7 +110,7 @@ class PrefillEngine {
   std::deque<std::unique_ptr<PrefillRequest>> queue_;
   std::vector<PrefillItem> items_;
   std::vector<SequenceInput> inputs_;
-  double avg_s_per_token_ = 0;
+  MovingAverage avg_s_per_token_;  // reported in LoadReport
   Histogram* batch_seconds_ = nullptr;
 };
 

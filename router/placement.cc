@@ -146,16 +146,10 @@ void ResidentAverage::Observe(const std::vector<DecodeResident>& residents,
   const DecodingSum decoding = SumDecoding(residents);
   const double n = decoding.requests, context = decoding.context_tokens;
   const double steps = std::max(arriving_max_tokens - 1, 1);
-  if (!seeded) {
-    requests = n;
-    context_tokens = context;
-    decode_steps = steps;
-    seeded = true;
-    return;
-  }
-  requests += kResidentAverageWeight * (n - requests);
-  context_tokens += kResidentAverageWeight * (context - context_tokens);
-  if (arriving_max_tokens > 0) decode_steps += kResidentAverageWeight * (steps - decode_steps);
+  requests.Add(n);
+  context_tokens.Add(context);
+  // An arrival without max_tokens says nothing of decode lengths (beyond seeding the average).
+  if (arriving_max_tokens > 0 || !decode_steps.has_value()) decode_steps.Add(steps);
 }
 
 namespace {
@@ -222,10 +216,10 @@ MeanStep MeanOverLife(const std::vector<DecodeResident>& residents, const Reside
     const int64_t last = gone < known.size() ? std::min(known[gone].last, steps) : steps;
     const double n = static_cast<double>(last - s + 1);
     const double sum_s = static_cast<double>(s + last) * n / 2;  // s + (s+1) + ... + last
-    const double arrived = RampSum(s, last, typical.decode_steps);  // later arrivals' share
-    sum_batch += n * (1.0 + present) + typical.requests * arrived;
+    const double arrived = RampSum(s, last, typical.decode_steps.value());  // later arrivals' share
+    sum_batch += n * (1.0 + present) + typical.requests.value() * arrived;
     sum_context += n * static_cast<double>(prompt) + sum_s + n * present_base + present * sum_s +
-                   typical.context_tokens * arrived;
+                   typical.context_tokens.value() * arrived;
     s = last + 1;
   }
   const double count = static_cast<double>(std::max<int64_t>(steps, 1));

@@ -31,6 +31,7 @@
 #include "common/config/config.h"
 #include "common/net/control_wire.h"
 #include "common/engine/latency_model.h"
+#include "common/base/moving_average.h"
 #include "common/base/status.h"
 
 namespace tandem {
@@ -65,10 +66,10 @@ DecodeResident ResidentOf(int64_t prompt_tokens, int32_t max_tokens, int32_t gen
 // decode and colocated instance at every request they are asked to place, before Place().
 inline constexpr double kResidentAverageWeight = 0.1;
 struct ResidentAverage {
-  double requests = 0;        // decoding residents
-  double context_tokens = 0;  // their summed context
-  double decode_steps = 0;    // decode steps of an arriving request (its max_tokens - 1)
-  bool seeded = false;
+  MovingAverage requests{kResidentAverageWeight};        // decoding residents
+  MovingAverage context_tokens{kResidentAverageWeight};  // their summed context
+  // Decode steps of an arriving request (its max_tokens - 1).
+  MovingAverage decode_steps{kResidentAverageWeight};
   void Observe(const std::vector<DecodeResident>& residents, int32_t arriving_max_tokens);
 };
 

@@ -432,9 +432,9 @@ TEST_CASE("placement: decode TPOT is the mean step over the request's life", "[p
   // Requests that arrive later ramp up to the typical population (2 requests over 2400
   // tokens) over the typical 4 decode steps: shares 1/4, 2/4, 3/4, then 1 (8.5 in all).
   d.residents.clear();
-  d.typical.requests = 2;
-  d.typical.context_tokens = 2400;
-  d.typical.decode_steps = 4;
+  d.typical.requests.Add(2);
+  d.typical.context_tokens.Add(2400);
+  d.typical.decode_steps.Add(4);
   CHECK(PredictDecodeTpotSeconds(d, 500, 11) ==
         Approx(0.02 + 0.002 * (10 + 2 * 8.5) / 10 + 1e-5 * (5055 + 2400 * 8.5) / 10));
   // A long life costs no more than a short one: closed forms between departures.
@@ -453,13 +453,13 @@ TEST_CASE("placement: the typical population is a moving average over arrivals",
   typical.Observe({DecodeResident{1000, 5, true}, DecodeResident{2000, 5, true},
                    DecodeResident{500, 9, false}},
                   11);
-  CHECK(typical.requests == 2);
-  CHECK(typical.context_tokens == 3000);
-  CHECK(typical.decode_steps == 10);
+  CHECK(typical.requests.value() == 2);
+  CHECK(typical.context_tokens.value() == 3000);
+  CHECK(typical.decode_steps.value() == 10);
   typical.Observe({}, 21);  // an arrival that found the instance empty, wanting 20 steps
-  CHECK(typical.requests == Approx(2 - kResidentAverageWeight * 2));
-  CHECK(typical.context_tokens == Approx(3000 - kResidentAverageWeight * 3000));
-  CHECK(typical.decode_steps == Approx(10 + kResidentAverageWeight * 10));
+  CHECK(typical.requests.value() == Approx(2 - kResidentAverageWeight * 2));
+  CHECK(typical.context_tokens.value() == Approx(3000 - kResidentAverageWeight * 3000));
+  CHECK(typical.decode_steps.value() == Approx(10 + kResidentAverageWeight * 10));
 }
 
 TEST_CASE("placement: goodput admits what the life-long TPOT allows", "[placement]") {
