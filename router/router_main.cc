@@ -34,6 +34,7 @@ class RouterProcess : public RoleProcess {
     RouterServiceOptions service_options;
     service_options.max_concurrent_requests = config.router.max_concurrent_requests;
     service_options.metrics = &router->metrics_;
+    service_options.worker_threads = config.router.tokenize_threads;
     router->service_ = std::make_unique<RouterService>(std::move(model).value(),
                                                        &router->backend_, service_options);
     HttpServerOptions http;

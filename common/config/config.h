@@ -39,6 +39,8 @@ struct RouterSection {
   int max_body_bytes = 8 << 20;        // beyond this, 413
   double request_timeout_s = 600;
   int http_threads = 2;
+  // Threads that template, tokenize and submit requests, off the HTTP io threads.
+  int tokenize_threads = 2;
   // Latency model YAML from `tandem profile` (common/engine/latency_model.h) for the goodput policy;
   // empty = predict from the instances' measured averages. A relative path is relative to the
   // config file's directory.

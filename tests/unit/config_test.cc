@@ -37,6 +37,7 @@ model:
 router:
   port: 9000
   policy: least_loaded
+  tokenize_threads: 3
 prefill:
   instances: 2
   token_budget: 4096
@@ -68,6 +69,7 @@ logging:
   REQUIRE(config.ok());
   CHECK(config->model.preset == "tiny");
   CHECK(config->router.port == 9000);
+  CHECK(config->router.tokenize_threads == 3);
   CHECK(config->prefill.instances == 2);
   CHECK(config->prefill.token_budget == 4096);
   CHECK(config->decode.instances == 3);
