@@ -1,6 +1,7 @@
 #include "cluster/launcher.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -27,6 +28,7 @@
 #include "common/config/serving_config.h"
 #include "common/model/model_config.h"
 #include "common/model/model_store.h"
+#include "common/net/control_auth.h"
 #include "router/cluster_backend.h"
 
 namespace tandem {
@@ -229,6 +231,24 @@ Status WriteFileAtomically(const std::string& path, const std::string& text) {
   return Status::Ok();
 }
 
+// A cluster without a configured secret gets its own: 32 random bytes (hex) in run_dir, mode
+// 0600, named by the snapshot's control.secret_file. Children inherit TANDEM_CLUSTER_SECRET
+// when that is how the secret was given.
+Status MakeClusterSecret(const std::string& run_dir, ClusterConfig* config) {
+  if (!config->control.secret_file.empty() || std::getenv(kClusterSecretEnv) != nullptr)
+    return Status::Ok();
+  const std::string path = run_dir + "/cluster.secret";
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
+  if (fd < 0) return Internal("cannot write " + path + ": " + std::strerror(errno));
+  const std::string secret = NewClusterSecret() + "\n";
+  const bool written = ::write(fd, secret.data(), secret.size()) ==
+                       static_cast<ssize_t>(secret.size());
+  ::close(fd);
+  if (!written) return Internal("cannot write " + path);
+  config->control.secret_file = path;
+  return Status::Ok();
+}
+
 // Loads and checks everything that can be checked before a child starts; prints why not and
 // returns false when the cluster cannot run.
 bool Prepare(const LaunchOptions& options, Prepared* out) {
@@ -278,6 +298,8 @@ bool Prepare(const LaunchOptions& options, Prepared* out) {
   out->run_dir = run_dir;
   out->snapshot_path = out->run_dir + "/config.yaml";
   out->config = SnapshotConfig(*config);
+  if (Status s = MakeClusterSecret(out->run_dir, &out->config); !s.ok()) return fail(s);
+  if (Status s = LoadClusterSecret(out->config).status(); !s.ok()) return fail(s);
   if (Status s = WriteFileAtomically(out->snapshot_path, ConfigToYaml(out->config)); !s.ok())
     return fail(s);
   out->config.source = out->snapshot_path;
@@ -298,7 +320,10 @@ void Reload(const LaunchOptions& options, Prepared& prepared, const std::vector<
                        << live.status().message();
     return;
   }
-  const ClusterConfig fresh = SnapshotConfig(*live);
+  ClusterConfig fresh = SnapshotConfig(*live);
+  // A secret made for this cluster is not a change of the file.
+  if (fresh.control.secret_file.empty())
+    fresh.control.secret_file = prepared.config.control.secret_file;
   ClusterConfig next = prepared.config;
   next.router.policy = fresh.router.policy;
   next.router.latency_model = fresh.router.latency_model;

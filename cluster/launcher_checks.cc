@@ -15,6 +15,7 @@
 #include <sstream>
 #include <vector>
 
+#include "common/config/serving_config.h"
 #include "common/model/model_store.h"
 
 namespace tandem {
@@ -182,6 +183,7 @@ ClusterConfig SnapshotConfig(const ClusterConfig& config) {
   out.model.name = ServedModelName(config.model);
   std::error_code ec;
   if (!config.model.path.empty()) out.model.path = fs::absolute(config.model.path, ec).string();
+  out.control.secret_file = ConfigRelativePath(config, config.control.secret_file);
   const std::string& lm = config.router.latency_model;
   if (!lm.empty() && fs::path(lm).is_relative()) {
     fs::path base = config.source.empty() || config.source[0] == '<'

@@ -200,7 +200,7 @@ StatusOr<TransferResult> DecodeTransferResult(std::span<const uint8_t> bytes) {
     return BodyError(r, "TransferResult");
   }
   TANDEM_RETURN_IF_ERROR(ExpectEnd(r, "TransferResult"));
-  if (code > static_cast<uint32_t>(StatusCode::kInternal)) {
+  if (code > static_cast<uint32_t>(kLastStatusCode)) {
     return InvalidArgument("wire: unknown status code " + std::to_string(code));
   }
   result.code = static_cast<StatusCode>(code);

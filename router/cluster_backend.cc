@@ -387,7 +387,7 @@ void ClusterBackend::TryConnect(size_t index) {
     address = instances_[index]->address;
   }
   StatusOr<std::shared_ptr<ControlConnection>> connection =
-      ConnectControl(io_, address, control_.connect_timeout_s);
+      ConnectControl(io_, address, control_.connect_timeout_s, options_.control);
   MutexLock lock(&mutex_);
   Instance& instance = *instances_[index];
   instance.connecting = false;

@@ -91,6 +91,7 @@ struct ClusterBackendOptions {
   double orphan_grace_s = 10.0;
   int io_threads = 2;
   std::string host = "127.0.0.1";     // where the instances listen
+  ControlOptions control;             // the cluster secret and connection bounds
   MetricsRegistry* metrics = nullptr;  // not owned; null = no backend metrics
 };
 

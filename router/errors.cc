@@ -32,6 +32,7 @@ std::string_view ErrorType(StatusCode code) {
 int HttpStatusFor(StatusCode code) {
   switch (code) {
     case StatusCode::kInvalidArgument: return 400;
+    case StatusCode::kPermissionDenied: return 403;
     case StatusCode::kNotFound: return 404;
     case StatusCode::kTooLarge: return 413;
     case StatusCode::kResourceExhausted: return 429;

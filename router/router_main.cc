@@ -29,7 +29,7 @@ class RouterProcess : public RoleProcess {
                                                   config.model.chat_template,
                                                   config.model.max_model_len);
     if (!model.ok()) return model.status().WithContext("model " + model_dir);
-    std::unique_ptr<RouterProcess> router(new RouterProcess(config, served_name));
+    std::unique_ptr<RouterProcess> router(new RouterProcess(config, served_name, args.control));
     TANDEM_RETURN_IF_ERROR(router->backend_.Start());
     RouterServiceOptions service_options;
     service_options.max_concurrent_requests = config.router.max_concurrent_requests;
@@ -68,12 +68,15 @@ class RouterProcess : public RoleProcess {
   Status Reload(const ClusterConfig& config) override { return backend_.Reconfigure(config); }
 
  private:
-  RouterProcess(const ClusterConfig& config, const std::string& served_name)
+  RouterProcess(const ClusterConfig& config, const std::string& served_name,
+                const ControlOptions& control)
       : metrics_(Labels{{"role", "router"}, {"model", served_name}}),
-        backend_(config, BackendOptions(&metrics_)) {}
-  static ClusterBackendOptions BackendOptions(MetricsRegistry* metrics) {
+        backend_(config, BackendOptions(&metrics_, control)) {}
+  static ClusterBackendOptions BackendOptions(MetricsRegistry* metrics,
+                                              const ControlOptions& control) {
     ClusterBackendOptions options;
     options.metrics = metrics;
+    options.control = control;
     return options;
   }
 

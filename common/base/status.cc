@@ -10,6 +10,7 @@ std::string_view StatusCodeName(StatusCode code) {
     case StatusCode::kTooLarge: return "TooLarge";
     case StatusCode::kResourceExhausted: return "ResourceExhausted";
     case StatusCode::kUnavailable: return "Unavailable";
+    case StatusCode::kPermissionDenied: return "PermissionDenied";
     case StatusCode::kDeadlineExceeded: return "DeadlineExceeded";
     case StatusCode::kCancelled: return "Cancelled";
     case StatusCode::kDataLoss: return "DataLoss";
@@ -39,6 +40,7 @@ Status InvalidArgument(std::string m) { return Status(StatusCode::kInvalidArgume
 Status NotFound(std::string m) { return Status(StatusCode::kNotFound, std::move(m)); }
 Status TooLarge(std::string m) { return Status(StatusCode::kTooLarge, std::move(m)); }
 Status ResourceExhausted(std::string m) { return Status(StatusCode::kResourceExhausted, std::move(m)); }
+Status PermissionDenied(std::string m) { return Status(StatusCode::kPermissionDenied, std::move(m)); }
 Status Unavailable(std::string m) { return Status(StatusCode::kUnavailable, std::move(m)); }
 Status DeadlineExceeded(std::string m) { return Status(StatusCode::kDeadlineExceeded, std::move(m)); }
 Status Cancelled(std::string m) { return Status(StatusCode::kCancelled, std::move(m)); }

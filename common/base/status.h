@@ -29,7 +29,10 @@ enum class StatusCode {
   kDataLoss,            // corrupt or truncated data (file, wire message)
   kFailedPrecondition,  // operation not valid in the current state
   kInternal,            // a bug or an unexpected library error (HTTP 500)
+  kPermissionDenied,    // the peer is not allowed this (not a cluster member; not the router)
 };
+// The largest code: wire decoders refuse anything above it.
+inline constexpr StatusCode kLastStatusCode = StatusCode::kPermissionDenied;
 
 std::string_view StatusCodeName(StatusCode code);
 
@@ -64,6 +67,7 @@ Status Cancelled(std::string message);
 Status DataLoss(std::string message);
 Status FailedPrecondition(std::string message);
 Status Internal(std::string message);
+Status PermissionDenied(std::string message);
 
 // Either a value or a non-OK Status.
 template <typename T>

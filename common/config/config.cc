@@ -134,6 +134,9 @@ void ReadTransport(YamlErrors* v, YamlFields& top, const YAML::Node& root, Clust
     sec.Double("heartbeat_interval_s", &c->control.heartbeat_interval_s, 0.001, 60);
     sec.Double("heartbeat_timeout_s", &c->control.heartbeat_timeout_s, 0.01, 3600);
     sec.Double("connect_timeout_s", &c->control.connect_timeout_s, 0.001, 3600);
+    sec.String("secret_file", &c->control.secret_file);
+    sec.Double("handshake_timeout_s", &c->control.handshake_timeout_s, 0.01, 600);
+    sec.Int("max_connections", &c->control.max_connections, 4, 1 << 20);
     if (c->control.heartbeat_timeout_s < 3 * c->control.heartbeat_interval_s)
       v->Add(At(root, "control", "heartbeat_timeout_s"), "control.heartbeat_timeout_s",
              "must be at least 3 x control.heartbeat_interval_s, so that one late report fails "
@@ -329,7 +332,10 @@ std::string ConfigToYaml(const ClusterConfig& c) {
   out << YAML::Key << "control" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "heartbeat_interval_s" << YAML::Value << c.control.heartbeat_interval_s;
   out << YAML::Key << "heartbeat_timeout_s" << YAML::Value << c.control.heartbeat_timeout_s;
-  out << YAML::Key << "connect_timeout_s" << YAML::Value << c.control.connect_timeout_s
+  out << YAML::Key << "connect_timeout_s" << YAML::Value << c.control.connect_timeout_s;
+  out << YAML::Key << "secret_file" << YAML::Value << c.control.secret_file;
+  out << YAML::Key << "handshake_timeout_s" << YAML::Value << c.control.handshake_timeout_s;
+  out << YAML::Key << "max_connections" << YAML::Value << c.control.max_connections
       << YAML::EndMap;
   out << YAML::Key << "launcher" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "health_interval_s" << YAML::Value << c.launcher.health_interval_s;

@@ -118,6 +118,14 @@ struct ControlSection {
   double heartbeat_timeout_s = 3.0;
   // Opening a control connection (TCP connect + Hello) gives up after this long.
   double connect_timeout_s = 2.0;
+  // The cluster secret that every control peer proves it holds (common/net/control_auth.h): a
+  // file (mode 0600 or stricter; relative to the config file), else TANDEM_CLUSTER_SECRET. `tandem
+  // up` and `tandem serve` make one per cluster when neither is set.
+  std::string secret_file;
+  // A peer that has not proved membership within this long is closed.
+  double handshake_timeout_s = 5.0;
+  // Control connections an instance holds open at once; beyond, new ones are refused.
+  int max_connections = 1024;
 };
 
 // `tandem up`'s supervisor (cluster/launcher.h).

@@ -1,6 +1,11 @@
 #include "common/config/serving_config.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 
 #include <algorithm>
 #include <fstream>
@@ -91,6 +96,51 @@ StatusOr<ClusterConfig> LoadServingConfig(const std::string& path,
   TANDEM_ASSIGN_OR_RETURN(ClusterConfig config, LoadConfig(path, overrides));
   TANDEM_RETURN_IF_ERROR(ValidateForServing(config));
   return config;
+}
+
+std::string ConfigRelativePath(const ClusterConfig& config, const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (path.empty() || fs::path(path).is_absolute()) return path;
+  const fs::path base = config.source.empty() || config.source[0] == '<'
+                            ? fs::current_path(ec)
+                            : fs::absolute(config.source, ec).parent_path();
+  return (base / path).lexically_normal().string();
+}
+
+StatusOr<std::string> LoadClusterSecret(const ClusterConfig& config) {
+  const std::string field = "control.secret_file";
+  auto refuse = [&](const std::string& what) {
+    return InvalidArgument(config.Where(field) + ": " + field + ": " + what);
+  };
+  std::string secret;
+  if (!config.control.secret_file.empty()) {
+    const std::string path = ConfigRelativePath(config, config.control.secret_file);
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0)
+      return refuse("cannot read " + path + ": " + std::strerror(errno));
+    if ((st.st_mode & 077) != 0)
+      return refuse(path + " is readable by group or others (chmod 600 it): a cluster secret "
+                    "must be private to the user that runs the cluster");
+    std::ifstream in(path, std::ios::binary);
+    std::stringstream text;
+    text << in.rdbuf();
+    if (!in) return refuse("cannot read " + path);
+    secret = text.str();
+  } else if (const char* env = std::getenv(kClusterSecretEnv); env != nullptr) {
+    secret = env;
+  } else {
+    return refuse(std::string("no cluster secret: set control.secret_file (a file of mode 0600) "
+                              "or ") + kClusterSecretEnv + " (tandem up and tandem serve make "
+                              "one for their cluster)");
+  }
+  const size_t begin = secret.find_first_not_of(" \t\r\n");
+  const size_t end = secret.find_last_not_of(" \t\r\n");
+  secret = begin == std::string::npos ? "" : secret.substr(begin, end - begin + 1);
+  if (secret.size() < 16)
+    return refuse("the cluster secret is " + std::to_string(secret.size()) +
+                  " bytes; at least 16 are needed (64 hex digits from `openssl rand -hex 32`)");
+  return secret;
 }
 
 uint64_t MachineMemoryBytes() {

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,20 @@ Status ValidateForServing(const ClusterConfig& config);
 // LoadConfig (path empty: the defaults) followed by ValidateForServing.
 StatusOr<ClusterConfig> LoadServingConfig(const std::string& path,
                                           const std::vector<std::string>& overrides = {});
+
+// The environment variable that carries the cluster secret when control.secret_file is unset.
+inline constexpr const char* kClusterSecretEnv = "TANDEM_CLUSTER_SECRET";
+
+// The cluster secret every control peer must prove it holds: the contents of
+// control.secret_file (surrounding white space trimmed; a relative path is relative to the config
+// file), else $TANDEM_CLUSTER_SECRET. InvalidArgument naming control.secret_file when neither is
+// set, when the file cannot be read or is readable by group or others, or when the secret is
+// shorter than 16 bytes. The secret itself never appears in a message.
+StatusOr<std::string> LoadClusterSecret(const ClusterConfig& config);
+
+// `path` as the config file names it: relative paths are relative to the file's directory (or
+// the working directory for a config without a file).
+std::string ConfigRelativePath(const ClusterConfig& config, const std::string& path);
 
 // Bytes of memory this process may use: physical memory, or the cgroup's limit when that is
 // lower (a container). 0 when neither can be read.

@@ -16,12 +16,22 @@ namespace tandem {
 namespace asio = boost::asio;
 using asio::ip::tcp;
 
-std::shared_ptr<ControlConnection> ControlConnection::Create(tcp::socket socket) {
-  return std::shared_ptr<ControlConnection>(new ControlConnection(std::move(socket)));
+std::shared_ptr<ControlConnection> ControlConnection::Create(tcp::socket socket,
+                                                             const ControlOptions& options,
+                                                             bool dialer) {
+  return std::shared_ptr<ControlConnection>(
+      new ControlConnection(std::move(socket), options, dialer));
 }
 
-ControlConnection::ControlConnection(tcp::socket socket)
-    : socket_(std::move(socket)), strand_(asio::make_strand(socket_.get_executor())) {
+ControlConnection::ControlConnection(tcp::socket socket, const ControlOptions& options,
+                                     bool dialer)
+    : socket_(std::move(socket)),
+      strand_(asio::make_strand(socket_.get_executor())),
+      handshake_timer_(strand_),
+      options_(options),
+      dialer_(dialer) {
+  // An empty secret would let anyone in: the loaders refuse it, so this is a bug.
+  TANDEM_CHECK(!options_.secret.empty(), "control connection without a cluster secret");
   boost::system::error_code ec;
   tcp::endpoint remote = socket_.remote_endpoint(ec);
   peer_ = ec ? "?" : remote.address().to_string() + ":" + std::to_string(remote.port());
@@ -31,7 +41,94 @@ ControlConnection::ControlConnection(tcp::socket socket)
 void ControlConnection::Start(MessageHandler on_message, CloseHandler on_close) {
   on_message_ = std::move(on_message);
   on_close_ = std::move(on_close);
-  asio::post(strand_, [self = shared_from_this()] { self->ReadHeader(); });
+  asio::post(strand_, [self = shared_from_this()] { self->SendChallenge(); });
+}
+
+void ControlConnection::SendChallenge() {
+  handshake_timer_.expires_after(std::chrono::milliseconds(
+      static_cast<int64_t>(options_.handshake_timeout_s * 1000)));
+  handshake_timer_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
+    if (ec || self->authenticated()) return;
+    self->Fail(DeadlineExceeded("control peer " + self->peer_ +
+                                " did not complete the handshake within " +
+                                std::to_string(self->options_.handshake_timeout_s) + " s"));
+  });
+  own_nonce_ = NewAuthNonce();
+  challenge_out_ = EncodeAuthChallenge(own_nonce_);
+  asio::async_write(socket_, asio::buffer(challenge_out_),
+                    asio::bind_executor(strand_, [self = shared_from_this()](
+                                                     boost::system::error_code ec, size_t) {
+                      if (ec) return self->Fail(Unavailable("control handshake with " +
+                                                            self->peer_ + ": " + ec.message()));
+                      self->ReadChallenge();
+                    }));
+}
+
+void ControlConnection::ReadChallenge() {
+  asio::async_read(socket_, asio::buffer(challenge_in_),
+                   asio::bind_executor(strand_, [self = shared_from_this()](
+                                                    boost::system::error_code ec, size_t) {
+                     if (ec) return self->Fail(Unavailable("control handshake with " +
+                                                           self->peer_ + ": " + ec.message()));
+                     StatusOr<AuthNonce> nonce = DecodeAuthChallenge(self->challenge_in_);
+                     if (!nonce.ok())
+                       return self->Fail(PermissionDenied(self->peer_ + ": " +
+                                                          nonce.status().message()));
+                     self->peer_nonce_ = *nonce;
+                     self->SendProof();
+                   }));
+}
+
+void ControlConnection::SendProof() {
+  const AuthNonce& dialer_nonce = dialer_ ? own_nonce_ : peer_nonce_;
+  const AuthNonce& listener_nonce = dialer_ ? peer_nonce_ : own_nonce_;
+  proof_out_ = MakeAuthProof(options_.secret, dialer_, dialer_nonce, listener_nonce);
+  asio::async_write(socket_, asio::buffer(proof_out_),
+                    asio::bind_executor(strand_, [self = shared_from_this()](
+                                                     boost::system::error_code ec, size_t) {
+                      if (ec) return self->Fail(Unavailable("control handshake with " +
+                                                            self->peer_ + ": " + ec.message()));
+                      self->CheckProof();
+                    }));
+}
+
+void ControlConnection::CheckProof() {
+  asio::async_read(
+      socket_, asio::buffer(proof_in_),
+      asio::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code ec,
+                                                                size_t) {
+        if (ec)
+          return self->Fail(Unavailable("control handshake with " + self->peer_ + ": " +
+                                        ec.message()));
+        const bool peer_dialer = !self->dialer_;
+        const AuthNonce& dialer_nonce = self->dialer_ ? self->own_nonce_ : self->peer_nonce_;
+        const AuthNonce& listener_nonce = self->dialer_ ? self->peer_nonce_ : self->own_nonce_;
+        if (!AuthProofMatches(self->options_.secret, peer_dialer, dialer_nonce, listener_nonce,
+                              self->proof_in_))
+          return self->Fail(PermissionDenied("control peer " + self->peer_ +
+                                             " does not hold the cluster secret"));
+        self->Authenticated();
+      }));
+}
+
+void ControlConnection::Authenticated() {
+  handshake_timer_.cancel();
+  bool write = false;
+  {
+    MutexLock lock(&mutex_);
+    if (closed_) return;
+    authenticated_ = true;
+    write = !write_queue_.empty() && !writing_;
+    if (write) writing_ = true;
+  }
+  if (write) WriteNext();
+  MaybeCloseFlushed();
+  ReadHeader();
+}
+
+bool ControlConnection::authenticated() const {
+  MutexLock lock(&mutex_);
+  return authenticated_;
 }
 
 void ControlConnection::ReadHeader() {
@@ -68,8 +165,18 @@ bool ControlConnection::Send(const ControlMessage& message) {
   {
     MutexLock lock(&mutex_);
     if (closed_ || close_after_flush_) return false;
+    if (queued_bytes_ + frame.size() > options_.max_queued_bytes) {
+      asio::post(strand_, [self = shared_from_this()] {
+        self->Fail(ResourceExhausted("control peer " + self->peer_ + " reads too slowly: over " +
+                                     std::to_string(self->options_.max_queued_bytes) +
+                                     " bytes queued"));
+      });
+      return false;
+    }
+    queued_bytes_ += frame.size();
     write_queue_.push_back(std::move(frame));
-    if (writing_) return true;
+    // Before the handshake is done, frames wait in the queue: Authenticated() starts writing.
+    if (writing_ || !authenticated_) return true;
     writing_ = true;
   }
   asio::post(strand_, [self = shared_from_this()] { self->WriteNext(); });
@@ -95,7 +202,10 @@ void ControlConnection::WriteNext() {
                                                             " failed: " + ec.message()));
                       {
                         MutexLock lock(&self->mutex_);
-                        if (!self->write_queue_.empty()) self->write_queue_.pop_front();
+                        if (!self->write_queue_.empty()) {
+                          self->queued_bytes_ -= self->write_queue_.front().size();
+                          self->write_queue_.pop_front();
+                        }
                       }
                       self->WriteNext();
                     }));
@@ -108,8 +218,11 @@ void ControlConnection::Fail(const Status& reason) {
     if (closed_) return;
     closed_ = true;
     write_queue_.clear();
+    queued_bytes_ = 0;
     on_close = std::move(on_close_);
   }
+  handshake_timer_.cancel();
+  listener_slot_.reset();
   boost::system::error_code ec;
   socket_.shutdown(tcp::socket::shutdown_both, ec);
   socket_.close(ec);
@@ -135,6 +248,7 @@ void ControlConnection::CloseAfterFlush() {
 void ControlConnection::MaybeCloseFlushed() {
   {
     MutexLock lock(&mutex_);
+    // Unauthenticated with frames queued: they leave after the handshake, or never.
     if (!close_after_flush_ || writing_ || !write_queue_.empty()) return;
   }
   Fail(Cancelled("control connection to " + peer_ + " closed after flushing"));
@@ -145,16 +259,19 @@ bool ControlConnection::closed() const {
   return closed_;
 }
 
-ControlListener::ControlListener(asio::io_context& io, AcceptHandler on_accept)
-    : acceptor_(io), on_accept_(std::move(on_accept)) {}
+ControlListener::ControlListener(asio::io_context& io, const ControlOptions& options,
+                                 AcceptHandler on_accept)
+    : acceptor_(io), options_(options), on_accept_(std::move(on_accept)) {}
 
 ControlListener::~ControlListener() { Stop(); }
 
 StatusOr<std::unique_ptr<ControlListener>> ControlListener::Listen(asio::io_context& io,
                                                                    const std::string& host,
                                                                    int port,
+                                                                   const ControlOptions& options,
                                                                    AcceptHandler on_accept) {
-  std::unique_ptr<ControlListener> listener(new ControlListener(io, std::move(on_accept)));
+  std::unique_ptr<ControlListener> listener(
+      new ControlListener(io, options, std::move(on_accept)));
   boost::system::error_code ec;
   asio::ip::address address = asio::ip::make_address(host, ec);
   if (ec) return InvalidArgument("control listener: bad host '" + host + "': " + ec.message());
@@ -174,7 +291,22 @@ StatusOr<std::unique_ptr<ControlListener>> ControlListener::Listen(asio::io_cont
 void ControlListener::AcceptNext() {
   acceptor_.async_accept([this](boost::system::error_code ec, tcp::socket socket) {
     if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
-    if (!ec) on_accept_(ControlConnection::Create(std::move(socket)));
+    if (!ec && open_->load() >= options_.max_connections) {
+      // A flood: refuse at once rather than hold sockets and buffers for strangers.
+      const auto now = std::chrono::steady_clock::now();
+      if (now - last_refusal_log_ > std::chrono::seconds(10)) {  // one line per burst
+        last_refusal_log_ = now;
+        TANDEM_LOG(kWarn) << "control listener: " << options_.max_connections
+                          << " connections open (control.max_connections): refusing new ones";
+      }
+      socket.close(ec);
+    } else if (!ec) {
+      auto connection = ControlConnection::Create(std::move(socket), options_, /*dialer=*/false);
+      open_->fetch_add(1);
+      connection->listener_slot_ =
+          std::shared_ptr<void>(nullptr, [open = open_](void*) { open->fetch_sub(1); });
+      on_accept_(std::move(connection));
+    }
     AcceptNext();
   });
 }
@@ -199,7 +331,8 @@ Status ParseHostPort(const std::string& address, std::string* host, int* port) {
 
 StatusOr<std::shared_ptr<ControlConnection>> ConnectControl(asio::io_context& io,
                                                            const std::string& address,
-                                                           double timeout_s) {
+                                                           double timeout_s,
+                                                           const ControlOptions& options) {
   std::string host;
   int port = 0;
   TANDEM_RETURN_IF_ERROR(ParseHostPort(address, &host, &port));
@@ -222,7 +355,7 @@ StatusOr<std::shared_ptr<ControlConnection>> ConnectControl(asio::io_context& io
   }
   ec = result.get();
   if (ec) return Unavailable("cannot connect to " + address + ": " + ec.message());
-  return ControlConnection::Create(std::move(*socket));
+  return ControlConnection::Create(std::move(*socket), options, /*dialer=*/true);
 }
 
 }  // namespace tandem

@@ -90,7 +90,7 @@ bool ValidLayersReady(int32_t n) {
 
 bool GetCode(WireReader& r, StatusCode* code) {
   uint8_t c = 0;
-  if (!r.U8(&c) || c > static_cast<uint8_t>(StatusCode::kInternal)) return false;
+  if (!r.U8(&c) || c > static_cast<uint8_t>(kLastStatusCode)) return false;
   *code = static_cast<StatusCode>(c);
   return true;
 }

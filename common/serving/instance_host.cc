@@ -36,7 +36,7 @@ StatusOr<std::unique_ptr<InstanceHost>> InstanceHost::Create(HostOptions options
   TANDEM_ASSIGN_OR_RETURN(
       host->listener_,
       ControlListener::Listen(host->io_, h->options_.bind_host, h->options_.control_port,
-                              [h](std::shared_ptr<ControlConnection> c) {
+                              h->options_.control_options, [h](std::shared_ptr<ControlConnection> c) {
                                 h->Adopt(c, /*reply_hello=*/true);
                               }));
   if (h->options_.metrics_port != 0) {
@@ -85,6 +85,15 @@ ConnId InstanceHost::Adopt(const std::shared_ptr<ControlConnection>& conn, bool 
                             << hello->name << "'";
           return;
         }
+        // Only the router places and cancels work: another member (a prefill or decode
+        // instance: they hold the secret too) that tries is closed, and its message dropped.
+        if ((std::holds_alternative<Submit>(message) || std::holds_alternative<Cancel>(message)) &&
+            !connections_.SessionOf(id).has_value()) {
+          TANDEM_LOG(kWarn) << "connection " << id << ": Submit or Cancel from a peer that is not "
+                               "the router; closing it";
+          if (auto c = weak.lock()) c->Close();
+          return;
+        }
         Post([this, id, m = std::move(message)]() mutable {
           driver_->OnMessage(id, std::move(m));
         });
@@ -106,7 +115,8 @@ StatusOr<ConnId> InstanceHost::Dial(const std::string& address) {
     dialed_.erase(it);
   }
   TANDEM_ASSIGN_OR_RETURN(std::shared_ptr<ControlConnection> conn,
-                          ConnectControl(io_, address, options_.control.connect_timeout_s));
+                          ConnectControl(io_, address, options_.control.connect_timeout_s,
+                                         options_.control_options));
   const ConnId id = Adopt(conn, /*reply_hello=*/false);
   if (id == 0 || !conn->Send(MakeHello())) return Unavailable(name() + " is stopping");
   dialed_[address] = id;

@@ -74,6 +74,7 @@ struct HostOptions {
   int control_port = 0;              // 0 = ephemeral
   int metrics_port = 0;              // 0 = no HTTP endpoint
   ControlSection control;            // heartbeat interval, connect timeout
+  ControlOptions control_options;    // the cluster secret and connection bounds
   double drain_timeout_s = 30;
   int io_threads = 2;
   // For Hello: what peers need to know about this instance's KV.

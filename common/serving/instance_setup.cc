@@ -30,6 +30,7 @@ HostOptions InstanceSetup::Host(InstanceRole role, const RoleArgs& args,
   o.control_port = section.port + args.index;
   o.metrics_port = section.metrics_port == 0 ? 0 : section.metrics_port + args.index;
   o.control = args.config.control;
+  o.control_options = args.control;
   o.drain_timeout_s = args.drain_timeout_s;
   o.kv_block_size = args.config.kv_cache.block_size;
   o.metrics = metrics.get();

@@ -10,6 +10,15 @@
 #include "common/base/log.h"
 
 namespace tandem {
+
+ControlOptions MakeControlOptions(const ControlSection& control, std::string secret) {
+  ControlOptions options;
+  options.secret = std::move(secret);
+  options.handshake_timeout_s = control.handshake_timeout_s;
+  options.max_connections = control.max_connections;
+  return options;
+}
+
 namespace {
 
 void ApplyLogging(const ClusterConfig& config) {
@@ -82,7 +91,13 @@ int RunRoleMain(const RoleSpec& spec, const std::vector<std::string>& args) {
     std::fprintf(stderr, "%s: %s\n", tool.c_str(), config.status().message().c_str());
     return kExitFailure;
   }
+  StatusOr<std::string> secret = LoadClusterSecret(*config);
+  if (!secret.ok()) {
+    std::fprintf(stderr, "%s: %s\n", tool.c_str(), secret.status().message().c_str());
+    return kExitFailure;
+  }
   RoleArgs role_args;
+  role_args.control = MakeControlOptions(config->control, std::move(*secret));
   role_args.config = std::move(*config);
   if (spec.instance) {
     role_args.index = static_cast<int>(flags.GetInt("index"));

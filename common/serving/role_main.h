@@ -15,6 +15,7 @@
 
 #include "common/base/status.h"
 #include "common/config/config.h"
+#include "common/net/control_channel.h"
 
 namespace tandem {
 
@@ -31,8 +32,13 @@ class RoleProcess {
   }
 };
 
+// The control connections' options from control: and the cluster secret.
+ControlOptions MakeControlOptions(const ControlSection& control, std::string secret);
+
 struct RoleArgs {
   ClusterConfig config;
+  // From control: and the cluster secret (LoadClusterSecret): every control connection's.
+  ControlOptions control;
   int index = 0;                // instances: ports are SECTION.port + index
   double drain_timeout_s = 30;  // instances: bound of the drain on SIGTERM
 };

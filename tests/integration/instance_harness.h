@@ -28,6 +28,7 @@
 
 #include "common/net/control_channel.h"
 #include "common/net/control_wire.h"
+#include "tests/test_control.h"
 
 namespace tandem::test {
 
@@ -198,7 +199,7 @@ class FakeRouter {
   int Connect(int port, std::chrono::milliseconds timeout = 30s, uint64_t session = 0) {
     const auto deadline = Clock::now() + timeout;
     for (;;) {
-      auto conn = ConnectControl(io_, "127.0.0.1:" + std::to_string(port), 1.0);
+      auto conn = ConnectControl(io_, "127.0.0.1:" + std::to_string(port), 1.0, TestControlOptions());
       if (conn.ok()) {
         const int index = static_cast<int>(conns_.size());
         conns_.push_back(*conn);
@@ -274,6 +275,8 @@ struct Cluster {
                    bool layerwise = true, const std::string& extra = "") {
     if (size_t at = decode_extra.find("kv_blocks: "); at != std::string::npos)
       decode_kv_blocks = std::stoi(decode_extra.substr(at + 11));
+    // The children take the cluster secret from the environment they inherit.
+    setenv("TANDEM_CLUSTER_SECRET", kTestClusterSecret, 1);
     dir = fs::temp_directory_path() / ("tandem-instances-" + std::to_string(getpid()));
     fs::remove_all(dir);
     fs::create_directories(dir);

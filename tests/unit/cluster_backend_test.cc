@@ -8,6 +8,7 @@
 #include "fake_instance.h"
 #include "io_thread.h"
 #include "router/cluster_backend.h"
+#include "tests/test_control.h"
 
 using namespace tandem;
 using namespace std::chrono_literals;
@@ -17,6 +18,12 @@ using test::IoThread;
 using test::WaitFor;
 
 namespace {
+
+ClusterBackendOptions TestBackendOptions() {
+  ClusterBackendOptions options;
+  options.control = test::TestControlOptions();
+  return options;
+}
 
 // What one request's callback saw.
 struct Events {
@@ -66,7 +73,7 @@ ClusterConfig Config(int prefill_port, int prefill_n, int decode_port, int decod
 TEST_CASE("cluster backend: a request flows prefill -> decode -> callback", "[cluster_backend]") {
   IoThread io;
   FakeInstance p(io.io, InstanceRole::kPrefill, 0), d(io.io, InstanceRole::kDecode, 0);
-  ClusterBackend backend(Config(p.port(), 1, d.port(), 1));
+  ClusterBackend backend(Config(p.port(), 1, d.port(), 1), TestBackendOptions());
   CHECK_FALSE(backend.Ready());
   REQUIRE(backend.Start().ok());
   REQUIRE(WaitFor([&] { return backend.Ready(); }));
@@ -116,7 +123,7 @@ TEST_CASE("cluster backend: a dead decode fails exactly its requests", "[cluster
   FakeInstance p(io.io, InstanceRole::kPrefill, 0);
   FakeInstance d0(io.io, InstanceRole::kDecode, d_base), d1(io.io, InstanceRole::kDecode,
                                                               d_base + 1);
-  ClusterBackend backend(Config(p.port(), 1, d_base, 2));
+  ClusterBackend backend(Config(p.port(), 1, d_base, 2), TestBackendOptions());
   REQUIRE(backend.Start().ok());
   REQUIRE(WaitFor([&] {
     auto all = backend.Instances();
@@ -177,7 +184,7 @@ TEST_CASE("cluster backend: a prefill that dies before the first token fails its
           "[cluster_backend]") {
   IoThread io;
   FakeInstance p(io.io, InstanceRole::kPrefill, 0), d(io.io, InstanceRole::kDecode, 0);
-  ClusterBackend backend(Config(p.port(), 1, d.port(), 1));
+  ClusterBackend backend(Config(p.port(), 1, d.port(), 1), TestBackendOptions());
   REQUIRE(backend.Start().ok());
   REQUIRE(WaitFor([&] { return backend.Ready(); }));
   Events e;
@@ -202,7 +209,7 @@ TEST_CASE("cluster backend: a silent instance is down after the heartbeat timeou
   FakeInstance p(io.io, InstanceRole::kPrefill, 0), d(io.io, InstanceRole::kDecode, 0);
   ClusterConfig config = Config(p.port(), 1, d.port(), 1);
   config.control.heartbeat_timeout_s = 1.0;
-  ClusterBackend backend(config);
+  ClusterBackend backend(config, TestBackendOptions());
   REQUIRE(backend.Start().ok());
   REQUIRE(WaitFor([&] { return backend.Ready(); }));
   d.StopHeartbeat();
@@ -217,7 +224,7 @@ TEST_CASE("cluster backend: goodput rejects with ResourceExhausted", "[cluster_b
   ClusterConfig config = Config(p.port(), 1, d.port(), 1);
   config.router.policy = "goodput";
   config.slo.ttft_s = 0.05;  // 100 tokens at the default 0.5 ms/token = 50 ms
-  ClusterBackend backend(config);
+  ClusterBackend backend(config, TestBackendOptions());
   REQUIRE(backend.Start().ok());
   REQUIRE(WaitFor([&] { return backend.Ready(); }));
   Events first, second;
@@ -239,7 +246,7 @@ TEST_CASE("cluster backend: a report that lags the submits does not erase them",
   ClusterConfig config = Config(p.port(), 1, d.port(), 1);
   config.router.policy = "goodput";
   config.slo.ttft_s = 0.15;  // 200 tokens at the default 0.5 ms/token = 0.1 s; 400 = 0.2 s
-  ClusterBackend backend(config);
+  ClusterBackend backend(config, TestBackendOptions());
   REQUIRE(backend.Start().ok());
   REQUIRE(WaitFor([&] { return backend.Ready(); }));
   Events a, b;
@@ -266,7 +273,7 @@ TEST_CASE("cluster backend: one late report within the heartbeat timeout fails n
   FakeInstance p(io.io, InstanceRole::kPrefill, 0), d(io.io, InstanceRole::kDecode, 0);
   ClusterConfig config = Config(p.port(), 1, d.port(), 1);
   config.control.heartbeat_timeout_s = 3.0;
-  ClusterBackend backend(config);
+  ClusterBackend backend(config, TestBackendOptions());
   REQUIRE(backend.Start().ok());
   REQUIRE(WaitFor([&] { return backend.Ready(); }));
   Events e;
@@ -295,7 +302,7 @@ TEST_CASE("cluster backend: router sessions: a fresh id per connection, ended wh
   FakeInstance p(io.io, InstanceRole::kPrefill, 0), d(io.io, InstanceRole::kDecode, 0);
   ClusterConfig config = Config(p.port(), 1, d.port(), 1);
   config.control.heartbeat_timeout_s = 1.0;
-  ClusterBackend backend(config);
+  ClusterBackend backend(config, TestBackendOptions());
   REQUIRE(backend.Start().ok());
   REQUIRE(WaitFor([&] { return backend.Ready(); }));
   REQUIRE(p.hellos().size() == 1);
@@ -347,7 +354,7 @@ TEST_CASE("cluster backend: a burst spreads over idle decode instances under eve
       ClusterConfig config = Config(p.port(), 1, d_base, 2);
       config.router.policy = policy;
       config.slo.ttft_s = 60;
-      ClusterBackend backend(config);
+      ClusterBackend backend(config, TestBackendOptions());
       REQUIRE(backend.Start().ok());
       REQUIRE(WaitFor([&] {
         auto all = backend.Instances();
@@ -385,7 +392,7 @@ TEST_CASE("cluster backend: an unknown SLO class is refused naming the header",
   FakeInstance p(io.io, InstanceRole::kPrefill, 0), d(io.io, InstanceRole::kDecode, 0);
   ClusterConfig config = Config(p.port(), 1, d.port(), 1);
   config.slo.classes.push_back(SloClass{"batch", 30, 1});
-  ClusterBackend backend(config);
+  ClusterBackend backend(config, TestBackendOptions());
   REQUIRE(backend.Start().ok());
   REQUIRE(WaitFor([&] { return backend.Ready(); }));
   GenerateRequest request = Request("r");
@@ -416,7 +423,7 @@ TEST_CASE("cluster backend: a decode instance counts a request until its report 
   d1.SetReport(busy);
   ClusterConfig config = Config(p.port(), 1, d_base, 2);
   config.router.policy = "least_loaded";
-  ClusterBackend backend(config);
+  ClusterBackend backend(config, TestBackendOptions());
   REQUIRE(backend.Start().ok());
   REQUIRE(WaitFor([&] {
     auto all = backend.Instances();

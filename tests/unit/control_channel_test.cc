@@ -6,10 +6,12 @@
 
 #include "common/net/control_channel.h"
 #include "io_thread.h"
+#include "tests/test_control.h"
 
 using namespace tandem;
 using namespace std::chrono_literals;
 using test::IoThread;
+using test::TestControlOptions;
 
 namespace {
 
@@ -49,14 +51,14 @@ TEST_CASE("control channel: messages flow both ways in order", "[control_channel
   Inbox server_inbox, client_inbox;
   std::shared_ptr<ControlConnection> server_side;
   std::mutex accept_mutex;
-  auto listener = ControlListener::Listen(io.io, "127.0.0.1", 0, [&](auto connection) {
+  auto listener = ControlListener::Listen(io.io, "127.0.0.1", 0, TestControlOptions(), [&](auto connection) {
     std::lock_guard<std::mutex> lock(accept_mutex);
     server_side = connection;
     connection->Start([&](ControlMessage m) { server_inbox.Add(std::move(m)); },
                       [&](const Status& s) { server_inbox.Close(s); });
   });
   REQUIRE(listener.ok());
-  auto client = ConnectControl(io.io, "127.0.0.1:" + std::to_string((*listener)->port()), 5);
+  auto client = ConnectControl(io.io, "127.0.0.1:" + std::to_string((*listener)->port()), 5, TestControlOptions());
   REQUIRE(client.ok());
   (*client)->Start([&](ControlMessage m) { client_inbox.Add(std::move(m)); },
                    [&](const Status& s) { client_inbox.Close(s); });
@@ -94,10 +96,11 @@ TEST_CASE("control channel: messages flow both ways in order", "[control_channel
   CHECK_FALSE((*client)->Send(Cancel{"x"}));
 }
 
-TEST_CASE("control channel: a malformed frame closes the connection", "[control_channel]") {
+TEST_CASE("control channel: a malformed frame from a member closes the connection",
+          "[control_channel]") {
   IoThread io;
   Inbox server_inbox;
-  auto listener = ControlListener::Listen(io.io, "127.0.0.1", 0, [&](auto connection) {
+  auto listener = ControlListener::Listen(io.io, "127.0.0.1", 0, TestControlOptions(), [&](auto connection) {
     connection->Start([&](ControlMessage m) { server_inbox.Add(std::move(m)); },
                       [&](const Status& s) { server_inbox.Close(s); });
   });
@@ -105,6 +108,7 @@ TEST_CASE("control channel: a malformed frame closes the connection", "[control_
   boost::asio::ip::tcp::socket raw(io.io);
   raw.connect({boost::asio::ip::make_address("127.0.0.1"),
                static_cast<unsigned short>((*listener)->port())});
+  test::HandshakeAsDialer(raw, test::kTestClusterSecret);
   boost::asio::write(raw, boost::asio::buffer(std::string("GET / HTTP/1.1\r\n\r\n")));
   REQUIRE(server_inbox.WaitClosed());
   CHECK(server_inbox.close_reason.code() == StatusCode::kDataLoss);
@@ -113,12 +117,12 @@ TEST_CASE("control channel: a malformed frame closes the connection", "[control_
 
 TEST_CASE("control channel: connecting to nobody fails fast", "[control_channel]") {
   IoThread io;
-  auto listener = ControlListener::Listen(io.io, "127.0.0.1", 0, [](auto) {});
+  auto listener = ControlListener::Listen(io.io, "127.0.0.1", 0, TestControlOptions(), [](auto) {});
   REQUIRE(listener.ok());
   int port = (*listener)->port();
   (*listener)->Stop();
-  auto client = ConnectControl(io.io, "127.0.0.1:" + std::to_string(port), 5);
+  auto client = ConnectControl(io.io, "127.0.0.1:" + std::to_string(port), 5, TestControlOptions());
   REQUIRE_FALSE(client.ok());
   CHECK(client.status().code() == StatusCode::kUnavailable);
-  CHECK(ConnectControl(io.io, "nohost", 1).status().message() == "address 'nohost' is not host:port");
+  CHECK(ConnectControl(io.io, "nohost", 1, TestControlOptions()).status().message() == "address 'nohost' is not host:port");
 }

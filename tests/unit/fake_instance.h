@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/net/control_channel.h"
+#include "tests/test_control.h"
 
 namespace tandem::test {
 
@@ -48,7 +49,7 @@ class FakeInstance {
   int port() const { return port_; }
 
   void Listen(int port) {
-    auto listener = ControlListener::Listen(io_, "127.0.0.1", port, [this](auto connection) {
+    auto listener = ControlListener::Listen(io_, "127.0.0.1", port, TestControlOptions(), [this](auto connection) {
       {
         std::lock_guard<std::mutex> lock(mutex_);
         connection_ = connection;
@@ -166,10 +167,10 @@ class FakeInstance {
 // Two adjacent free ports (instance I listens on base + I).
 inline int FreePortPair(boost::asio::io_context& io) {
   for (int attempt = 0; attempt < 50; ++attempt) {
-    auto a = ControlListener::Listen(io, "127.0.0.1", 0, [](auto) {});
+    auto a = ControlListener::Listen(io, "127.0.0.1", 0, TestControlOptions(), [](auto) {});
     REQUIRE(a.ok());
     int base = (*a)->port();
-    auto b = ControlListener::Listen(io, "127.0.0.1", base + 1, [](auto) {});
+    auto b = ControlListener::Listen(io, "127.0.0.1", base + 1, TestControlOptions(), [](auto) {});
     if (b.ok()) return base;
   }
   FAIL("no two adjacent free ports");

@@ -13,10 +13,12 @@
 #include "common/serving/instance_host.h"
 #include "decode/kv_intake.h"
 #include "io_thread.h"
+#include "tests/test_control.h"
 #include "prefill/kv_handoff.h"
 
 using namespace tandem;
 using namespace std::chrono_literals;
+using test::TestControlOptions;
 using test::IoThread;
 
 namespace {
@@ -44,7 +46,7 @@ struct Received {
 };
 
 std::shared_ptr<ControlConnection> Client(IoThread& io, int port, Received* received) {
-  auto conn = ConnectControl(io.io, "127.0.0.1:" + std::to_string(port), 5);
+  auto conn = ConnectControl(io.io, "127.0.0.1:" + std::to_string(port), 5, TestControlOptions());
   REQUIRE(conn.ok());
   (*conn)->Start(
       [received](ControlMessage m) {
@@ -114,6 +116,7 @@ HostOptions Options(double heartbeat_s, double drain_s) {
   o.role = InstanceRole::kDecode;
   o.model = "m";
   o.control.heartbeat_interval_s = heartbeat_s;
+  o.control_options = TestControlOptions();
   o.drain_timeout_s = drain_s;
   return o;
 }
@@ -151,7 +154,7 @@ TEST_CASE("control channel: CloseAfterFlush writes every queued frame, then clos
   std::shared_ptr<ControlConnection> accepted;
   std::mutex accept_mutex;
   std::condition_variable accept_cv;
-  auto listener = ControlListener::Listen(io.io, "127.0.0.1", 0, [&](auto c) {
+  auto listener = ControlListener::Listen(io.io, "127.0.0.1", 0, TestControlOptions(), [&](auto c) {
     std::lock_guard<std::mutex> lock(accept_mutex);
     accepted = c;
     accept_cv.notify_all();
@@ -163,6 +166,7 @@ TEST_CASE("control channel: CloseAfterFlush writes every queued frame, then clos
     std::unique_lock<std::mutex> lock(accept_mutex);
     REQUIRE(accept_cv.wait_for(lock, 5s, [&] { return accepted != nullptr; }));
   }
+  accepted->Start([](ControlMessage) {}, [](const Status&) {});  // the handshake runs
   Tokens t;
   t.request_id = "r";
   t.tokens.resize(64);
@@ -177,10 +181,10 @@ TEST_CASE("control channel: CloseAfterFlush writes every queued frame, then clos
 TEST_CASE("connection table: a router session is open while one of its connections is",
           "[serving]") {
   IoThread io;
-  auto listener = ControlListener::Listen(io.io, "127.0.0.1", 0, [](auto) {});
+  auto listener = ControlListener::Listen(io.io, "127.0.0.1", 0, TestControlOptions(), [](auto) {});
   REQUIRE(listener.ok());
-  auto a = ConnectControl(io.io, "127.0.0.1:" + std::to_string((*listener)->port()), 5);
-  auto b = ConnectControl(io.io, "127.0.0.1:" + std::to_string((*listener)->port()), 5);
+  auto a = ConnectControl(io.io, "127.0.0.1:" + std::to_string((*listener)->port()), 5, TestControlOptions());
+  auto b = ConnectControl(io.io, "127.0.0.1:" + std::to_string((*listener)->port()), 5, TestControlOptions());
   REQUIRE(a.ok());
   REQUIRE(b.ok());
   ConnectionTable table;
@@ -241,6 +245,35 @@ TEST_CASE("instance host: Hello, sessions, load reports at the configured interv
   }
   CHECK_FALSE((*host)->RouterSession(42).has_value());
   (*host)->Stop();
+}
+
+TEST_CASE("instance host: only the router may Submit or Cancel", "[serving]") {
+  InstanceHost* host_ptr = nullptr;
+  FakeDriver driver(&host_ptr);
+  auto host = InstanceHost::Create(Options(0.05, 5));
+  REQUIRE(host.ok());
+  host_ptr = host->get();
+  (*host)->Run(&driver);
+  IoThread io;
+  for (bool hello_first : {false, true}) {
+    // A member (it holds the secret) that is not the router: a peer instance, or one that
+    // skipped Hello. Its Submit and Cancel are refused and its connection closed.
+    Received peer;
+    auto conn = Client(io, (*host)->control_port(), &peer);
+    if (hello_first) {
+      Hello h = RouterHello(7);
+      h.role = InstanceRole::kPrefill;
+      conn->Send(h);
+    }
+    Submit s;
+    s.request_id = "not-from-the-router";
+    conn->Send(s);
+    conn->Send(Cancel{"someone-elses"});
+    REQUIRE(peer.WaitFor([&] { return peer.closed; }));
+  }
+  std::lock_guard<std::mutex> lock(driver.mutex);
+  CHECK(driver.submits.empty());
+  CHECK(driver.busy == 0);
 }
 
 TEST_CASE("instance host: stop drains, and the last frames leave before the socket closes",

@@ -14,6 +14,7 @@
 #include "cluster/make_model_cli.h"
 #include "common/net/control_channel.h"
 #include "router/cluster_backend.h"
+#include "tests/test_control.h"
 #include "common/net/http_server.h"
 #include "router/openai_api.h"
 #include "router/router_service.h"
@@ -82,7 +83,9 @@ TEST_CASE("router + cluster: a client that resets right after sending is cancell
   config.colocated.instances = 0;
   config.router.policy = "round_robin";
   config.source = "test";
-  ClusterBackend backend(config);
+  ClusterBackendOptions backend_options;
+  backend_options.control = test::TestControlOptions();
+  ClusterBackend backend(config, backend_options);
   REQUIRE(backend.Start().ok());
   REQUIRE(WaitFor([&] { return backend.Ready(); }));
   RouterService service(TinyModel(dir), &backend);
