@@ -12,6 +12,7 @@ debian_packages=(
   libyaml-cpp-dev                         # config
   libicu-dev                              # tokenizer: Unicode categories, NFC
   nlohmann-json3-dev                      # JSON for HTTP bodies and HF files
+  libssl-dev                              # libcrypto: API key digests, constant-time compare
   libucx-dev ucx-utils                    # kvtransfer (ucp), ucx_perftest for benchmarks
   catch2                                  # tests
   libopenblas-dev                         # CPU GEMM
