@@ -182,13 +182,16 @@ ClusterConfig SnapshotConfig(const ClusterConfig& config) {
   out.model.name = ServedModelName(config.model);
   std::error_code ec;
   if (!config.model.path.empty()) out.model.path = fs::absolute(config.model.path, ec).string();
-  const std::string& lm = config.router.latency_model;
-  if (!lm.empty() && fs::path(lm).is_relative()) {
+  // Files named relative to the config file: the snapshot lives elsewhere.
+  auto anchor = [&](const std::string& file, std::string* to) {
+    if (file.empty() || !fs::path(file).is_relative()) return;
     fs::path base = config.source.empty() || config.source[0] == '<'
                         ? fs::current_path(ec)
                         : fs::absolute(config.source, ec).parent_path();
-    out.router.latency_model = (base / lm).lexically_normal().string();
-  }
+    *to = (base / file).lexically_normal().string();
+  };
+  anchor(config.router.latency_model, &out.router.latency_model);
+  anchor(config.router.api_keys_file, &out.router.api_keys_file);
   return out;
 }
 
