@@ -29,6 +29,7 @@
 #include "common/model/model_config.h"
 #include "common/model/model_store.h"
 #include "common/net/control_auth.h"
+#include "router/api_keys.h"
 #include "router/cluster_backend.h"
 
 namespace tandem {
@@ -276,6 +277,9 @@ bool Prepare(const LaunchOptions& options, Prepared* out) {
   // shape; say so now rather than restart it with back-off for ever.
   if (StatusOr<RouterLatencyModels> models = LoadRouterLatencyModels(*config); !models.ok())
     return fail(models.status());
+  // The same for the API keys (the router inherits $TANDEM_API_KEYS).
+  if (StatusOr<ApiKeys> keys = LoadApiKeys(*config, std::getenv(kApiKeysEnv)); !keys.ok())
+    return fail(keys.status());
 
   // Make (or find) the model once, before the children race for it.
   TANDEM_LOG(kInfo) << "preparing the model ("

@@ -183,14 +183,10 @@ ClusterConfig SnapshotConfig(const ClusterConfig& config) {
   out.model.name = ServedModelName(config.model);
   std::error_code ec;
   if (!config.model.path.empty()) out.model.path = fs::absolute(config.model.path, ec).string();
+  // Files named relative to the config file: the snapshot lives elsewhere.
   out.control.secret_file = ConfigRelativePath(config, config.control.secret_file);
-  const std::string& lm = config.router.latency_model;
-  if (!lm.empty() && fs::path(lm).is_relative()) {
-    fs::path base = config.source.empty() || config.source[0] == '<'
-                        ? fs::current_path(ec)
-                        : fs::absolute(config.source, ec).parent_path();
-    out.router.latency_model = (base / lm).lexically_normal().string();
-  }
+  out.router.latency_model = ConfigRelativePath(config, config.router.latency_model);
+  out.router.api_keys_file = ConfigRelativePath(config, config.router.api_keys_file);
   return out;
 }
 

@@ -32,9 +32,9 @@ Status CheckPortsFree(const ClusterConfig& config);
 // together within kMaxKvMemoryShare of `machine_bytes` (0: not checked).
 Status CheckKvMemory(const ClusterConfig& config, const KvLayout& layout, uint64_t machine_bytes);
 
-// The config the children run on, readable from any directory: model.path and
-// router.latency_model absolute (a relative latency_model is relative to the config file's
-// directory, model.path to the working directory), model.name fixed to the served name.
+// The config the children run on, readable from any directory: model.path,
+// router.latency_model and router.api_keys_file absolute (the latter two relative to the config
+// file's directory, model.path to the working directory), model.name fixed to the served name.
 ClusterConfig SnapshotConfig(const ClusterConfig& config);
 
 // Whether process `pid` holds the socket that listens on TCP `port` (from /proc/net/tcp{,6} and

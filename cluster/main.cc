@@ -1,5 +1,6 @@
 // `tandem`: one binary, one subcommand per role or tool (DESIGN.md "Processes").
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "decode/decode_server.h"
 #include "prefill/prefill_server.h"
 #include "perf/bench.h"
+#include "router/api_keys.h"
 #include "router/cluster_backend.h"
 #include "router/router_main.h"
 
@@ -55,6 +57,11 @@ int CheckConfigMain(const std::vector<std::string>& args) {
   // The latency model file too: the router would refuse to start without it.
   if (StatusOr<RouterLatencyModels> models = LoadRouterLatencyModels(*config); !models.ok()) {
     std::fprintf(stderr, "%s\n", models.status().message().c_str());
+    return kExitFailure;
+  }
+  // And the API key file (with $TANDEM_API_KEYS, as the router reads them).
+  if (StatusOr<ApiKeys> keys = LoadApiKeys(*config, std::getenv(kApiKeysEnv)); !keys.ok()) {
+    std::fprintf(stderr, "%s\n", keys.status().message().c_str());
     return kExitFailure;
   }
   std::fputs(ConfigToYaml(*config).c_str(), stdout);

@@ -12,7 +12,7 @@ debian_packages=(
   libyaml-cpp-dev                         # config
   libicu-dev                              # tokenizer: Unicode categories, NFC
   nlohmann-json3-dev                      # JSON for HTTP bodies and HF files
-  libssl-dev                              # libcrypto: HMAC-SHA256 of the control handshake
+  libssl-dev                              # libcrypto: control-plane HMAC, API key digests
   libucx-dev ucx-utils                    # kvtransfer (ucp), ucx_perftest for benchmarks
   catch2                                  # tests
   libopenblas-dev                         # CPU GEMM

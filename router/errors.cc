@@ -27,6 +27,19 @@ std::string_view ErrorType(StatusCode code) {
   }
 }
 
+std::string RenderBody(const std::string& message, std::string_view type, nlohmann::json param,
+                       nlohmann::json code) {
+  nlohmann::json inner;
+  inner["message"] = message;
+  inner["type"] = std::string(type);
+  inner["param"] = std::move(param);
+  inner["code"] = std::move(code);
+  nlohmann::json body;
+  body["error"] = std::move(inner);
+  // Messages may quote client bytes that are not valid UTF-8: replace rather than throw.
+  return body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 }  // namespace
 
 int HttpStatusFor(StatusCode code) {
@@ -66,17 +79,23 @@ HttpError ErrorResponse(const Status& status, std::string_view param) {
   if (code == StatusCode::kResourceExhausted || code == StatusCode::kUnavailable) {
     error.retry_after_s = kRetryAfterSeconds;
   }
-  nlohmann::json inner;
-  inner["message"] = message;
-  inner["type"] = std::string(ErrorType(code));
-  inner["param"] = param.empty() ? nlohmann::json(nullptr) : nlohmann::json(std::string(param));
-  inner["code"] = (code == StatusCode::kNotFound && param == "model")
-                      ? nlohmann::json("model_not_found")
-                      : nlohmann::json(nullptr);
-  nlohmann::json body;
-  body["error"] = std::move(inner);
-  // Messages may quote client bytes that are not valid UTF-8: replace rather than throw.
-  error.body = body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  error.body = RenderBody(
+      message, ErrorType(code),
+      param.empty() ? nlohmann::json(nullptr) : nlohmann::json(std::string(param)),
+      (code == StatusCode::kNotFound && param == "model") ? nlohmann::json("model_not_found")
+                                                          : nlohmann::json(nullptr));
+  return error;
+}
+
+HttpError UnauthorizedError(bool key_given) {
+  // OpenAI's wording, less its links (and, for a wrong key, less the masked key it quotes).
+  const std::string message =
+      key_given ? "Incorrect API key provided."
+                : "You didn't provide an API key. You need to provide your API key in an "
+                  "Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).";
+  HttpError error;
+  error.http_status = 401;
+  error.body = RenderBody(message, "invalid_request_error", nullptr, "invalid_api_key");
   return error;
 }
 

@@ -13,6 +13,8 @@
 //   Internal, DataLoss     500 server_error             retryable (a transient fault upstream)
 //   Unavailable            503 service_unavailable      retryable, Retry-After
 //   DeadlineExceeded       504 timeout_error            retryable
+// A request without a valid API key (router/api_keys.h) is no Status: UnauthorizedError renders
+// OpenAI's 401 for it.
 // Pure functions; any thread.
 #pragma once
 
@@ -34,6 +36,11 @@ struct HttpError {
 // `status` must be non-OK (an OK status is mapped to 500: a caller bug, reported not hidden).
 // `param` names the offending request field; "" renders as null.
 HttpError ErrorResponse(const Status& status, std::string_view param = "");
+
+// 401 as OpenAI answers a missing (`key_given` false) or wrong API key: type
+// "invalid_request_error", param null, code "invalid_api_key". The key is never quoted back.
+// The response also needs the header `WWW-Authenticate: Bearer`.
+HttpError UnauthorizedError(bool key_given);
 
 // The HTTP status alone (for metrics labels).
 int HttpStatusFor(StatusCode code);

@@ -1,6 +1,7 @@
 #include "router/router_main.h"
 
 #include <chrono>
+#include <cstdlib>
 #include <memory>
 
 #include "common/base/log.h"
@@ -8,6 +9,7 @@
 #include "common/config/config.h"
 #include "common/model/model_store.h"
 #include "common/serving/role_main.h"
+#include "router/api_keys.h"
 #include "router/cluster_backend.h"
 #include "common/net/http_server.h"
 #include "router/openai_api.h"
@@ -29,12 +31,25 @@ class RouterProcess : public RoleProcess {
                                                   config.model.chat_template,
                                                   config.model.max_model_len);
     if (!model.ok()) return model.status().WithContext("model " + model_dir);
+    // Keys before anything listens: a bad key file stops the router, never opens it.
+    StatusOr<ApiKeys> keys = LoadApiKeys(config, std::getenv(kApiKeysEnv));
+    if (!keys.ok()) return keys.status();
+    if (keys->empty()) {
+      TANDEM_LOG(kWarn) << "no API keys (router.api_keys_file, $" << kApiKeysEnv
+                        << "): the API is open to anyone who can reach " << config.router.host
+                        << ":" << config.router.port;
+    } else {
+      TANDEM_LOG(kInfo) << "API keys required: " << keys->size() << " key(s)"
+                        << (config.router.metrics_require_api_key ? ", on /metrics too" : "");
+    }
     std::unique_ptr<RouterProcess> router(new RouterProcess(config, served_name, args.control));
     TANDEM_RETURN_IF_ERROR(router->backend_.Start());
     RouterServiceOptions service_options;
     service_options.max_concurrent_requests = config.router.max_concurrent_requests;
     service_options.metrics = &router->metrics_;
     service_options.worker_threads = config.router.tokenize_threads;
+    service_options.api_keys = std::make_shared<const ApiKeys>(std::move(keys).value());
+    service_options.metrics_require_api_key = config.router.metrics_require_api_key;
     router->service_ = std::make_unique<RouterService>(std::move(model).value(),
                                                        &router->backend_, service_options);
     HttpServerOptions http;

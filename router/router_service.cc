@@ -46,6 +46,9 @@ struct RouterShared {
     prompt_tokens = &r.AddCounter("tandem_prompt_tokens_total", "Prompt tokens admitted.").Get();
     generation_tokens =
         &r.AddCounter("tandem_generation_tokens_total", "Output tokens received.").Get();
+    unauthorized = &r.AddCounter("tandem_router_unauthorized_requests_total",
+                                 "Requests refused with 401: no API key, or a wrong one.",
+                                 {"reason"});
   }
 
   void RecordFailure(int http_status) {
@@ -66,6 +69,7 @@ struct RouterShared {
   Gauge* running_gauge;
   Counter* prompt_tokens;
   Counter* generation_tokens;
+  Family<Counter>* unauthorized;
 };
 
 namespace {
@@ -77,6 +81,27 @@ void RespondError(HttpExchange& exchange, const Status& status, const std::strin
     response.headers.emplace_back("Retry-After", std::to_string(*error.retry_after_s));
   }
   exchange.Respond(std::move(response));
+}
+
+// Wraps `handler` so that it runs only for a request that carries an API key (when there are
+// keys). The check reads one header on the io thread: a request without a key costs no parse,
+// no tokenization and no worker.
+HttpHandler RequireApiKey(const std::shared_ptr<RouterShared>& shared, HttpHandler handler) {
+  const ApiKeys* keys = shared->options.api_keys.get();
+  if (keys == nullptr || keys->empty()) return handler;
+  return [shared, handler = std::move(handler)](std::shared_ptr<HttpExchange> exchange) {
+    ApiKeyCheck check =
+        shared->options.api_keys->Check(exchange->request().Header("authorization"));
+    if (check == ApiKeyCheck::kOk) {
+      handler(std::move(exchange));
+      return;
+    }
+    const bool key_given = check == ApiKeyCheck::kInvalid;
+    shared->unauthorized->WithLabels({key_given ? "invalid" : "missing"}).Inc();
+    HttpError error = UnauthorizedError(key_given);
+    exchange->Respond(HttpResponse{error.http_status, "application/json", error.body,
+                                   {{"WWW-Authenticate", "Bearer"}}});
+  };
 }
 
 // One admitted request, from Submit to its end. Shared by the backend callback (strong) and
@@ -371,11 +396,15 @@ void RouterService::RegisterRoutes(HttpServer* server) {
       });
     };
   };
-  server->AddRoute("POST", "/v1/completions", generate(ApiKind::kCompletion));
-  server->AddRoute("POST", "/v1/chat/completions", generate(ApiKind::kChatCompletion));
-  server->AddRoute("GET", "/v1/models", [shared](std::shared_ptr<HttpExchange> exchange) {
-    exchange->Respond(HttpResponse{200, "application/json", RenderModels(shared->model), {}});
-  });
+  server->AddRoute("POST", "/v1/completions",
+                   RequireApiKey(shared, generate(ApiKind::kCompletion)));
+  server->AddRoute("POST", "/v1/chat/completions",
+                   RequireApiKey(shared, generate(ApiKind::kChatCompletion)));
+  server->AddRoute("GET", "/v1/models",
+                   RequireApiKey(shared, [shared](std::shared_ptr<HttpExchange> exchange) {
+                     exchange->Respond(HttpResponse{200, "application/json",
+                                                    RenderModels(shared->model), {}});
+                   }));
   server->AddRoute("GET", "/health", [](std::shared_ptr<HttpExchange> exchange) {
     exchange->Respond(HttpResponse{200, "application/json", "{\"status\":\"ok\"}", {}});
   });
@@ -386,10 +415,13 @@ void RouterService::RegisterRoutes(HttpServer* server) {
       RespondError(*exchange, Unavailable("no backend instance is ready"), "");
     }
   });
-  server->AddRoute("GET", "/metrics", [shared](std::shared_ptr<HttpExchange> exchange) {
+  HttpHandler metrics = [shared](std::shared_ptr<HttpExchange> exchange) {
     exchange->Respond(HttpResponse{200, "text/plain; version=0.0.4; charset=utf-8",
                                    shared->options.metrics->Render(), {}});
-  });
+  };
+  // Open by default: scrapers usually carry no key, and the metrics hold no prompt or key.
+  if (shared->options.metrics_require_api_key) metrics = RequireApiKey(shared, metrics);
+  server->AddRoute("GET", "/metrics", std::move(metrics));
 }
 
 }  // namespace tandem

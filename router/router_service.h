@@ -9,6 +9,12 @@
 //   GET  /ready    200 when Backend::Ready(), else 503
 //   GET  /metrics  Prometheus text format 0.0.4
 //
+// API keys (RouterServiceOptions::api_keys, router/api_keys.h): when there are keys, /v1/* (and
+// /metrics with metrics_require_api_key) answer only a request whose Authorization header carries
+// one; any other gets OpenAI's 401 (router/errors.h) with `WWW-Authenticate: Bearer`, on the io
+// thread, before its body is parsed, and counts in tandem_router_unauthorized_requests_total
+// {reason="missing"|"invalid"}. /health and /ready stay open.
+//
 // Every accepted request ends in exactly one of: a complete answer, or an error the client
 // sees (HTTP error, or an error event in the stream). A client that disconnects, a request
 // timeout, or a stop-string match cancels the backend request (Backend::Cancel).
@@ -29,8 +35,9 @@
 #include <string>
 
 #include "common/base/metrics.h"
-#include "router/backend.h"
 #include "common/net/http_server.h"
+#include "router/api_keys.h"
+#include "router/backend.h"
 #include "router/openai_api.h"
 
 namespace tandem {
@@ -42,6 +49,10 @@ struct RouterServiceOptions {
   MetricsRegistry* metrics = nullptr;
   // Threads that template and tokenize requests and submit them (>= 1).
   int worker_threads = 2;
+  // Keys a request must carry; null or empty: the API is open.
+  std::shared_ptr<const ApiKeys> api_keys;
+  // With keys: /metrics needs one too (router.metrics_require_api_key).
+  bool metrics_require_api_key = false;
   // Test hook: runs on the worker thread just before a request is templated and tokenized.
   std::function<void()> before_tokenize;
 };

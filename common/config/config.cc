@@ -64,6 +64,8 @@ void ReadModelAndRouter(YamlErrors* v, YamlFields& top, ClusterConfig* c) {
   sec.Int("http_threads", &c->router.http_threads, 1, 256);
   sec.Int("tokenize_threads", &c->router.tokenize_threads, 1, 256);
   sec.String("latency_model", &c->router.latency_model);
+  sec.String("api_keys_file", &c->router.api_keys_file);
+  sec.Bool("metrics_require_api_key", &c->router.metrics_require_api_key);
 }
 
 void ReadSlo(YamlErrors* v, YamlFields& top, ClusterConfig* c) {
@@ -304,6 +306,9 @@ std::string ConfigToYaml(const ClusterConfig& c) {
   out << YAML::Key << "http_threads" << YAML::Value << c.router.http_threads;
   out << YAML::Key << "tokenize_threads" << YAML::Value << c.router.tokenize_threads;
   out << YAML::Key << "latency_model" << YAML::Value << c.router.latency_model;
+  out << YAML::Key << "api_keys_file" << YAML::Value << c.router.api_keys_file;
+  out << YAML::Key << "metrics_require_api_key" << YAML::Value
+      << c.router.metrics_require_api_key;
   out << YAML::EndMap;
   instance("prefill", c.prefill);
   instance("decode", c.decode);

@@ -45,6 +45,11 @@ struct RouterSection {
   // empty = predict from the instances' measured averages. A relative path is relative to the
   // config file's directory.
   std::string latency_model;
+  // API keys (router/api_keys.h): one per line, '#' comments; a relative path is relative to the
+  // config file's directory. With no key here nor in $TANDEM_API_KEYS the API is open.
+  std::string api_keys_file;
+  // Whether the router's /metrics asks for a key too (when keys are configured).
+  bool metrics_require_api_key = false;
 };
 
 // Shared by prefill, decode and colocated instances.

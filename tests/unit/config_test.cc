@@ -23,6 +23,8 @@ TEST_CASE("config: an empty file gives the documented defaults", "[config]") {
   CHECK(config->kv_cache.block_size == 16);
   CHECK(config->transfer.timeout_s == 5.0);
   CHECK(config->transfer.layerwise);
+  CHECK(config->router.api_keys_file.empty());  // no keys: the API is open
+  CHECK_FALSE(config->router.metrics_require_api_key);
   CHECK(config->colocated.instances == 0);
   CHECK(config->prefill.instances == 1);
 }
@@ -38,6 +40,8 @@ router:
   port: 9000
   policy: least_loaded
   tokenize_threads: 3
+  api_keys_file: keys.txt
+  metrics_require_api_key: true
 prefill:
   instances: 2
   token_budget: 4096
@@ -70,6 +74,8 @@ logging:
   CHECK(config->model.preset == "tiny");
   CHECK(config->router.port == 9000);
   CHECK(config->router.tokenize_threads == 3);
+  CHECK(config->router.api_keys_file == "keys.txt");
+  CHECK(config->router.metrics_require_api_key);
   CHECK(config->prefill.instances == 2);
   CHECK(config->prefill.token_budget == 4096);
   CHECK(config->decode.instances == 3);
@@ -88,11 +94,16 @@ logging:
 }
 
 TEST_CASE("config: the effective YAML round-trips", "[config]") {
-  StatusOr<ClusterConfig> config = ParseConfig("decode: {max_batch_size: 7}\n", "a.yaml");
+  StatusOr<ClusterConfig> config = ParseConfig(
+      "decode: {max_batch_size: 7}\n"
+      "router: {api_keys_file: /etc/tandem/keys, metrics_require_api_key: true}\n",
+      "a.yaml");
   REQUIRE(config.ok());
   StatusOr<ClusterConfig> again = ParseConfig(ConfigToYaml(*config), "b.yaml");
   REQUIRE(again.ok());
   CHECK(again->decode.max_batch_size == 7);
+  CHECK(again->router.api_keys_file == "/etc/tandem/keys");
+  CHECK(again->router.metrics_require_api_key);
   CHECK(ConfigToYaml(*again) == ConfigToYaml(*config));
 }
 

@@ -121,12 +121,14 @@ TEST_CASE("launcher: the KV pools of all instances must fit the machine together
 }
 
 TEST_CASE("launcher: the snapshot reads the same from any directory", "[launcher]") {
-  ClusterConfig config = Parse("model: {path: models/tiny}\nrouter: {latency_model: lm.yaml}\n");
+  ClusterConfig config = Parse(
+      "model: {path: models/tiny}\nrouter: {latency_model: lm.yaml, api_keys_file: keys}\n");
   config.source = "/etc/tandem/up.yaml";
   ClusterConfig snapshot = SnapshotConfig(config);
   CHECK(snapshot.model.path == (std::filesystem::current_path() / "models/tiny").string());
   CHECK(snapshot.model.name == "tiny");
   CHECK(snapshot.router.latency_model == "/etc/tandem/lm.yaml");
+  CHECK(snapshot.router.api_keys_file == "/etc/tandem/keys");
   StatusOr<ClusterConfig> again = ParseConfig(ConfigToYaml(snapshot), "snapshot.yaml");
   REQUIRE(again.ok());
   CHECK(again->model.path == snapshot.model.path);
