@@ -116,6 +116,15 @@ Status CheckClusterLayout(const ClusterConfig& c) {
     add("decode.instances", "is 0, so the prefill instances' requests could never be decoded");
   if (decode && !prefill)
     add("prefill.instances", "is 0, so the decode instances would never get a request");
+  for (const char* name : {"prefill", "decode", "colocated"}) {
+    const InstanceSection& s = std::string(name) == "prefill"  ? c.prefill
+                               : std::string(name) == "decode" ? c.decode
+                                                               : c.colocated;
+    if (!s.addresses.empty())
+      add(std::string(name) + ".addresses",
+          "tandem up starts every instance itself, on this machine; S.addresses is for a router "
+          "whose instances run elsewhere (start them with tandem prefill|decode|colocated there)");
+  }
   if (std::string error = TryBind(c.router.host, 0); error == "not an IP address")
     add("router.host", "'" + c.router.host + "' is not an IP address (e.g. 127.0.0.1, 0.0.0.0)");
   else if (!error.empty())

@@ -241,6 +241,7 @@ Status BatchDriver::InitTransferAndEngine(const RoleArgs& args,
     // prefill.kv_hold_timeout_s anyway, so that bounds the wait for the next layer.
     to.layer_wait_timeout_s = std::max(config.transfer.timeout_s, config.prefill.kv_hold_timeout_s);
     to.metrics = setup_.metrics.get();
+    to.host = section.host;
     TANDEM_ASSIGN_OR_RETURN(PullerWithPool pulled,
                             CreatePullerWithPool(config.transfer,
                                                  KvPoolBytes(layout, eo.kv_blocks), to));
@@ -270,7 +271,7 @@ Status BatchDriver::Init(InstanceRole role, const RoleArgs& args) {
                                         {}, LatencyBuckets())
                          .Get();
   }
-  HostOptions ho = setup_.Host(role, args, section);
+  TANDEM_ASSIGN_OR_RETURN(HostOptions ho, setup_.Host(role, args, section));
   ho.kv_total_blocks = engine_->cache().num_blocks();
   TANDEM_ASSIGN_OR_RETURN(host_, InstanceHost::Create(std::move(ho)));
   if (!colocated()) {

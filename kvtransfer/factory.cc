@@ -1,6 +1,12 @@
 #include "kvtransfer/factory.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
+
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 
 #include "kvtransfer/inprocess_transport.h"
 #include "kvtransfer/shm_sweep.h"
@@ -45,6 +51,33 @@ MemoryRegion RegionOf(const KvPoolMemory& memory) { return {memory.base, memory.
 
 }  // namespace
 
+StatusOr<std::string> InterfaceOfAddress(const std::string& ip) {
+  if (ip.empty() || ip == "0.0.0.0" || ip == "::") return std::string();
+  in6_addr want6{};
+  in_addr want4{};
+  const bool v4 = ::inet_pton(AF_INET, ip.c_str(), &want4) == 1;
+  if (!v4 && ::inet_pton(AF_INET6, ip.c_str(), &want6) != 1)
+    return InvalidArgument("'" + ip + "' is not an IP address");
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return Internal(std::string("getifaddrs: ") + std::strerror(errno));
+  std::string name;
+  for (ifaddrs* i = list; i != nullptr && name.empty(); i = i->ifa_next) {
+    if (i->ifa_addr == nullptr) continue;
+    if (v4 && i->ifa_addr->sa_family == AF_INET &&
+        reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr == want4.s_addr)
+      name = i->ifa_name;
+    if (!v4 && i->ifa_addr->sa_family == AF_INET6 &&
+        std::memcmp(&reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr, &want6,
+                    sizeof want6) == 0)
+      name = i->ifa_name;
+  }
+  ::freeifaddrs(list);
+  // 127.0.0.2 and the rest of 127/8 answer on lo without being listed.
+  if (name.empty() && v4 && (ntohl(want4.s_addr) >> 24) == 127) name = "lo";
+  if (name.empty()) return NotFound("no network interface of this machine has the address " + ip);
+  return name;
+}
+
 StatusOr<PublisherWithPool> CreatePublisherWithPool(const TransferSection& transfer,
                                                     size_t pool_bytes,
                                                     const TransferFactoryOptions& options) {
@@ -55,7 +88,8 @@ StatusOr<PublisherWithPool> CreatePublisherWithPool(const TransferSection& trans
     TANDEM_ASSIGN_OR_RETURN(out.publisher, CreateInProcessPublisher(RegionOf(out.memory)));
     return out;
   }
-  const UcxOptions uo = UcxOptionsFor(transfer, options);
+  UcxOptions uo = UcxOptionsFor(transfer, options);
+  TANDEM_ASSIGN_OR_RETURN(uo.net_devices, InterfaceOfAddress(options.host));
   SweepOrphanedSharedMemory();  // what killed instances left: the new pool may need the room
   TANDEM_ASSIGN_OR_RETURN(std::shared_ptr<UcxPool> pool, AllocateUcxPool(pool_bytes, uo));
   TANDEM_ASSIGN_OR_RETURN(out.publisher, CreateUcxPublisher(pool, uo));
@@ -67,13 +101,14 @@ StatusOr<PullerWithPool> CreatePullerWithPool(const TransferSection& transfer, s
                                               const TransferFactoryOptions& options) {
   TANDEM_RETURN_IF_ERROR(CheckBackend(transfer));
   PullerWithPool out;
-  const UcxOptions uo = UcxOptionsFor(transfer, options);
+  UcxOptions uo = UcxOptionsFor(transfer, options);
   if (transfer.backend == "inproc") {
     TANDEM_ASSIGN_OR_RETURN(out.memory, AllocateKvPoolMemory(pool_bytes));
     TANDEM_ASSIGN_OR_RETURN(out.puller, CreateInProcessPuller(RegionOf(out.memory), options.metrics,
                                                               uo.layer_wait_timeout));
     return out;
   }
+  TANDEM_ASSIGN_OR_RETURN(uo.net_devices, InterfaceOfAddress(options.host));
   SweepOrphanedSharedMemory();
   TANDEM_ASSIGN_OR_RETURN(std::shared_ptr<UcxPool> pool, AllocateUcxPool(pool_bytes, uo));
   TANDEM_ASSIGN_OR_RETURN(out.puller, CreateUcxPuller(pool, uo));

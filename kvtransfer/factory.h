@@ -47,7 +47,14 @@ struct TransferFactoryOptions {
   // (0 = transfer.timeout_s).
   double layer_wait_timeout_s = 0;
   MetricsRegistry* metrics = nullptr;  // not owned; may be null
+  // The instance's S.host: the UCX data plane offers only the interface that holds it
+  // (loopback: lo); 0.0.0.0 or empty = every interface.
+  std::string host;
 };
+
+// The network interface that holds `ip` ("lo" for loopback), or "" for 0.0.0.0 / ::.
+// NotFound when no interface of this machine has it.
+StatusOr<std::string> InterfaceOfAddress(const std::string& ip);
 
 StatusOr<PublisherWithPool> CreatePublisherWithPool(const TransferSection& transfer,
                                                     size_t pool_bytes,

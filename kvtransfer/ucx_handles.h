@@ -149,7 +149,10 @@ struct UcxContext {
   std::string tls;
 };
 
-inline StatusOr<std::shared_ptr<UcxContext>> CreateContext(const std::string& tls) {
+// `net_devices`: UCX_NET_DEVICES ("lo", "eth0", ...): the network interfaces the worker's
+// address offers peers; empty = every interface.
+inline StatusOr<std::shared_ptr<UcxContext>> CreateContext(const std::string& tls,
+                                                          const std::string& net_devices) {
   ucp_config_t* raw_config = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &raw_config);
   if (st != UCS_OK) return UcxError("config read", st);
@@ -157,6 +160,11 @@ inline StatusOr<std::shared_ptr<UcxContext>> CreateContext(const std::string& tl
   if (!tls.empty()) {
     st = ucp_config_modify(config.get(), "TLS", tls.c_str());
     if (st != UCS_OK) return InvalidArgument("transfer.ucx_tls '" + tls + "': " +
+                                             ucs_status_string(st));
+  }
+  if (!net_devices.empty()) {
+    st = ucp_config_modify(config.get(), "NET_DEVICES", net_devices.c_str());
+    if (st != UCS_OK) return InvalidArgument("UCX_NET_DEVICES '" + net_devices + "': " +
                                              ucs_status_string(st));
   }
   ucp_params_t params{};
@@ -313,8 +321,9 @@ inline StatusOr<MemhPtr> MapRegion(ucp_context_h context, MemoryRegion* region,
 class UcxPoolImpl final : public UcxPool {
  public:
   static StatusOr<std::shared_ptr<UcxPoolImpl>> Create(MemoryRegion region, bool allocate,
-                                                       const std::string& tls) {
-    TANDEM_ASSIGN_OR_RETURN(auto context, CreateContext(tls));
+                                                       const std::string& tls,
+                                                       const std::string& net_devices) {
+    TANDEM_ASSIGN_OR_RETURN(auto context, CreateContext(tls, net_devices));
     auto pool = std::shared_ptr<UcxPoolImpl>(new UcxPoolImpl());
     pool->context_ = std::move(context);
     TANDEM_ASSIGN_OR_RETURN(pool->memh_, MapRegion(pool->context_->context.get(), &region,

@@ -13,7 +13,8 @@ using ucx_detail::UcxPoolImpl;
 
 StatusOr<std::shared_ptr<UcxPool>> AllocateUcxPool(size_t bytes, const UcxOptions& options) {
   TANDEM_ASSIGN_OR_RETURN(
-      auto pool, UcxPoolImpl::Create({nullptr, bytes}, /*allocate=*/true, options.tls));
+      auto pool, UcxPoolImpl::Create({nullptr, bytes}, /*allocate=*/true, options.tls,
+                                               options.net_devices));
   MemoryRegion region = pool->region();
   std::memset(region.base, 0, region.bytes);  // the heap fallback of UCX_ALLOC_PRIO is not zeroed
   return std::shared_ptr<UcxPool>(std::move(pool));
@@ -30,7 +31,8 @@ StatusOr<std::shared_ptr<UcxPoolImpl>> ImplOf(std::shared_ptr<UcxPool> pool) {
 StatusOr<std::unique_ptr<KvPublisher>> CreateUcxPublisher(MemoryRegion region,
                                                           const UcxOptions& options) {
   TANDEM_ASSIGN_OR_RETURN(auto pool,
-                          UcxPoolImpl::Create(region, /*allocate=*/false, options.tls));
+                          UcxPoolImpl::Create(region, /*allocate=*/false, options.tls,
+                                              options.net_devices));
   return ucx_detail::CreatePublisherOnPool(std::move(pool), options);
 }
 
@@ -43,7 +45,8 @@ StatusOr<std::unique_ptr<KvPublisher>> CreateUcxPublisher(std::shared_ptr<UcxPoo
 StatusOr<std::unique_ptr<KvPuller>> CreateUcxPuller(MemoryRegion region,
                                                     const UcxOptions& options) {
   TANDEM_ASSIGN_OR_RETURN(auto pool,
-                          UcxPoolImpl::Create(region, /*allocate=*/false, options.tls));
+                          UcxPoolImpl::Create(region, /*allocate=*/false, options.tls,
+                                              options.net_devices));
   return ucx_detail::CreatePullerOnPool(std::move(pool), options);
 }
 

@@ -30,6 +30,9 @@ struct UcxOptions {
   // UCX_TLS for this instance ("tcp", "sm", "tcp,sm,self", ...); empty keeps UCX's default
   // (which honours the UCX_TLS environment variable).
   std::string tls = "tcp";
+  // UCX_NET_DEVICES: the interfaces whose addresses the worker offers (and so listens on) for
+  // network transports; empty = all. The factory names the one that holds the instance's host.
+  std::string net_devices;
   // A pull not finished in this time fails with DeadlineExceeded. Layer-wise pulls: counted
   // from the start and from each SetLayersAvailable that raised the layers, and not while the
   // pull waits, every available layer landed, for the next one to be announced.

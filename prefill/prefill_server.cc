@@ -124,11 +124,12 @@ Status PrefillDriver::Init(const RoleArgs& args) {
   TANDEM_ASSIGN_OR_RETURN(kv_, CreatePublisherWithPool(
                                    config.transfer, KvPoolBytes(layout, eo.kv_blocks),
                                    {.lease_timeout_s = section.kv_hold_timeout_s + 5,
-                                    .metrics = setup_.metrics.get()}));
+                                    .metrics = setup_.metrics.get(),
+                                    .host = section.host}));
   eo.kv_memory = kv_.memory;  // shared: the cache and the publisher keep it alive
   TANDEM_ASSIGN_OR_RETURN(engine_, PrefillEngine::Create(*model_, std::move(eo)));
 
-  HostOptions ho = setup_.Host(InstanceRole::kPrefill, args, section);
+  TANDEM_ASSIGN_OR_RETURN(HostOptions ho, setup_.Host(InstanceRole::kPrefill, args, section));
   ho.kv_peer_info = Encode(kv_.publisher->peer_info());
   ho.kv_total_blocks = engine_->total_blocks();
   TANDEM_ASSIGN_OR_RETURN(host_, InstanceHost::Create(std::move(ho)));

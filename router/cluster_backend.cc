@@ -64,7 +64,7 @@ StatusOr<RouterLatencyModels> LoadRouterLatencyModels(const ClusterConfig& confi
   out.file = std::make_shared<const LatencyModelFile>(std::move(*file));
   auto pick = [&](const InstanceSection& s, const char* section,
                   const LatencyModel** entry) -> Status {
-    if (s.instances <= 0) return Status::Ok();
+    if (s.instances <= 0 && s.addresses.empty()) return Status::Ok();
     *entry = out.file->ForInstance(s.device, s.threads, s.tensor_parallel, s.pipeline_parallel,
                                    section);
     if (*entry == nullptr)
@@ -99,12 +99,17 @@ StatusOr<RouterLatencyModels> LoadRouterLatencyModels(const ClusterConfig& confi
 ClusterBackend::ClusterBackend(const ClusterConfig& config, ClusterBackendOptions options)
     : options_(std::move(options)), control_(config.control), work_(io_.get_executor()),
       slo_(config.slo), config_(config) {
+  // Static discovery: S.addresses when given (instances elsewhere), else the instances `tandem up`
+  // starts on this machine at S.port + index.
   auto add = [&](const InstanceSection& section, InstanceRole role, std::vector<int>* ids) {
-    for (int i = 0; i < section.instances; ++i) {
+    const bool listed = !section.addresses.empty();
+    const int count = listed ? static_cast<int>(section.addresses.size()) : section.instances;
+    for (int i = 0; i < count; ++i) {
       auto instance = std::make_unique<Instance>();
       instance->role = role;
       instance->name = SectionName(role) + "-" + std::to_string(i);
-      instance->address = options_.host + ":" + std::to_string(section.port + i);
+      instance->address = listed ? section.addresses[i]
+                                 : options_.host + ":" + std::to_string(section.port + i);
       instance->backoff_s = options_.backoff_initial_s;
       ids->push_back(static_cast<int>(instances_.size()));
       instances_.push_back(std::move(instance));
@@ -143,7 +148,7 @@ Status ClusterBackend::Start() {
                            std::to_string(prefill_.size()) + " prefill, " +
                            std::to_string(decode_.size()) + " decode");
   for (const InstanceSection* s : {&config_.prefill, &config_.decode, &config_.colocated}) {
-    if (s->instances > 0 && s->port <= 0)
+    if (s->addresses.empty() && s->instances > 0 && s->port <= 0)
       return InvalidArgument(config_.source + ": an instance section has port 0; the router " +
                              "needs the instances' control ports (tandem up picks them)");
   }

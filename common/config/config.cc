@@ -1,5 +1,6 @@
 #include "common/config/config.h"
 
+#include <arpa/inet.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -10,6 +11,23 @@
 #include "common/config/yaml_fields.h"
 
 namespace tandem {
+std::string StripBrackets(const std::string& host) {
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
+    return host.substr(1, host.size() - 2);
+  return host;
+}
+
+bool IsUnspecifiedAddress(const std::string& ip) { return ip == "0.0.0.0" || ip == "::"; }
+
+bool IsLoopbackAddress(const std::string& ip) {
+  return ip.rfind("127.", 0) == 0 || ip == "::1" || ip == "localhost";
+}
+
+std::string HostOfAddress(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  return StripBrackets(colon == std::string::npos ? address : address.substr(0, colon));
+}
+
 namespace {
 
 // root[section][key], or an undefined node when either is missing (messages then name the file).
@@ -24,6 +42,36 @@ const InstanceSection* SectionByName(const ClusterConfig* c, const std::string& 
   if (name == "prefill") return &c->prefill;
   if (name == "decode") return &c->decode;
   return &c->colocated;
+}
+
+bool IsIpAddress(const std::string& text) {
+  in6_addr buffer{};
+  return ::inet_pton(AF_INET, text.c_str(), &buffer) == 1 ||
+         ::inet_pton(AF_INET6, text.c_str(), &buffer) == 1;
+}
+
+// S.host, S.advertise_host and S.addresses name IP addresses (and ports) peers can use.
+void CheckAddresses(YamlErrors* v, const YAML::Node& node, const std::string& name,
+                    const InstanceSection& s) {
+  if (!IsIpAddress(s.host))
+    v->Add(node["host"], name + ".host", "'" + s.host + "' is not an IP address");
+  if (!s.advertise_host.empty() && !IsIpAddress(s.advertise_host))
+    v->Add(node["advertise_host"], name + ".advertise_host",
+           "'" + s.advertise_host + "' is not an IP address");
+  if (IsUnspecifiedAddress(s.advertise_host))
+    v->Add(node["advertise_host"], name + ".advertise_host",
+           s.advertise_host + " is not an address peers can dial: name this host's IP address");
+  for (const std::string& a : s.addresses) {
+    const size_t colon = a.rfind(':');
+    const std::string ip = colon == std::string::npos ? "" : a.substr(0, colon);
+    const std::string port = colon == std::string::npos ? "" : a.substr(colon + 1);
+    const bool port_ok = !port.empty() && port.size() <= 5 &&
+                         port.find_first_not_of("0123456789") == std::string::npos &&
+                         std::stoi(port) > 0 && std::stoi(port) <= 65535;
+    if (!port_ok || !IsIpAddress(StripBrackets(ip)) || IsUnspecifiedAddress(StripBrackets(ip)))
+      v->Add(node["addresses"], name + ".addresses",
+             "'" + a + "' is not IP:PORT of an instance (an address it can be dialed at)");
+  }
 }
 
 void ReadInstance(YamlErrors* v, YAML::Node node, const std::string& name, InstanceSection* s) {
@@ -42,6 +90,10 @@ void ReadInstance(YamlErrors* v, YAML::Node node, const std::string& name, Insta
   sec.String("scheduling", &s->scheduling, {"chunked", "prefill_first"});
   sec.Int("port", &s->port, 0, 65535);
   sec.Int("metrics_port", &s->metrics_port, 0, 65535);
+  sec.String("host", &s->host);
+  sec.String("advertise_host", &s->advertise_host);
+  sec.StringList("addresses", &s->addresses);
+  CheckAddresses(v, node, name, *s);
 }
 
 void ReadModelAndRouter(YamlErrors* v, YamlFields& top, ClusterConfig* c) {
@@ -286,6 +338,9 @@ std::string ConfigToYaml(const ClusterConfig& c) {
     out << YAML::Key << "scheduling" << YAML::Value << s.scheduling;
     out << YAML::Key << "port" << YAML::Value << s.port;
     out << YAML::Key << "metrics_port" << YAML::Value << s.metrics_port;
+    out << YAML::Key << "host" << YAML::Value << s.host;
+    out << YAML::Key << "advertise_host" << YAML::Value << s.advertise_host;
+    out << YAML::Key << "addresses" << YAML::Value << YAML::Flow << s.addresses;
     out << YAML::EndMap;
   };
   out << YAML::BeginMap;

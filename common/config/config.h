@@ -71,6 +71,16 @@ struct InstanceSection {
   std::string scheduling = "chunked";
   int port = 0;               // control-plane port of the first instance; 0 = pick
   int metrics_port = 0;       // HTTP /metrics and /health port of the first instance; 0 = none
+  // Where an instance listens (control, metrics, the UCX data plane): an IP address; 0.0.0.0
+  // listens everywhere.
+  std::string host = "127.0.0.1";
+  // What peers dial to reach an instance (an IP address; empty = host). $TANDEM_ADVERTISE_HOST
+  // wins when set (a Kubernetes pod passes status.podIP). Never 0.0.0.0; never loopback in a
+  // cluster whose instances are on other machines.
+  std::string advertise_host;
+  // The router's static discovery: every instance of this role as "ip:port" (its control port).
+  // Empty = the instances `tandem up` starts here (127.0.0.1, port + index).
+  std::vector<std::string> addresses;
 };
 
 struct SloClass {
@@ -171,6 +181,15 @@ struct ClusterConfig {
   // where[field], or `source` for a field left at its default.
   std::string Where(const std::string& field) const;
 };
+
+// "[::1]" -> "::1"; anything else unchanged.
+std::string StripBrackets(const std::string& host);
+// 0.0.0.0 or :: (listen everywhere; not dialable).
+bool IsUnspecifiedAddress(const std::string& ip);
+// 127.0.0.0/8 or ::1.
+bool IsLoopbackAddress(const std::string& ip);
+// The IP part of "ip:port" / "[ip6]:port".
+std::string HostOfAddress(const std::string& address);
 
 // The transports UCX_TLS names (UCX 1.13+; `ucx_info -d` lists those this machine has), plus
 // "all". transfer.ucx_tls is a comma-separated list of these; a leading "^" excludes them and a

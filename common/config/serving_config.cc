@@ -1,5 +1,6 @@
 #include "common/config/serving_config.h"
 
+#include <arpa/inet.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -106,6 +107,39 @@ std::string ConfigRelativePath(const ClusterConfig& config, const std::string& p
                             ? fs::current_path(ec)
                             : fs::absolute(config.source, ec).parent_path();
   return (base / path).lexically_normal().string();
+}
+
+bool IsMultiHost(const ClusterConfig& config) {
+  for (const InstanceSection* s : {&config.prefill, &config.decode, &config.colocated})
+    for (const std::string& a : s->addresses)
+      if (!IsLoopbackAddress(HostOfAddress(a))) return true;
+  return false;
+}
+
+StatusOr<std::string> AdvertiseHost(const ClusterConfig& config, const InstanceSection& section,
+                                    const std::string& name) {
+  const std::string field = name + ".advertise_host";
+  std::string host = section.advertise_host.empty() ? section.host : section.advertise_host;
+  std::string from = section.advertise_host.empty() ? name + ".host" : field;
+  if (const char* env = std::getenv(kAdvertiseHostEnv); env != nullptr && *env != '\0') {
+    host = env;
+    from = std::string("$") + kAdvertiseHostEnv;
+  }
+  auto refuse = [&](const std::string& what) {
+    return InvalidArgument(config.Where(field) + ": " + field + ": " + what);
+  };
+  in6_addr buffer{};
+  if (::inet_pton(AF_INET, host.c_str(), &buffer) != 1 &&
+      ::inet_pton(AF_INET6, host.c_str(), &buffer) != 1)
+    return refuse(from + " '" + host + "' is not an IP address");
+  if (IsUnspecifiedAddress(host))
+    return refuse(from + " is " + host + ", which listens everywhere but cannot be dialed: set " +
+                  field + " (or $" + kAdvertiseHostEnv + ") to the address peers reach this "
+                  "instance at");
+  if (IsLoopbackAddress(host) && IsMultiHost(config))
+    return refuse(from + " is the loopback address " + host + ", but the cluster's instances "
+                  "are on other machines (S.addresses): they could not reach this one");
+  return host;
 }
 
 StatusOr<std::string> LoadClusterSecret(const ClusterConfig& config) {

@@ -42,6 +42,20 @@ inline constexpr const char* kClusterSecretEnv = "TANDEM_CLUSTER_SECRET";
 // shorter than 16 bytes. The secret itself never appears in a message.
 StatusOr<std::string> LoadClusterSecret(const ClusterConfig& config);
 
+// The environment variable that names the address peers dial (a pod's status.podIP).
+inline constexpr const char* kAdvertiseHostEnv = "TANDEM_ADVERTISE_HOST";
+
+// Whether the instances of this config run on other machines: some S.addresses entry is not a
+// loopback address.
+bool IsMultiHost(const ClusterConfig& config);
+
+// The address an instance of `section` (named `name`) gives peers to dial: $TANDEM_ADVERTISE_HOST,
+// else S.advertise_host, else S.host. InvalidArgument naming the field when that is 0.0.0.0 / ::
+// (S.host listens everywhere: name the one address peers dial), not an IP address, or loopback
+// in a multi-host cluster (peers elsewhere cannot dial it).
+StatusOr<std::string> AdvertiseHost(const ClusterConfig& config, const InstanceSection& section,
+                                    const std::string& name);
+
 // `path` as the config file names it: relative paths are relative to the file's directory (or
 // the working directory for a config without a file).
 std::string ConfigRelativePath(const ClusterConfig& config, const std::string& path);

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <limits>
 #include <map>
+#include <sstream>
 
 namespace tandem {
 namespace {
@@ -186,6 +187,29 @@ void YamlFields::String(const char* key, std::string* out,
     }
   }
   *out = n.Scalar();
+}
+
+void YamlFields::StringList(const char* key, std::vector<std::string>* out) {
+  YAML::Node n = Take(key, false);
+  if (!n) return;
+  std::vector<std::string> items;
+  if (n.IsScalar()) {
+    std::stringstream text(n.Scalar());
+    for (std::string item; std::getline(text, item, ',');)
+      if (!item.empty()) items.push_back(item);
+  } else if (n.IsSequence()) {
+    for (const YAML::Node& item : n) {
+      if (!item.IsScalar()) {
+        errors_->Add(item, Field(key), "must be a list of strings, got " + DescribeYaml(item));
+        return;
+      }
+      items.push_back(item.Scalar());
+    }
+  } else {
+    errors_->Add(n, Field(key), "must be a list of strings, got " + DescribeYaml(n));
+    return;
+  }
+  *out = std::move(items);
 }
 
 YAML::Node YamlFields::Child(const char* key, bool required) { return Take(key, required); }

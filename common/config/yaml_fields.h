@@ -81,6 +81,9 @@ class YamlFields {
   void String(const char* key, std::string* out, const std::vector<std::string>& allowed = {},
               bool required = false);
   // A nested node (read it through another YamlFields), or an undefined node when absent.
+  // A list of strings: a YAML sequence of scalars, or one scalar of comma-separated items (what a
+  // --SECTION.KEY=a,b override gives).
+  void StringList(const char* key, std::vector<std::string>* out);
   YAML::Node Child(const char* key, bool required = false);
 
   std::string Field(const std::string& key) const;

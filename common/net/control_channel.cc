@@ -325,6 +325,8 @@ Status ParseHostPort(const std::string& address, std::string* host, int* port) {
   if (*end != '\0' || value <= 0 || value > 65535)
     return InvalidArgument("address '" + address + "' has a bad port");
   *host = address.substr(0, colon);
+  if (host->size() >= 2 && host->front() == '[' && host->back() == ']')  // "[::1]:7000"
+    *host = host->substr(1, host->size() - 2);
   *port = static_cast<int>(value);
   return Status::Ok();
 }

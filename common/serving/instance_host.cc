@@ -60,7 +60,9 @@ Hello InstanceHost::MakeHello() const {
   h.instance_id = instance_id_;
   h.name = options_.name;
   h.model = options_.model;
-  h.control_address = options_.bind_host + ":" + std::to_string(control_port());
+  const bool v6 = options_.advertise_host.find(':') != std::string::npos;
+  h.control_address = (v6 ? "[" + options_.advertise_host + "]" : options_.advertise_host) + ":" +
+                      std::to_string(control_port());
   h.kv_peer_info = options_.kv_peer_info;
   h.kv_block_size = options_.kv_block_size;
   h.kv_total_blocks = options_.kv_total_blocks;

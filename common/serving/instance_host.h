@@ -70,7 +70,8 @@ struct HostOptions {
   std::string name;                  // "prefill-0": logs and Hello
   InstanceRole role = InstanceRole::kPrefill;
   std::string model;                 // served model name, for Hello
-  std::string bind_host = "127.0.0.1";
+  std::string bind_host = "127.0.0.1";    // S.host: where it listens
+  std::string advertise_host = "127.0.0.1";  // what peers dial (Hello.control_address)
   int control_port = 0;              // 0 = ephemeral
   int metrics_port = 0;              // 0 = no HTTP endpoint
   ControlSection control;            // heartbeat interval, connect timeout

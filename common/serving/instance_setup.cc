@@ -1,5 +1,7 @@
 #include "common/serving/instance_setup.h"
 
+#include "common/config/serving_config.h"
+
 namespace tandem {
 
 StatusOr<InstanceSetup> InstanceSetup::Create(InstanceRole role, const RoleArgs& args,
@@ -21,9 +23,12 @@ StatusOr<InstanceSetup> InstanceSetup::Create(InstanceRole role, const RoleArgs&
   return setup;
 }
 
-HostOptions InstanceSetup::Host(InstanceRole role, const RoleArgs& args,
-                                const InstanceSection& section) const {
+StatusOr<HostOptions> InstanceSetup::Host(InstanceRole role, const RoleArgs& args,
+                                          const InstanceSection& section) const {
   HostOptions o;
+  o.bind_host = section.host;
+  TANDEM_ASSIGN_OR_RETURN(o.advertise_host,
+                          AdvertiseHost(args.config, section, InstanceRoleName(role)));
   o.name = name;
   o.role = role;
   o.model = model_name;

@@ -38,7 +38,9 @@ struct InstanceSetup {
                                         const std::string& waiting_help);
   // The host's options: ports SECTION.port + index, control section, drain bound, metrics. The
   // caller adds what Hello says of its KV.
-  HostOptions Host(InstanceRole role, const RoleArgs& args, const InstanceSection& section) const;
+  // InvalidArgument when the section's addresses cannot be served (AdvertiseHost).
+  StatusOr<HostOptions> Host(InstanceRole role, const RoleArgs& args,
+                             const InstanceSection& section) const;
   void SetGauges(double running_requests, double waiting_requests, int64_t free_blocks,
                  int64_t total_blocks) const;
 };
