@@ -120,8 +120,8 @@ Status CheckClusterLayout(const ClusterConfig& c) {
     const InstanceSection& s = std::string(name) == "prefill"  ? c.prefill
                                : std::string(name) == "decode" ? c.decode
                                                                : c.colocated;
-    if (!s.addresses.empty())
-      add(std::string(name) + ".addresses",
+    if (!s.addresses.empty() || !s.dns_name.empty())
+      add(std::string(name) + (s.addresses.empty() ? ".dns_name" : ".addresses"),
           "tandem up starts every instance itself, on this machine; S.addresses is for a router "
           "whose instances run elsewhere (start them with tandem prefill|decode|colocated there)");
   }

@@ -99,25 +99,12 @@ StatusOr<RouterLatencyModels> LoadRouterLatencyModels(const ClusterConfig& confi
 ClusterBackend::ClusterBackend(const ClusterConfig& config, ClusterBackendOptions options)
     : options_(std::move(options)), control_(config.control), work_(io_.get_executor()),
       slo_(config.slo), config_(config) {
-  // Static discovery: S.addresses when given (instances elsewhere), else the instances `tandem up`
-  // starts on this machine at S.port + index.
-  auto add = [&](const InstanceSection& section, InstanceRole role, std::vector<int>* ids) {
-    const bool listed = !section.addresses.empty();
-    const int count = listed ? static_cast<int>(section.addresses.size()) : section.instances;
-    for (int i = 0; i < count; ++i) {
-      auto instance = std::make_unique<Instance>();
-      instance->role = role;
-      instance->name = SectionName(role) + "-" + std::to_string(i);
-      instance->address = listed ? section.addresses[i]
-                                 : options_.host + ":" + std::to_string(section.port + i);
-      instance->backoff_s = options_.backoff_initial_s;
-      ids->push_back(static_cast<int>(instances_.size()));
-      instances_.push_back(std::move(instance));
-    }
-  };
-  add(config.prefill, InstanceRole::kPrefill, &prefill_);
-  add(config.decode, InstanceRole::kDecode, &decode_);
-  add(config.colocated, InstanceRole::kColocated, &colocated_);
+  // Each section's instances: by DNS name (resolved in Start and by the monitor), by a static
+  // list, or the ones `tandem up` starts on this machine (router/cluster_discovery.cc).
+  MutexLock lock(&mutex_);
+  AddSectionLocked(config.prefill, InstanceRole::kPrefill);
+  AddSectionLocked(config.decode, InstanceRole::kDecode);
+  AddSectionLocked(config.colocated, InstanceRole::kColocated);
   if (options_.metrics != nullptr) {
     instances_up_ = &options_.metrics->AddGauge(
         "tandem_router_instances_usable", "Instances connected with a fresh heartbeat",
@@ -140,13 +127,20 @@ ClusterBackend::~ClusterBackend() { Stop(); }
 Status ClusterBackend::Start() {
   StatusOr<PlacementPolicy> policy = ParsePlacementPolicy(config_.router.policy);
   if (!policy.ok()) return policy.status();
-  if (instances_.empty())
-    return InvalidArgument(config_.source + ": no instances configured (prefill, decode or "
-                                            "colocated instances must be > 0)");
-  if ((prefill_.empty()) != (decode_.empty()) && colocated_.empty())
-    return InvalidArgument(config_.source + ": prefill and decode instances come in pairs: " +
-                           std::to_string(prefill_.size()) + " prefill, " +
-                           std::to_string(decode_.size()) + " decode");
+  {
+    MutexLock lock(&mutex_);
+    const bool p = ConfiguredLocked(InstanceRole::kPrefill);
+    const bool d = ConfiguredLocked(InstanceRole::kDecode);
+    if (!p && !d && !ConfiguredLocked(InstanceRole::kColocated))
+      return InvalidArgument(config_.source + ": no instances configured (prefill, decode or "
+                                              "colocated instances must be > 0)");
+    if (p != d && !ConfiguredLocked(InstanceRole::kColocated))
+      return InvalidArgument(config_.source + ": prefill and decode instances come in pairs: " +
+                             std::to_string(prefill_.size()) + " prefill, " +
+                             std::to_string(decode_.size()) + " decode");
+  }
+  // The names resolved once before serving, so that the first requests find instances.
+  Discover();
   for (const InstanceSection* s : {&config_.prefill, &config_.decode, &config_.colocated}) {
     if (s->addresses.empty() && s->instances > 0 && s->port <= 0)
       return InvalidArgument(config_.source + ": an instance section has port 0; the router " +
@@ -235,7 +229,7 @@ Status ClusterBackend::Reconfigure(const ClusterConfig& config) {
 }
 
 bool ClusterBackend::UsableLocked(const Instance& instance, Clock::time_point now) const {
-  return instance.connection && instance.greeted &&
+  return !instance.retired && instance.connection && instance.greeted &&
          SecondsSince(instance.last_heard, now) <= control_.heartbeat_timeout_s;
 }
 
@@ -426,6 +420,18 @@ void ClusterBackend::MonitorTickLocked(Clock::time_point now, std::vector<size_t
                                        RequestList* to_drain) {
   for (size_t i = 0; i < instances_.size(); ++i) {
     Instance& x = *instances_[i];
+    if (x.retired) {
+      bool holds = false;
+      for (const auto& [id, r] : requests_) holds = holds || HeldBy(*r, static_cast<int>(i));
+      if (x.connection && !holds) {  // drained: its last request is done
+        TANDEM_LOG(kInfo) << "instance " << x.name << " at " << x.address << " drained; closed";
+        x.connection->Close();
+        x.connection = nullptr;
+        x.greeted = false;
+        ++x.generation;  // the close handler of this connection is now stale
+      }
+      if (!x.connection) continue;  // never reconnected while retired
+    }
     if (!x.connection && !x.connecting && now >= x.next_attempt) {
       x.connecting = true;
       to_connect->push_back(i);
@@ -478,9 +484,11 @@ void ClusterBackend::MonitorLoop() TANDEM_NO_THREAD_SAFETY_ANALYSIS {
     std::vector<size_t> to_connect;
     RequestList to_drain;
     MonitorTickLocked(Clock::now(), &to_connect, &to_drain);
+    const bool discover = !dns_targets_.empty() && Clock::now() >= next_discovery_;
     lock.unlock();
     for (auto& r : to_drain) Drain(r);
     for (size_t i : to_connect) TryConnect(i);
+    if (discover) Discover();
     lock.lock();
     monitor_cv_.wait_for(lock, std::chrono::milliseconds(50), [this]() TANDEM_REQUIRES(mutex_) {
       return stopping_;

@@ -165,6 +165,31 @@ class ClusterBackend : public Backend {
   bool UsableLocked(const Instance& instance, Clock::time_point now) const
       TANDEM_REQUIRES(mutex_);
 
+  // DNS discovery (router/cluster_discovery.cc): S.dns_name of each section, resolved every
+  // control.discovery_interval_s by the monitor thread.
+  struct DnsTarget {
+    InstanceRole role;
+    std::string name;  // host part of S.dns_name
+    int port = 0;
+  };
+  // Every address `target` resolves to now ("ip:port"); an error (the set is kept) when it does
+  // not resolve. Blocking (getaddrinfo): never under mutex_.
+  static StatusOr<std::vector<std::string>> Resolve(const DnsTarget& target);
+  // Resolves every target (outside mutex_) and applies the answers.
+  void Discover() TANDEM_EXCLUDES(mutex_);
+  // A new address joins as a new instance (or brings a drained one back); an instance whose
+  // address is gone is retired: it gets no new request, and is closed once it holds none.
+  void ApplyDiscoveryLocked(const DnsTarget& target, const std::vector<std::string>& addresses)
+      TANDEM_REQUIRES(mutex_);
+  // Adds an instance of `role` at `address`; its index.
+  int AddInstanceLocked(InstanceRole role, const std::string& address) TANDEM_REQUIRES(mutex_);
+  std::vector<int>& IdsOfLocked(InstanceRole role) TANDEM_REQUIRES(mutex_);
+  // The instances of a config section: its DNS name, else S.addresses, else the local ones.
+  void AddSectionLocked(const InstanceSection& section, InstanceRole role)
+      TANDEM_REQUIRES(mutex_);
+  // Whether the config gives instances of `role` (known now, or by a DNS name).
+  bool ConfiguredLocked(InstanceRole role) TANDEM_REQUIRES(mutex_);
+
   // Requests (cluster_backend_requests.cc).
   // The load snapshot placement sees for `request`, under mutex_.
   struct Snapshot;
@@ -212,10 +237,14 @@ class ClusterBackend : public Backend {
   // Entries point into latency_.file.
   RouterLatencyModels latency_ TANDEM_GUARDED_BY(mutex_);
   uint64_t round_robin_ TANDEM_GUARDED_BY(mutex_) = 0;
-  // prefill..., decode..., colocated...; the vector is fixed after construction, the instances'
-  // fields are guarded by mutex_.
-  std::vector<std::unique_ptr<Instance>> instances_;
-  std::vector<int> prefill_, decode_, colocated_;  // indices into instances_; fixed
+  // Every instance ever known, by index (an index never changes meaning: discovery only appends;
+  // an instance that left is retired, not removed).
+  std::vector<std::unique_ptr<Instance>> instances_ TANDEM_GUARDED_BY(mutex_);
+  // Indices into instances_ by role.
+  std::vector<int> prefill_ TANDEM_GUARDED_BY(mutex_), decode_ TANDEM_GUARDED_BY(mutex_),
+      colocated_ TANDEM_GUARDED_BY(mutex_);
+  std::vector<DnsTarget> dns_targets_;  // fixed after construction
+  Clock::time_point next_discovery_ TANDEM_GUARDED_BY(mutex_);
   std::map<std::string, std::shared_ptr<Request>> requests_ TANDEM_GUARDED_BY(mutex_);
   // The config as started; Reconfigure changes policy_, slo_ and latency_ only.
   const ClusterConfig config_;

@@ -26,6 +26,9 @@ struct ClusterBackend::Instance {
   uint64_t session = 0;
   bool connecting = false;
   bool greeted = false;
+  // Its address left the DNS name: no new requests; closed once it holds none; back if the
+  // address returns.
+  bool retired = false;
   Hello hello;
   LoadReport load;  // the latest report plus what this router submitted that it lacks
   // Requests this router sent here that the latest report does not include yet (a report lags:

@@ -61,6 +61,18 @@ void CheckAddresses(YamlErrors* v, const YAML::Node& node, const std::string& na
   if (IsUnspecifiedAddress(s.advertise_host))
     v->Add(node["advertise_host"], name + ".advertise_host",
            s.advertise_host + " is not an address peers can dial: name this host's IP address");
+  if (!s.dns_name.empty()) {
+    const size_t colon = s.dns_name.rfind(':');
+    const std::string port = colon == std::string::npos ? "" : s.dns_name.substr(colon + 1);
+    if (colon == 0 || port.empty() || port.size() > 5 ||
+        port.find_first_not_of("0123456789") != std::string::npos || std::stoi(port) < 1 ||
+        std::stoi(port) > 65535)
+      v->Add(node["dns_name"], name + ".dns_name",
+             "'" + s.dns_name + "' is not NAME:PORT (the instances' control port)");
+    if (!s.addresses.empty())
+      v->Add(node["dns_name"], name + ".dns_name",
+             "set either " + name + ".addresses or " + name + ".dns_name, not both");
+  }
   for (const std::string& a : s.addresses) {
     const size_t colon = a.rfind(':');
     const std::string ip = colon == std::string::npos ? "" : a.substr(0, colon);
@@ -93,6 +105,7 @@ void ReadInstance(YamlErrors* v, YAML::Node node, const std::string& name, Insta
   sec.String("host", &s->host);
   sec.String("advertise_host", &s->advertise_host);
   sec.StringList("addresses", &s->addresses);
+  sec.String("dns_name", &s->dns_name);
   CheckAddresses(v, node, name, *s);
 }
 
@@ -191,6 +204,7 @@ void ReadTransport(YamlErrors* v, YamlFields& top, const YAML::Node& root, Clust
     sec.String("secret_file", &c->control.secret_file);
     sec.Double("handshake_timeout_s", &c->control.handshake_timeout_s, 0.01, 600);
     sec.Int("max_connections", &c->control.max_connections, 4, 1 << 20);
+    sec.Double("discovery_interval_s", &c->control.discovery_interval_s, 0.05, 3600);
     if (c->control.heartbeat_timeout_s < 3 * c->control.heartbeat_interval_s)
       v->Add(At(root, "control", "heartbeat_timeout_s"), "control.heartbeat_timeout_s",
              "must be at least 3 x control.heartbeat_interval_s, so that one late report fails "
@@ -341,6 +355,7 @@ std::string ConfigToYaml(const ClusterConfig& c) {
     out << YAML::Key << "host" << YAML::Value << s.host;
     out << YAML::Key << "advertise_host" << YAML::Value << s.advertise_host;
     out << YAML::Key << "addresses" << YAML::Value << YAML::Flow << s.addresses;
+    out << YAML::Key << "dns_name" << YAML::Value << s.dns_name;
     out << YAML::EndMap;
   };
   out << YAML::BeginMap;
@@ -395,7 +410,8 @@ std::string ConfigToYaml(const ClusterConfig& c) {
   out << YAML::Key << "connect_timeout_s" << YAML::Value << c.control.connect_timeout_s;
   out << YAML::Key << "secret_file" << YAML::Value << c.control.secret_file;
   out << YAML::Key << "handshake_timeout_s" << YAML::Value << c.control.handshake_timeout_s;
-  out << YAML::Key << "max_connections" << YAML::Value << c.control.max_connections
+  out << YAML::Key << "max_connections" << YAML::Value << c.control.max_connections;
+  out << YAML::Key << "discovery_interval_s" << YAML::Value << c.control.discovery_interval_s
       << YAML::EndMap;
   out << YAML::Key << "launcher" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "health_interval_s" << YAML::Value << c.launcher.health_interval_s;

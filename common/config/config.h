@@ -81,6 +81,10 @@ struct InstanceSection {
   // The router's static discovery: every instance of this role as "ip:port" (its control port).
   // Empty = the instances `tandem up` starts here (127.0.0.1, port + index).
   std::vector<std::string> addresses;
+  // The router's DNS discovery: "name:port"; every A/AAAA record of the name is an instance (a
+  // Kubernetes headless Service), resolved every control.discovery_interval_s. A new address
+  // joins; one that vanished is drained (no new work; closed once its requests are done).
+  std::string dns_name;
 };
 
 struct SloClass {
@@ -141,6 +145,8 @@ struct ControlSection {
   double handshake_timeout_s = 5.0;
   // Control connections an instance holds open at once; beyond, new ones are refused.
   int max_connections = 1024;
+  // How often the router resolves S.dns_name again.
+  double discovery_interval_s = 5.0;
 };
 
 // `tandem up`'s supervisor (cluster/launcher.h).

@@ -110,9 +110,11 @@ std::string ConfigRelativePath(const ClusterConfig& config, const std::string& p
 }
 
 bool IsMultiHost(const ClusterConfig& config) {
-  for (const InstanceSection* s : {&config.prefill, &config.decode, &config.colocated})
+  for (const InstanceSection* s : {&config.prefill, &config.decode, &config.colocated}) {
+    if (!s->dns_name.empty()) return true;  // instances found by name: anywhere
     for (const std::string& a : s->addresses)
       if (!IsLoopbackAddress(HostOfAddress(a))) return true;
+  }
   return false;
 }
 

@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """Several hosts made of Linux network namespaces: a router, 2 prefill and 2 decode instances,
 each in its own namespace with its own address on one bridge (itself in a namespace of its
-own), KV over UCX tcp between them, the router finding the instances by static lists
-(S.addresses). The official `openai` client, run inside the router's namespace, drives it,
+own), KV over UCX tcp between them, the router finding the prefill hosts by a static list
+(prefill.addresses) and the decode hosts by a DNS name (decode.dns_name, answered by the router
+namespace's /etc/hosts, which `ip netns exec` mounts from /etc/netns/NAME/hosts). The official `openai` client, run inside the router's namespace, drives it,
 streaming and not; greedy output must equal the one-host cluster's (`tandem up` on loopback).
 Then, under load, one decode host's link goes down: its requests end with a clean error within
 the heartbeat bound, the others complete, every pool returns to full; the link comes back and
-that host serves again.
+that host serves again. Last, a decode host leaves the DNS name while serving (what it holds
+completes, it gets nothing new) and joins again (it gets work).
 
 Needs root (ip netns). Every namespace this test makes is removed at the end, whatever happens;
 the addresses (10.77.0.0/24) exist only inside those namespaces. Env: TANDEM_BINARY.
@@ -33,6 +35,7 @@ HEARTBEAT_TIMEOUT_S = 1.5
 # name -> last octet
 HOSTS = {"router": 10, "prefill-0": 11, "prefill-1": 12, "decode-0": 21, "decode-1": 22}
 CONTROL_PORT, METRICS_PORT, ROUTER_PORT = 7000, 7100, 8000
+DECODE_NAME = "decode.tandem.test"
 PROMPTS = ["The quick brown fox", "Once upon a time", "Disaggregated serving splits",
            "In a hole in the ground", "Tandem", "A B C D E F G"]
 
@@ -87,6 +90,21 @@ class Hosts:
     def __exit__(self, *exc):
         for name in reversed(self.made):
             ip("netns", "del", name, check_rc=False)
+        shutil.rmtree(os.path.dirname(hosts_file()), ignore_errors=True)
+
+
+def hosts_file():
+    return f"/etc/netns/{ns('router')}/hosts"
+
+
+def set_decode_dns(names):
+    """The router's DNS: DECODE_NAME has an A record per host in `names`. `ip netns exec`
+    bind-mounts this file over /etc/hosts, so it is rewritten in place (same inode)."""
+    os.makedirs(os.path.dirname(hosts_file()), exist_ok=True)
+    with open(hosts_file(), "w") as f:
+        f.write("127.0.0.1 localhost\n")
+        for name in names:
+            f.write(f"{address(name)} {DECODE_NAME}\n")
 
 
 def run_in(name, argv, **kwargs):
@@ -97,17 +115,18 @@ def config(model_dir):
     """One file for every host; each instance gets its host and index by flags."""
     return {
         "model": {"path": model_dir, "name": "tiny-test", "max_model_len": 1024},
-        "router": {"host": address("router"), "port": ROUTER_PORT, "policy": "goodput"},
+        # least_loaded: both decode hosts get a share of every burst (what the faults need).
+        "router": {"host": address("router"), "port": ROUTER_PORT, "policy": "least_loaded"},
         "slo": {"ttft_s": 60, "tpot_s": 10},
         "transfer": {"backend": "ucx", "ucx_tls": "tcp", "timeout_s": 3},
         "control": {"heartbeat_interval_s": 0.1, "heartbeat_timeout_s": HEARTBEAT_TIMEOUT_S,
-                    "connect_timeout_s": 1},
+                    "connect_timeout_s": 1, "discovery_interval_s": 0.3},
         "prefill": {"instances": 2, "port": CONTROL_PORT, "metrics_port": METRICS_PORT,
                     "kv_blocks": 128, "kv_hold_timeout_s": 5,
                     "addresses": [f"{address(f'prefill-{i}')}:{CONTROL_PORT}" for i in range(2)]},
+        # The decode hosts by DNS name: the router's namespace has its own /etc/hosts.
         "decode": {"instances": 2, "port": CONTROL_PORT, "metrics_port": METRICS_PORT,
-                   "kv_blocks": 128,
-                   "addresses": [f"{address(f'decode-{i}')}:{CONTROL_PORT}" for i in range(2)]},
+                   "kv_blocks": 128, "dns_name": f"{DECODE_NAME}:{CONTROL_PORT}"},
     }
 
 
@@ -195,6 +214,7 @@ def start_cluster(model_dir, work):
         procs[name] = run_in(name, [BIN, role, "--config", cfg, "--index", "0",
                                     f"--{role}.host={address(name)}"],
                              stdout=log, stderr=subprocess.STDOUT, env=env)
+    set_decode_dns(["decode-0", "decode-1"])
     log = open(os.path.join(work, "router.log"), "w")
     procs["router"] = run_in("router", [BIN, "router", "--config", cfg], stdout=log,
                              stderr=subprocess.STDOUT, env=env)
@@ -256,6 +276,7 @@ def main():
                           for i in range(2)]
                 print(f"decode requests served: {served}")
                 cut_link_under_load(hosts, url)
+                dns_leave_and_join(url)
             finally:
                 for p in procs.values():
                     stop_process(p, 10)
@@ -282,7 +303,7 @@ def cut_link_under_load(hosts, url):
     load = subprocess.Popen(argv, stdin=spec_file, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     # Wait until decode-1 holds requests, then cut its cable.
-    check(wait_for(lambda: (metric("decode-1", "tandem_num_requests_running") or 0) >= 2, 30),
+    check(wait_for(lambda: (metric("decode-1", "tandem_num_requests_running") or 0) >= 1, 30),
           "decode-1 never ran requests")
     cut_at = time.time()
     hosts.link("decode-1", up=False)
@@ -319,6 +340,49 @@ def cut_link_under_load(hosts, url):
     after = metric("decode-1", "tandem_kv_handoff_wait_seconds_count") or 0
     print(f"decode-1 served {after - before:.0f} of 12 requests after the link came back")
     check(after > before, "decode-1 served nothing after its link came back")
+
+
+def handoffs(name):
+    return metric(name, "tandem_kv_handoff_wait_seconds_count") or 0
+
+
+def dns_leave_and_join(url):
+    """decode-0 leaves the DNS name while it serves: what it holds completes, nothing new goes
+    there; it joins again and receives work."""
+    long_jobs = [(f"dns {i}", 600, True) for i in range(8)]
+    spec_file = tempfile.TemporaryFile("w+")
+    spec_file.write(json.dumps({"url": url, "jobs": long_jobs, "parallel": 8, "timeout": 120}))
+    spec_file.seek(0)
+    load = subprocess.Popen(["ip", "netns", "exec", ns("router"), PYTHON, "-c", CLIENT],
+                            stdin=spec_file, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    check(wait_for(lambda: (metric("decode-0", "tandem_num_requests_running") or 0) >= 1, 30),
+          "decode-0 never ran a request before leaving")
+    set_decode_dns(["decode-1"])
+    time.sleep(1.0)  # > control.discovery_interval_s: the router has seen it
+    before = handoffs("decode-0")
+    results = run_client(url, [(f"while gone {i}", 8, False) for i in range(10)], parallel=5,
+                         netns="router")
+    check(all(r["ok"] for r in results), f"requests while decode-0 was gone failed: {results}")
+    check(handoffs("decode-0") == before, "decode-0 got new requests after it left the name")
+    out, err = load.communicate(timeout=240)
+    drained = json.loads(out) if out else []
+    print(f"dns leave: {sum(r['ok'] for r in drained)}/{len(long_jobs)} in-flight completed, "
+          f"decode-0 took {handoffs('decode-0') - before:.0f} new")
+    check(len(drained) == len(long_jobs) and all(r["ok"] for r in drained),
+          f"requests in flight on the leaving host did not all complete: {drained} {err[-500:]}")
+    check(wait_for(lambda: (metric("decode-0", "tandem_kv_cache_usage_ratio") == 0), 10),
+          "decode-0's pool did not return to full after draining")
+    set_decode_dns(["decode-0", "decode-1"])
+    check(wait_for(lambda: router_metric("tandem_router_instances_usable",
+                                         'instance_role="decode"') == 2, 30),
+          "the router did not take decode-0 back from DNS")
+    before = handoffs("decode-0")
+    results = run_client(url, [(f"joined {i}", 8, False) for i in range(12)], parallel=6,
+                         netns="router")
+    check(all(r["ok"] for r in results), f"requests after decode-0 rejoined failed: {results}")
+    print(f"dns join: decode-0 served {handoffs('decode-0') - before:.0f} of 12")
+    check(handoffs("decode-0") > before, "decode-0 got no work after it joined the name again")
 
 
 if __name__ == "__main__":

@@ -47,6 +47,10 @@ TEST_CASE("addresses: hosts and static lists are IP addresses, named by field", 
   CHECK(Has(error("decode: {addresses: ['0.0.0.0:7000']}\n"), "is not IP:PORT"));
   CHECK(Has(error("decode: {addresses: ['10.0.0.2:99999']}\n"), "is not IP:PORT"));
   CHECK(Has(error("decode: {addresses: {a: b}}\n"), "decode.addresses: must be a list of strings"));
+  CHECK(error("decode: {dns_name: 'tandem-decode.ns.svc.cluster.local:7000'}\n").empty());
+  CHECK(Has(error("decode: {dns_name: tandem-decode}\n"), "decode.dns_name: 'tandem-decode' is not NAME:PORT"));
+  CHECK(Has(error("decode: {dns_name: 'd:7000', addresses: ['10.0.0.2:7000']}\n"),
+            "set either decode.addresses or decode.dns_name, not both"));
   // An override gives a comma-separated list.
   auto c = ParseConfig("", "cluster.yaml", {"decode.addresses=10.0.0.2:7000,10.0.0.3:7000"});
   REQUIRE(c.ok());
@@ -87,6 +91,9 @@ TEST_CASE("addresses: what an instance advertises", "[config]") {
   auto multi_ok = Parse("prefill: {host: 10.0.0.1}\ndecode: {addresses: ['10.0.0.2:7000']}\n");
   REQUIRE(multi_ok.ok());
   CHECK(*AdvertiseHost(*multi_ok, multi_ok->prefill, "prefill") == "10.0.0.1");
+  auto by_name = Parse("decode: {dns_name: 'tandem-decode:7000'}\n");
+  REQUIRE(by_name.ok());
+  CHECK(IsMultiHost(*by_name));  // found by name: anywhere
 }
 
 TEST_CASE("addresses: the UCX data plane offers only the interface of S.host", "[kvtransfer]") {
