@@ -20,7 +20,14 @@ control.handshake_timeout_s 1 s). The attacker:
      after a valid challenge): decode's RSS grows by less than 64 MiB, every connection is
      closed within handshake_timeout_s + slack, requests through the router give the same
      tokens during and after;
-  5. the public API without a key and with a wrong one: 401.
+  5. the public API without a key and with a wrong one: 401;
+  6. file descriptors: the cluster runs with RLIMIT_NOFILE 256 (soft and hard, as in a container
+     started with --ulimit nofile=256), and the attacker holds 400 connections to decode's control
+     port for 6 s, reopening the ones the instance closes 4 times a second: decode keeps fds
+     for itself (its listener holds fewer connections than its fd limit allows), so its /health
+     answers (the launcher would kill it after launcher.health_failures missed polls),
+     requests through the router give the same tokens, and the log is not flooded with accept
+     errors.
 No instance may crash or restart meanwhile. Prints a table of the attacks and the RSS numbers.
 
 Env: TANDEM_BINARY; TANDEM_E2E_LOG_DIR (keep the cluster log). Exit 0 = pass."""
@@ -30,6 +37,7 @@ import http.client
 import json
 import os
 import random
+import resource
 import selectors
 import socket
 import struct
@@ -49,6 +57,9 @@ CLOSE_SLACK_S = 6.0  # beyond handshake_timeout_s, for a loaded 2-core machine
 TRAP_WAIT_S = 3.0  # how long the trap listener waits for a connection that must not come
 RSS_BOUND_KB = 64 * 1024
 STREAM_TOKENS = 400
+FD_LIMIT = 256  # RLIMIT_NOFILE of the whole cluster
+FD_FLOOD = 400  # connections the attacker holds open in attack 6
+FD_FLOOD_S = 6.0  # ... for this long: beyond launcher.health_failures x health_interval_s
 PROMPT = [5, 9, 11, 13, 17]
 
 # --- The control wire (common/net/wire_codec.h, control_wire.h, control_auth.h) ------------
@@ -598,6 +609,77 @@ def attack_flood(cluster, decode_port, decode_pid, baseline):
         f"{'same tokens' if after == baseline else 'FAILED/DIFFERENT'}")
 
 
+def attack_fds(cluster, decode_port, decode_metrics, decode_pid, baseline):
+    """6: more connections than decode has file descriptors, held for FD_FLOOD_S."""
+    log_lines = len(open(cluster.log_path).read().splitlines())
+    sel = selectors.DefaultSelector()
+    opened = refused = 0
+
+    def open_one():
+        nonlocal opened, refused
+        try:
+            s = connect(decode_port, timeout=1)
+        except OSError:
+            refused += 1
+            return
+        s.setblocking(False)
+        sel.register(s, selectors.EVENT_READ)
+        opened += 1
+
+    for _ in range(FD_FLOOD):
+        open_one()
+    streams, health_failures, health_polls, closed = [], 0, 0, 0
+    start = time.time()
+    next_health = start
+    while time.time() < start + FD_FLOOD_S:
+        if not streams or streams[-1].done.is_set():
+            streams.append(Stream(cluster))
+        if time.time() >= next_health:
+            next_health += 0.25
+            for _ in range(closed):  # take the places decode freed (4 times a second: a
+                open_one()           # sustained flood that spares the machine's ports)
+            closed = 0
+            health_polls += 1
+            try:
+                health_failures += http_get(f"http://127.0.0.1:{decode_metrics}/health",
+                                            timeout=3)[0] != 200
+            except Exception:
+                health_failures += 1
+        for key, _ in sel.select(timeout=0.05):
+            try:
+                data = key.fileobj.recv(65536)
+            except BlockingIOError:
+                continue
+            except OSError:
+                data = b""
+            if not data:  # closed by decode: its place is taken again at the next tick
+                sel.unregister(key.fileobj)
+                key.fileobj.close()
+                closed += 1
+    held = len(sel.get_map())
+    for key in list(sel.get_map().values()):
+        key.fileobj.close()
+    sel.close()
+    texts = [st.result() for st in streams]
+    after = Stream(cluster).result()
+    accept_errors = sum("accept failed" in l or "accept:" in l
+                        for l in open(cluster.log_path).read().splitlines()[log_lines:])
+    good = sum(t == baseline for t in texts)
+    check(cluster.child_pid("decode", 0) == decode_pid, "decode was restarted under the fd flood")
+    check(health_failures == 0, f"decode's /health failed {health_failures} of {health_polls} "
+          "polls under the fd flood")
+    check(good == len(texts), f"{len(texts) - good} of {len(texts)} streams during the fd flood "
+          "failed or differed")
+    check(after == baseline, "the request after the fd flood failed or differed")
+    check(accept_errors < 50, f"{accept_errors} accept errors logged under the fd flood")
+    row("6 fd exhaustion", f"{FD_FLOOD} connections to decode (RLIMIT_NOFILE {FD_LIMIT}) held "
+        f"{FD_FLOOD_S:.0f} s, reopening closed ones 4x/s",
+        f"connects {opened} ({refused} failed), open at the end {held}; decode /health "
+        f"failed {health_failures}/{health_polls}; streams same tokens {good}/{len(texts)}, after "
+        f"{'same' if after == baseline else 'FAILED/DIFFERENT'}; accept errors logged "
+        f"{accept_errors}; decode restarted: {cluster.child_pid('decode', 0) != decode_pid}")
+
+
 def read_secret(cluster):
     """The cluster secret from the file `tandem up` made, found through its log line
     '... on RUN_DIR/config.yaml' and the snapshot's control.secret_file."""
@@ -634,6 +716,7 @@ def run(cluster):
     attack_wrong_secret(cluster, prefill_port, decode_port, prefill_metrics, secret)
     positive_hello(decode_port, secret, ROLE_DECODE, "decode")
     attack_flood(cluster, decode_port, pids["decode-0"], baseline)
+    attack_fds(cluster, decode_port, decode_metrics, pids["decode-0"], baseline)
     positive_hello(prefill_port, secret, ROLE_PREFILL, "prefill")
     positive_submit(prefill_port, secret)  # last: it leaves prefill a request to time out
     now = {name: cluster.child_pid(*name.split("-")) for name in pids}
@@ -667,7 +750,8 @@ def main():
         cluster.write_config()
         os.environ["TANDEM_API_KEYS"] = API_KEY  # inherited by `tandem up` and its router
         try:
-            cluster.start()
+            cluster.start(preexec_fn=lambda: resource.setrlimit(
+                resource.RLIMIT_NOFILE, (FD_LIMIT, FD_LIMIT)))
             print(f"cluster ready ({time.time() - t0:.1f} s)", flush=True)
             run(cluster)
         except Exception:
