@@ -5,6 +5,9 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/write.hpp>
+#include <sys/resource.h>
+
+#include <algorithm>
 #include <chrono>
 #include <future>
 
@@ -261,7 +264,7 @@ bool ControlConnection::closed() const {
 
 ControlListener::ControlListener(asio::io_context& io, const ControlOptions& options,
                                  AcceptHandler on_accept)
-    : acceptor_(io), options_(options), on_accept_(std::move(on_accept)) {}
+    : acceptor_(io), options_(options), on_accept_(std::move(on_accept)), retry_timer_(io) {}
 
 ControlListener::~ControlListener() { Stop(); }
 
@@ -270,8 +273,16 @@ StatusOr<std::unique_ptr<ControlListener>> ControlListener::Listen(asio::io_cont
                                                                    int port,
                                                                    const ControlOptions& options,
                                                                    AcceptHandler on_accept) {
+  ControlOptions bounded = options;
+  bounded.max_connections = MaxConnectionsForFds(options.max_connections);
+  if (bounded.max_connections < options.max_connections) {
+    TANDEM_LOG(kWarn) << "control listener: control.max_connections " << options.max_connections
+                      << " lowered to " << bounded.max_connections
+                      << " to leave file descriptors to the process (RLIMIT_NOFILE; raise it with "
+                         "ulimit -n)";
+  }
   std::unique_ptr<ControlListener> listener(
-      new ControlListener(io, options, std::move(on_accept)));
+      new ControlListener(io, bounded, std::move(on_accept)));
   boost::system::error_code ec;
   asio::ip::address address = asio::ip::make_address(host, ec);
   if (ec) return InvalidArgument("control listener: bad host '" + host + "': " + ec.message());
@@ -291,7 +302,22 @@ StatusOr<std::unique_ptr<ControlListener>> ControlListener::Listen(asio::io_cont
 void ControlListener::AcceptNext() {
   acceptor_.async_accept([this](boost::system::error_code ec, tcp::socket socket) {
     if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
-    if (!ec && open_->load() >= options_.max_connections) {
+    if (ec) {
+      // Out of file descriptors (or memory): the pending connection stays in the backlog, so
+      // accepting again at once would fail again at once, a busy loop that floods the log.
+      const auto now = std::chrono::steady_clock::now();
+      if (now - last_error_log_ > std::chrono::seconds(10)) {  // one line per burst
+        last_error_log_ = now;
+        TANDEM_LOG(kWarn) << "control listener: accept failed: " << ec.message()
+                          << "; retrying every 100 ms";
+      }
+      retry_timer_.expires_after(std::chrono::milliseconds(100));
+      retry_timer_.async_wait([this](boost::system::error_code timer_ec) {
+        if (!timer_ec && acceptor_.is_open()) AcceptNext();
+      });
+      return;
+    }
+    if (open_->load() >= options_.max_connections) {
       // A flood: refuse at once rather than hold sockets and buffers for strangers.
       const auto now = std::chrono::steady_clock::now();
       if (now - last_refusal_log_ > std::chrono::seconds(10)) {  // one line per burst
@@ -300,7 +326,7 @@ void ControlListener::AcceptNext() {
                           << " connections open (control.max_connections): refusing new ones";
       }
       socket.close(ec);
-    } else if (!ec) {
+    } else {
       auto connection = ControlConnection::Create(std::move(socket), options_, /*dialer=*/false);
       open_->fetch_add(1);
       connection->listener_slot_ =
@@ -314,6 +340,18 @@ void ControlListener::AcceptNext() {
 void ControlListener::Stop() {
   boost::system::error_code ec;
   acceptor_.close(ec);
+  retry_timer_.cancel();
+}
+
+int MaxConnectionsForFds(int wanted, uint64_t fd_limit) {
+  if (fd_limit == 0) {
+    rlimit limit{};
+    if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return wanted;
+    fd_limit = limit.rlim_cur;
+  }
+  const uint64_t reserve = std::min<uint64_t>(256, fd_limit / 2);
+  const uint64_t cap = std::max<uint64_t>(4, fd_limit - reserve);
+  return static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(std::max(wanted, 0)), cap));
 }
 
 Status ParseHostPort(const std::string& address, std::string* host, int* port) {

@@ -120,7 +120,10 @@ class ControlListener {
   using AcceptHandler = std::function<void(std::shared_ptr<ControlConnection>)>;
 
   // Binds and starts accepting; each new connection goes to on_accept (not yet started). Beyond
-  // options.max_connections open at once, a new connection is closed as it is accepted.
+  // options.max_connections open at once, a new connection is closed as it is accepted. The cap
+  // is lowered to leave file descriptors to the rest of the process (MaxConnectionsForFds): a
+  // flood must not take the descriptors its /health, KV transfers and files need. An accept that
+  // fails (out of descriptors) is retried after a pause, not in a busy loop.
   static StatusOr<std::unique_ptr<ControlListener>> Listen(boost::asio::io_context& io,
                                                            const std::string& host, int port,
                                                            const ControlOptions& options,
@@ -139,10 +142,16 @@ class ControlListener {
   const ControlOptions options_;
   AcceptHandler on_accept_;
   std::shared_ptr<std::atomic<int>> open_ = std::make_shared<std::atomic<int>>(0);
+  boost::asio::steady_timer retry_timer_;  // after a failed accept
   // Accept handlers run one at a time (one accept in flight).
-  std::chrono::steady_clock::time_point last_refusal_log_{};
+  std::chrono::steady_clock::time_point last_refusal_log_{}, last_error_log_{};
   int port_ = 0;
 };
+
+// `wanted` (control.max_connections), lowered so that the open connections leave file descriptors
+// to the rest of the process under RLIMIT_NOFILE `fd_limit` (0: this process's soft limit):
+// at most fd_limit - min(256, fd_limit / 2), at least 4.
+int MaxConnectionsForFds(int wanted, uint64_t fd_limit = 0);
 
 // Splits "host:port". InvalidArgument naming the address when malformed.
 Status ParseHostPort(const std::string& address, std::string* host, int* port);

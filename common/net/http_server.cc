@@ -78,6 +78,8 @@ struct HttpServerState {
   std::atomic<bool> stopping{false};
   // io threads joined: sessions start no more async operations (they would never complete).
   std::atomic<bool> stopped{false};
+  // Accept handlers only (one accept in flight at a time): the last "accept failed" line.
+  std::chrono::steady_clock::time_point last_accept_error_log{};
 
   // The server's own error answer with `http_status` (see HttpErrorRenderer).
   HttpResponse Error(int http_status, const Status& status) const {
@@ -585,8 +587,18 @@ void DoAccept(const std::shared_ptr<HttpServerState>& state) {
               state->stopping) {
             return;
           }
-          TANDEM_LOG(kWarn) << "accept failed: " << ec.message();
-          DoAccept(state);
+          // Out of file descriptors (or memory): the pending connection stays in the backlog,
+          // so accepting again at once fails again at once, a busy loop that floods the log.
+          const auto now = std::chrono::steady_clock::now();
+          if (now - state->last_accept_error_log > std::chrono::seconds(10)) {
+            state->last_accept_error_log = now;
+            TANDEM_LOG(kWarn) << "accept failed: " << ec.message() << "; retrying every 100 ms";
+          }
+          auto retry = std::make_shared<net::steady_timer>(state->ioc);
+          retry->expires_after(std::chrono::milliseconds(100));
+          retry->async_wait([state, retry](beast::error_code) {
+            if (!state->stopping && state->acceptor.is_open()) DoAccept(state);
+          });
           return;
         }
         if (state->stopping) return;

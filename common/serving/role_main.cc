@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <cstdio>
 
@@ -31,6 +32,19 @@ StatusOr<ClusterConfig> Load(const std::string& path, const std::vector<std::str
   TANDEM_ASSIGN_OR_RETURN(ClusterConfig config, ParseConfig("", "<defaults>", overrides));
   TANDEM_RETURN_IF_ERROR(ValidateForServing(config));
   return config;
+}
+
+// Raises the soft RLIMIT_NOFILE to the hard limit: a server holds a descriptor per connection,
+// and a soft limit of 1024 (a common default) would let a connection flood take the descriptors
+// that /health and KV transfers need (the control listener leaves room under whatever limit this
+// leaves: MaxConnectionsForFds).
+void RaiseFdLimit() {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur >= limit.rlim_max) return;
+  const rlim_t from = limit.rlim_cur;
+  limit.rlim_cur = limit.rlim_max;
+  if (::setrlimit(RLIMIT_NOFILE, &limit) == 0)
+    TANDEM_LOG(kDebug) << "RLIMIT_NOFILE raised from " << from << " to " << limit.rlim_cur;
 }
 
 // Waits for signals until one asks to stop; SIGHUP reloads the config meanwhile.
@@ -107,6 +121,7 @@ int RunRoleMain(const RoleSpec& spec, const std::vector<std::string>& args) {
     SetLogRole(spec.command);
   }
   ApplyLogging(role_args.config);
+  RaiseFdLimit();
 
   // Signals are taken by sigwait; blocked before any thread starts, so every thread inherits
   // the mask.

@@ -135,12 +135,13 @@ class TandemCluster:
         with open(self.config_path, "w") as f:
             json.dump(self.config, f, indent=1)
 
-    def start(self):
+    def start(self, preexec_fn=None):
         """Starts `tandem up` and waits until the router's /ready answers 200 and the launcher
-        has printed its ready line."""
+        has printed its ready line. `preexec_fn` runs in the child before exec (e.g. to set a
+        resource limit that the whole cluster inherits)."""
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen([self.binary, "up", self.config_path], stdout=self.log,
-                                     stderr=subprocess.STDOUT)
+                                     stderr=subprocess.STDOUT, preexec_fn=preexec_fn)
         deadline = time.time() + self.ready_timeout_s
         while time.time() < deadline:
             self.known_children.update(pid for pid, _ in children_of(self.proc.pid))

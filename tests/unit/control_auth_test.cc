@@ -238,3 +238,12 @@ TEST_CASE("control auth: a member that does not read is cut off, not buffered wi
   REQUIRE(server.WaitClosed());
   CHECK(server.closed->code() == StatusCode::kResourceExhausted);
 }
+
+TEST_CASE("control auth: the connection cap leaves file descriptors to the process",
+          "[control_auth]") {
+  CHECK(MaxConnectionsForFds(1024, 1048576) == 1024);  // a high limit: the configured cap
+  CHECK(MaxConnectionsForFds(1024, 1024) == 768);      // 256 descriptors kept back
+  CHECK(MaxConnectionsForFds(1024, 256) == 128);       // half of a small limit kept back
+  CHECK(MaxConnectionsForFds(100, 256) == 100);
+  CHECK(MaxConnectionsForFds(1024, 6) == 4);           // never below 4
+}
