@@ -50,6 +50,8 @@ class UcxPublisher final : public KvPublisher {
     info.region_base = reinterpret_cast<uint64_t>(region.base);
     info.region_bytes = region.bytes;
 
+    // Registered even when results are not acted on: UCX (1.13) crashes on an active message
+    // whose id has no handler, and any process that reaches the worker can send one.
     ucp_am_handler_param_t am{};
     am.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
                     UCP_AM_HANDLER_PARAM_FIELD_ARG;
@@ -122,6 +124,13 @@ class UcxPublisher final : public KvPublisher {
   static ucs_status_t OnResultMessage(void* arg, const void*, size_t, void* data, size_t length,
                                       const ucp_am_recv_param_t* param) {
     auto* self = static_cast<UcxPublisher*>(arg);
+    // The servers release KV on the control plane's KvReleased (authenticated): their publishers
+    // act on no message that arrives over UCX, where any process that reaches the worker could
+    // send one.
+    if (!self->options_.report_results) {
+      TANDEM_LOG(kDebug) << "kvtransfer: ignoring a result message (results come by control)";
+      return UCS_OK;
+    }
     if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
       TANDEM_LOG(kWarn) << "kvtransfer: ignoring a rendezvous result message";
       return UCS_OK;

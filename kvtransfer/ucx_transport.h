@@ -46,8 +46,9 @@ struct UcxOptions {
   // Puller: RMA gets in flight at once, over all pulls.
   size_t max_inflight_gets = 64;
   // Puller: send each pull's TransferResult to its publisher (which then runs the release
-  // callback). Off when the caller reports outcomes over its own control plane
-  // (kvtransfer/factory.h), so that the publisher is told once.
+  // callback); publisher: act on them. Off when the caller reports outcomes over its own
+  // (authenticated) control plane (kvtransfer/factory.h): the publisher is told once, and acts
+  // on no message that arrives over UCX.
   bool report_results = true;
   MetricsRegistry* metrics = nullptr;  // not owned; must outlive the object
 };

@@ -296,3 +296,39 @@ TEST_CASE("kvtransfer pull whose layers never come fails within the timeout", "[
 
 }  // namespace
 }  // namespace tandem
+
+namespace tandem {
+namespace {
+
+TEST_CASE("kvtransfer: a publisher without transport reports acts on no UCX message",
+          "[kvtransfer]") {
+  // The servers' publishers (report_results off) release KV only on the authenticated control
+  // plane's KvReleased: a result message that arrives over UCX, from any process that reaches
+  // the worker, releases nothing.
+  constexpr size_t kBytes = 1 << 16;
+  std::vector<uint8_t> src(kBytes, 7), dst(kBytes, 0);
+  UcxOptions quiet;
+  quiet.tls = "tcp";
+  quiet.report_results = false;
+  UcxOptions chatty = quiet;
+  chatty.report_results = true;  // a puller that sends its result over UCX anyway
+  auto pub = CreateUcxPublisher(MemoryRegion{src.data(), kBytes}, quiet);
+  REQUIRE(pub.ok());
+  auto pull = CreateUcxPuller(MemoryRegion{dst.data(), kBytes}, chatty);
+  REQUIRE(pull.ok());
+  REQUIRE((*pull)->Connect((*pub)->peer_info()).ok());
+  std::atomic<int> released{0};
+  LayerRanges ranges = {{{0, 4096}}};
+  auto d = (*pub)->Publish("r", ranges, [&](const std::string&, const Status&) { released++; });
+  REQUIRE(d.ok());
+  PullWaiter waiter;
+  REQUIRE((*pull)->Pull(*d, ranges, waiter.callbacks()).ok());
+  REQUIRE(waiter.Wait(5000ms).ok());
+  CHECK(dst[100] == 7);
+  std::this_thread::sleep_for(300ms);  // the result message has arrived by now, if it ever will
+  CHECK(released == 0);
+  CHECK((*pub)->published_count() == 1);  // still held: only its owner releases it
+}
+
+}  // namespace
+}  // namespace tandem
