@@ -252,6 +252,11 @@ void ReadConfig(YamlErrors* v, const YAML::Node& root, ClusterConfig* c) {
 // Applies "a.b.c=value" onto the tree; returns the dotted keys it set.
 Status ApplyOverrides(YAML::Node& root, const std::vector<std::string>& overrides,
                       std::set<std::string>* overridden) {
+  if (overrides.empty()) return Status::Ok();
+  if (!root.IsDefined() || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+  // A file whose top level is not a mapping is refused by ReadConfig with its file and line;
+  // there is nothing to override in it (and yaml-cpp throws on a key into a scalar).
+  if (!root.IsMap()) return Status::Ok();
   for (const std::string& o : overrides) {
     size_t eq = o.find('=');
     if (eq == std::string::npos || eq == 0)
@@ -263,7 +268,6 @@ Status ApplyOverrides(YAML::Node& root, const std::vector<std::string>& override
       if (part.empty()) return InvalidArgument("config override '" + o + "' has an empty key");
       parts.push_back(part);
     }
-    if (!root.IsDefined() || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
     YAML::Node value;
     try {
       value = YAML::Load(o.substr(eq + 1));

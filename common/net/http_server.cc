@@ -13,6 +13,7 @@
 #include <boost/beast/http.hpp>
 
 #include "common/base/log.h"
+#include "common/net/http_parse.h"
 
 namespace tandem {
 
@@ -23,19 +24,11 @@ using tcp = net::ip::tcp;
 
 namespace {
 
-constexpr size_t kHeaderLimitBytes = 64 << 10;
 // Bytes a client may pipeline while its previous request streams; beyond this we stop reading
 // (and so stop noticing a disconnect until the next write fails).
 constexpr size_t kMaxPipelinedBytes = 64 << 10;
 // How long an error response may take to reach a client before the connection is dropped.
 constexpr std::chrono::milliseconds kLingerTimeout{1000};
-
-std::string Lower(std::string_view text) {
-  std::string out(text);
-  std::transform(out.begin(), out.end(), out.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return out;
-}
 
 std::string ReasonPhrase(int status) {
   if (status == 499) return "Client Closed Request";
@@ -255,8 +248,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
       return;
     }
     parser_.emplace();
-    parser_->body_limit(state_->options.max_body_bytes);
-    parser_->header_limit(kHeaderLimitBytes);
+    ConfigureRequestParser(*parser_, state_->options.max_body_bytes);
     ArmTimer(state_->options.read_timeout);
     http::async_read_header(socket_, buffer_, *parser_,
                             [self = shared_from_this()](beast::error_code ec, size_t) {
@@ -300,19 +292,8 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     if (HandleReadError(ec)) return;
     http::request<http::string_body> msg = parser_->release();
     parser_.reset();
-    HttpRequest request;
-    beast::string_view method = msg.method_string();
-    request.method.assign(method.data(), method.size());
-    std::string target(msg.target());
-    size_t q = target.find('?');
-    request.path = target.substr(0, q);
-    if (q != std::string::npos) request.query = target.substr(q + 1);
-    for (const auto& field : msg) {
-      beast::string_view name = field.name_string();
-      request.headers[Lower(std::string_view(name.data(), name.size()))] = std::string(field.value());
-    }
-    request.body = std::move(msg.body());
     keep_alive_ = msg.keep_alive() && state_->options.keep_alive && !state_->stopping;
+    HttpRequest request = ToHttpRequest(std::move(msg));
     path_ = request.path;
 
     ++seq_;
@@ -483,7 +464,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   net::steady_timer timer_;
   uint64_t timer_gen_ = 0;
   beast::flat_buffer buffer_;
-  std::optional<http::request_parser<http::string_body>> parser_;
+  std::optional<HttpRequestParser> parser_;
 
   uint64_t seq_ = 0;             // the current exchange
   std::weak_ptr<HttpExchange> current_;

@@ -189,4 +189,10 @@ TEST_CASE("config: overrides win over the file and are validated", "[config]") {
   CHECK(ErrorOf("", {"novalue"}).find("is not KEY=VALUE") != std::string::npos);
   CHECK(ErrorOf("router: {port: 1}\n", {"router.port.x=3"}).find("'port' is not a section") !=
         std::string::npos);
+  // A top level that is not a mapping is refused with its line, overrides or not (it threw).
+  for (const char* top : {"just a scalar\n", "- a\n- b\n"}) {
+    CHECK(ErrorOf(top, {"router.port=1"}) == ErrorOf(top));
+    CHECK(ErrorOf(top, {"router.port=1"}).find("<top level>: must be a mapping") !=
+          std::string::npos);
+  }
 }
