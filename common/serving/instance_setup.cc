@@ -13,6 +13,11 @@ StatusOr<InstanceSetup> InstanceSetup::Create(InstanceRole role, const RoleArgs&
   if (section.port == 0) return InvalidArgument(role_name + ".port must be set (nonzero)");
   InstanceSetup setup;
   setup.name = role_name + "-" + std::to_string(args.index);
+  // On many hosts each host runs its own index 0: the address tells them apart (Hello, logs).
+  if (IsMultiHost(args.config)) {
+    TANDEM_ASSIGN_OR_RETURN(std::string host, AdvertiseHost(args.config, section, role_name));
+    setup.name += "@" + host;
+  }
   setup.model_name = std::move(model_name);
   setup.metrics = std::make_unique<MetricsRegistry>(
       Labels{{"role", role_name}, {"model", setup.model_name}});
