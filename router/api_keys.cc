@@ -8,9 +8,10 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <sstream>
+
+#include "common/config/serving_config.h"
 
 namespace tandem {
 namespace {
@@ -114,15 +115,8 @@ std::vector<std::string> ParseApiKeyList(const char* value) {
 }
 
 std::string ApiKeysPath(const ClusterConfig& config) {
-  const std::string& name = config.router.api_keys_file;
-  if (name.empty()) return name;
-  std::filesystem::path path(name);
-  std::error_code ec;
   // As router.latency_model: relative to the config file, when there is one.
-  if (path.is_relative() && !config.source.empty() && config.source[0] != '<' &&
-      std::filesystem::exists(config.source, ec))
-    path = std::filesystem::path(config.source).parent_path() / path;
-  return path.string();
+  return ConfigRelativePath(config, config.router.api_keys_file);
 }
 
 StatusOr<ApiKeys> LoadApiKeys(const ClusterConfig& config, const char* env_value) {

@@ -1,11 +1,11 @@
 #include "router/cluster_backend.h"
 
 #include <algorithm>
-#include <filesystem>
 #include <random>
 #include <utility>
 
 #include "common/base/log.h"
+#include "common/config/serving_config.h"
 #include "router/cluster_backend_state.h"
 
 namespace tandem {
@@ -54,12 +54,8 @@ StatusOr<RouterLatencyModels> LoadRouterLatencyModels(const ClusterConfig& confi
   RouterLatencyModels out;
   const std::string& name = config.router.latency_model;
   if (name.empty()) return out;
-  std::filesystem::path path(name);
-  std::error_code ec;
-  if (path.is_relative() && !config.source.empty() && config.source[0] != '<' &&
-      std::filesystem::exists(config.source, ec))
-    path = std::filesystem::path(config.source).parent_path() / path;
-  StatusOr<LatencyModelFile> file = LoadLatencyModel(path.string());
+  const std::string path = ConfigRelativePath(config, name);
+  StatusOr<LatencyModelFile> file = LoadLatencyModel(path);
   if (!file.ok()) return file.status().WithContext("router.latency_model");
   out.file = std::make_shared<const LatencyModelFile>(std::move(*file));
   auto pick = [&](const InstanceSection& s, const char* section,
@@ -68,7 +64,7 @@ StatusOr<RouterLatencyModels> LoadRouterLatencyModels(const ClusterConfig& confi
     *entry = out.file->ForInstance(s.device, s.threads, s.tensor_parallel, s.pipeline_parallel,
                                    section);
     if (*entry == nullptr)
-      return InvalidArgument(path.string() + ": router.latency_model has no entry for " +
+      return InvalidArgument(path + ": router.latency_model has no entry for " +
                              section + " (device " + s.device + ", threads " +
                              std::to_string(s.threads) + ", tensor_parallel " +
                              std::to_string(s.tensor_parallel) + ", pipeline_parallel " +
@@ -83,12 +79,12 @@ StatusOr<RouterLatencyModels> LoadRouterLatencyModels(const ClusterConfig& confi
   for (auto [entry, section] : {std::pair{out.prefill, "prefill"}, std::pair{out.decode, "decode"},
                                 std::pair{out.colocated, "colocated"}}) {
     if (entry == nullptr) continue;
-    TANDEM_LOG(kInfo) << "latency model " << path.string() << ": " << section << " uses the entry ("
+    TANDEM_LOG(kInfo) << "latency model " << path << ": " << section << " uses the entry ("
                       << Describe(*entry) << "): prefill c1=" << entry->c1 << " c2=" << entry->c2
                       << " c3=" << entry->c3 << ", decode c4=" << entry->c4 << " c5=" << entry->c5
                       << " c6=" << entry->c6;
     if (entry->model != served) {
-      TANDEM_LOG(kWarn) << "latency model " << path.string() << ": the " << section
+      TANDEM_LOG(kWarn) << "latency model " << path << ": the " << section
                         << " entry was measured with model '" << entry->model
                         << "', this cluster serves '" << served << "'";
     }
@@ -156,6 +152,7 @@ Status ClusterBackend::Start() {
   for (int i = 0; i < std::max(options_.io_threads, 1); ++i)
     io_threads_.emplace_back([this] { io_.run(); });
   monitor_ = std::thread([this] { MonitorLoop(); });
+  if (!dns_targets_.empty()) discovery_ = std::thread([this] { DiscoveryLoop(); });
   TANDEM_LOG(kInfo) << "cluster backend: " << prefill_.size() << " prefill, " << decode_.size()
                     << " decode, " << colocated_.size() << " colocated instance(s), policy "
                     << PlacementPolicyName(policy_) << ", heartbeat timeout "
@@ -185,6 +182,7 @@ void ClusterBackend::Stop() {
   }
   for (auto& request : to_drain) Drain(request);
   if (monitor_.joinable()) monitor_.join();
+  if (discovery_.joinable()) discovery_.join();
   for (auto& connection : connections) connection->Close();
   work_.reset();
   // Let the closes (posted to the strands) run, then stop.
@@ -484,11 +482,9 @@ void ClusterBackend::MonitorLoop() TANDEM_NO_THREAD_SAFETY_ANALYSIS {
     std::vector<size_t> to_connect;
     RequestList to_drain;
     MonitorTickLocked(Clock::now(), &to_connect, &to_drain);
-    const bool discover = !dns_targets_.empty() && Clock::now() >= next_discovery_;
     lock.unlock();
     for (auto& r : to_drain) Drain(r);
     for (size_t i : to_connect) TryConnect(i);
-    if (discover) Discover();
     lock.lock();
     monitor_cv_.wait_for(lock, std::chrono::milliseconds(50), [this]() TANDEM_REQUIRES(mutex_) {
       return stopping_;
