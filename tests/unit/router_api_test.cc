@@ -11,6 +11,7 @@
 #include "router/errors.h"
 #include "router/openai_api.h"
 #include "tests/unit/test_util.h"
+#include "tests/unit/tiny_model.h"
 
 namespace tandem {
 namespace {
@@ -19,18 +20,7 @@ using json = nlohmann::json;
 
 constexpr int kMaxModelLen = 64;
 
-// The tiny model's tokenizer and template, made once per test process.
-const ServedModel& Model() {
-  static test::TempDir* dir = new test::TempDir();  // leaked: lives for the process
-  static ServedModel* model = [] {
-    std::string out = (dir->path() / "tiny").string();
-    REQUIRE(MakeModelMain({"--preset", "tiny", "--out", out}) == 0);
-    StatusOr<ServedModel> loaded = LoadServedModel(out, "tiny", "auto", kMaxModelLen);
-    REQUIRE(loaded.ok());
-    return new ServedModel(std::move(loaded).value());
-  }();
-  return *model;
-}
+const ServedModel& Model() { return test::TinyServedModel(kMaxModelLen); }
 
 struct Parsed {
   StatusOr<ApiRequest> request;

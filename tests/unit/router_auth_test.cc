@@ -17,6 +17,7 @@
 #include "router/openai_api.h"
 #include "router/router_service.h"
 #include "tests/unit/test_util.h"
+#include "tests/unit/tiny_model.h"
 
 namespace tandem {
 namespace {
@@ -26,17 +27,7 @@ using namespace std::chrono_literals;
 
 constexpr char kKey[] = "sk-tandem-test-0123456789";
 
-const ServedModel& Model() {
-  static test::TempDir* dir = new test::TempDir();  // leaked: lives for the process
-  static ServedModel* model = [] {
-    std::string out = (dir->path() / "tiny").string();
-    REQUIRE(MakeModelMain({"--preset", "tiny", "--out", out}) == 0);
-    StatusOr<ServedModel> loaded = LoadServedModel(out, "tiny", "auto", 256);
-    REQUIRE(loaded.ok());
-    return new ServedModel(std::move(loaded).value());
-  }();
-  return *model;
-}
+const ServedModel& Model() { return test::TinyServedModel(); }
 
 // Answers every request with one eos token ("stop"), inline; counts what reached it.
 class OneTokenBackend : public Backend {

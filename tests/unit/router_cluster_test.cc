@@ -21,6 +21,7 @@
 #include "tests/unit/fake_instance.h"
 #include "tests/unit/io_thread.h"
 #include "tests/unit/test_util.h"
+#include "tests/unit/tiny_model.h"
 
 namespace tandem {
 namespace {
@@ -30,13 +31,6 @@ using namespace std::chrono_literals;
 using test::FakeInstance;
 using test::WaitFor;
 
-ServedModel TinyModel(const test::TempDir& dir) {
-  std::string out = (dir.path() / "tiny").string();
-  REQUIRE(MakeModelMain({"--preset", "tiny", "--out", out}) == 0);
-  StatusOr<ServedModel> loaded = LoadServedModel(out, "tiny", "auto", 256);
-  REQUIRE(loaded.ok());
-  return std::move(loaded).value();
-}
 
 // Sends `request` on a new connection to 127.0.0.1:port and resets it at once (SO_LINGER 0:
 // close sends RST, not FIN).
@@ -72,7 +66,6 @@ std::string StreamingRequest() {
 
 TEST_CASE("router + cluster: a client that resets right after sending is cancelled everywhere",
           "[router]") {
-  test::TempDir dir;
   test::IoThread io;
   FakeInstance p(io.io, InstanceRole::kPrefill, 0), d(io.io, InstanceRole::kDecode, 0);
   ClusterConfig config;
@@ -88,7 +81,7 @@ TEST_CASE("router + cluster: a client that resets right after sending is cancell
   ClusterBackend backend(config, backend_options);
   REQUIRE(backend.Start().ok());
   REQUIRE(WaitFor([&] { return backend.Ready(); }));
-  RouterService service(TinyModel(dir), &backend);
+  RouterService service(test::TinyServedModel(), &backend);
   HttpServerOptions options;
   options.port = 0;
   HttpServer server(options);
