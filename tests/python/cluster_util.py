@@ -23,6 +23,15 @@ def check(cond, message):
     return cond
 
 
+def make_tiny_model(binary, work, name="tiny"):
+    """Writes the built-in tiny test model under work/name (`tandem make-model`); returns its
+    directory."""
+    model_dir = os.path.join(work, name)
+    subprocess.run([binary, "make-model", "--preset", "tiny", "--out", model_dir], check=True,
+                   capture_output=True, timeout=120)
+    return model_dir
+
+
 def port_free(port):
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -41,13 +41,12 @@ import resource
 import selectors
 import socket
 import struct
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 
-from cluster_util import FAILURES, TandemCluster, check, http_get
+from cluster_util import FAILURES, TandemCluster, check, http_get, make_tiny_model
 
 BIN = os.environ.get("TANDEM_BINARY") or os.path.join(
     os.path.dirname(__file__), "..", "..", "build", "tandem")
@@ -739,9 +738,7 @@ def main():
         return 1
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="tandem-attacks-") as work:
-        model_dir = os.path.join(work, "tiny")
-        subprocess.run([BIN, "make-model", "--preset", "tiny", "--out", model_dir], check=True,
-                       capture_output=True)
+        model_dir = make_tiny_model(BIN, work)
         cluster = TandemCluster(
             "attacks", BIN, model_dir, work, prefill=1, decode=1,
             extra={"control": {"handshake_timeout_s": HANDSHAKE_TIMEOUT_S}})

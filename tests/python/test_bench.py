@@ -26,7 +26,7 @@ import sys
 import tempfile
 import threading
 
-from cluster_util import FAILURES, check, stop_process
+from cluster_util import FAILURES, check, stop_process, make_tiny_model
 
 BIN = os.environ.get("TANDEM_BINARY") or os.path.join(
     os.path.dirname(__file__), "..", "..", "build", "tandem")
@@ -116,9 +116,7 @@ def check_run_json(path, n_expected, what):
 
 def main():
     with tempfile.TemporaryDirectory(prefix="tandem-bench-test-") as work:
-        model_dir = os.path.join(work, "tiny")
-        subprocess.run([BIN, "make-model", "--preset", "tiny", "--out", model_dir], check=True,
-                       capture_output=True, timeout=120)
+        model_dir = make_tiny_model(BIN, work)
         config_path = os.path.join(work, "cluster.yaml")
         with open(config_path, "w") as f:
             f.write(f"model:\n  path: {model_dir}\n  name: tiny-bench\n  max_model_len: 512\n"

@@ -31,7 +31,6 @@ import asyncio
 import json
 import os
 import random
-import signal
 import statistics
 import subprocess
 import sys
@@ -42,7 +41,8 @@ import urllib.parse
 
 import httpx
 
-from cluster_util import FAILURES, TandemCluster, check, free_base, http_get, stop_process, tail_file
+from cluster_util import (FAILURES, TandemCluster, check, free_base, http_get, make_tiny_model,
+                          stop_process, tail_file)
 
 BIN = os.environ.get("TANDEM_BINARY") or os.path.join(
     os.path.dirname(__file__), "..", "..", "build", "tandem")
@@ -583,9 +583,7 @@ def main():
     n_decode = int(os.environ.get("TANDEM_LOAD_DECODE", "2"))
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="tandem-load-") as work:
-        model_dir = os.path.join(work, "tiny")
-        subprocess.run([BIN, "make-model", "--preset", "tiny", "--out", model_dir], check=True,
-                       capture_output=True, timeout=120)
+        model_dir = make_tiny_model(BIN, work)
         with open(os.path.join(model_dir, "config.json")) as f:
             vocab = json.load(f)["vocab_size"]
         specs = make_requests(vocab)

@@ -17,14 +17,13 @@ Env: TANDEM_BINARY; TANDEM_E2E_LOG_DIR (keep the cluster log). Exit 0 = pass.
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 import urllib.request
 
-from cluster_util import FAILURES, TandemCluster, check, http_get
+from cluster_util import FAILURES, TandemCluster, check, http_get, make_tiny_model
 
 BIN = os.environ.get("TANDEM_BINARY") or os.path.join(
     os.path.dirname(__file__), "..", "..", "build", "tandem")
@@ -104,9 +103,7 @@ def main():
         print("no tandem binary at", BIN)
         return 1
     with tempfile.TemporaryDirectory(prefix="tandem-stall-") as work:
-        model_dir = os.path.join(work, "tiny")
-        subprocess.run([BIN, "make-model", "--preset", "tiny", "--out", model_dir], check=True,
-                       capture_output=True)
+        model_dir = make_tiny_model(BIN, work)
         cluster = TandemCluster("stall", BIN, model_dir, work, prefill=1, decode=1,
                                 extra={"control": {"heartbeat_interval_s": 0.1,
                                                    "heartbeat_timeout_s": HEARTBEAT_TIMEOUT_S}})

@@ -15,7 +15,7 @@ import time
 import httpx
 import openai
 
-from cluster_util import FAILURES, TandemCluster, check, http_get
+from cluster_util import FAILURES, TandemCluster, check, http_get, make_tiny_model
 
 BIN = os.environ.get("TANDEM_BINARY") or os.path.join(
     os.path.dirname(__file__), "..", "..", "build", "tandem")
@@ -76,9 +76,7 @@ def main():
         return 1
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="tandem-auth-") as work:
-        model_dir = os.path.join(work, "tiny")
-        subprocess.run([BIN, "make-model", "--preset", "tiny", "--out", model_dir], check=True,
-                       capture_output=True)
+        model_dir = make_tiny_model(BIN, work)
         keys_path = os.path.join(work, "keys.txt")
         with open(os.open(keys_path, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
             f.write(f"# test keys\n{FILE_KEY}\n")

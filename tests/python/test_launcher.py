@@ -13,13 +13,12 @@ Env: TANDEM_BINARY. Exit 0 = pass."""
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 
-from cluster_util import FAILURES, TandemCluster, check, children_of
+from cluster_util import FAILURES, TandemCluster, check, children_of, make_tiny_model
 
 BIN = os.environ.get("TANDEM_BINARY", "build/tandem")
 
@@ -55,9 +54,7 @@ def main():
         print("no tandem binary at", BIN)
         return 1
     with tempfile.TemporaryDirectory(prefix="tandem-launcher-") as work:
-        model_dir = os.path.join(work, "tiny")
-        subprocess.run([BIN, "make-model", "--preset", "tiny", "--out", model_dir], check=True,
-                       capture_output=True, timeout=120)
+        model_dir = make_tiny_model(BIN, work)
         cluster = TandemCluster(
             "sup", BIN, model_dir, work, prefill=1, decode=1,
             extra={"launcher": {"health_interval_s": 0.2, "health_timeout_s": 0.5,

@@ -23,7 +23,7 @@ import tempfile
 import textwrap
 import time
 
-from cluster_util import FAILURES, TandemCluster, check, stop_process
+from cluster_util import FAILURES, TandemCluster, check, stop_process, make_tiny_model
 
 BIN = os.environ.get("TANDEM_BINARY") or os.path.join(
     os.path.dirname(__file__), "..", "..", "build", "tandem")
@@ -254,9 +254,7 @@ def main():
         return 77
     url = f"http://{address('router')}:{ROUTER_PORT}"
     with tempfile.TemporaryDirectory(prefix="tandem-multihost-") as work:
-        model_dir = os.path.join(work, "tiny")
-        subprocess.run([BIN, "make-model", "--preset", "tiny", "--out", model_dir], check=True,
-                       capture_output=True)
+        model_dir = make_tiny_model(BIN, work)
         jobs = [(p, 24, i % 2 == 1) for i, p in enumerate(PROMPTS)]
         reference = one_host_reference(model_dir, work, jobs)
         check(all(r["ok"] for r in reference), f"one-host reference failed: {reference}")
