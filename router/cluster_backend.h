@@ -166,7 +166,9 @@ class ClusterBackend : public Backend {
       TANDEM_REQUIRES(mutex_);
 
   // DNS discovery (router/cluster_discovery.cc): S.dns_name of each section, resolved every
-  // control.discovery_interval_s by the monitor thread.
+  // control.discovery_interval_s by its own thread, so that a slow resolver (getaddrinfo has no
+  // deadline of ours; resolv.conf's timeout and attempts bound it) never delays the monitor's
+  // heartbeat checks.
   struct DnsTarget {
     InstanceRole role;
     std::string name;  // host part of S.dns_name
@@ -177,6 +179,8 @@ class ClusterBackend : public Backend {
   static StatusOr<std::vector<std::string>> Resolve(const DnsTarget& target);
   // Resolves every target (outside mutex_) and applies the answers.
   void Discover() TANDEM_EXCLUDES(mutex_);
+  // The discovery thread: Discover() every control.discovery_interval_s until Stop.
+  void DiscoveryLoop() TANDEM_EXCLUDES(mutex_);
   // A new address joins as a new instance (or brings a drained one back); an instance whose
   // address is gone is retired: it gets no new request, and is closed once it holds none.
   void ApplyDiscoveryLocked(const DnsTarget& target, const std::vector<std::string>& addresses)
@@ -227,6 +231,7 @@ class ClusterBackend : public Backend {
   boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work_;
   std::vector<std::thread> io_threads_;
   std::thread monitor_;
+  std::thread discovery_;  // only with a DNS target
 
   mutable Mutex mutex_;
   std::condition_variable_any monitor_cv_;
@@ -244,7 +249,6 @@ class ClusterBackend : public Backend {
   std::vector<int> prefill_ TANDEM_GUARDED_BY(mutex_), decode_ TANDEM_GUARDED_BY(mutex_),
       colocated_ TANDEM_GUARDED_BY(mutex_);
   std::vector<DnsTarget> dns_targets_;  // fixed after construction
-  Clock::time_point next_discovery_ TANDEM_GUARDED_BY(mutex_);
   std::map<std::string, std::shared_ptr<Request>> requests_ TANDEM_GUARDED_BY(mutex_);
   // The config as started; Reconfigure changes policy_, slo_ and latency_ only.
   const ClusterConfig config_;

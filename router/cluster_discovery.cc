@@ -1,6 +1,6 @@
 // ClusterBackend's DNS discovery: every A/AAAA record of S.dns_name is an instance of that role
 // (a Kubernetes headless Service lists its ready pods so). Resolved at Start and then every
-// control.discovery_interval_s on the monitor thread, never under the backend's mutex.
+// control.discovery_interval_s on the discovery thread, never under the backend's mutex.
 #include <netdb.h>
 #include <sys/socket.h>
 
@@ -96,9 +96,19 @@ void ClusterBackend::Discover() {
     }
     ApplyDiscoveryLocked(target, *addresses);
   }
-  MutexLock lock(&mutex_);
-  next_discovery_ = Clock::now() + std::chrono::milliseconds(
-                                       static_cast<int64_t>(control_.discovery_interval_s * 1000));
+}
+
+// As MonitorLoop: mutex_ is held except between unlock() and lock().
+void ClusterBackend::DiscoveryLoop() TANDEM_NO_THREAD_SAFETY_ANALYSIS {
+  const auto interval =
+      std::chrono::milliseconds(static_cast<int64_t>(control_.discovery_interval_s * 1000));
+  std::unique_lock<Mutex> lock(mutex_);
+  while (!monitor_cv_.wait_for(lock, interval,
+                               [this]() TANDEM_REQUIRES(mutex_) { return stopping_; })) {
+    lock.unlock();
+    Discover();
+    lock.lock();
+  }
 }
 
 void ClusterBackend::ApplyDiscoveryLocked(const DnsTarget& target,
