@@ -170,6 +170,31 @@ class TandemCluster:
         except Exception:
             return False
 
+    def usable(self):
+        """{role: instances the router can place on}, from its
+        tandem_router_instances_usable gauge ({} when /metrics does not answer)."""
+        try:
+            body = http_get(self.url + "/metrics", timeout=2)[1]
+        except Exception:
+            return {}
+        out = {}
+        for line in body.splitlines():
+            if line.startswith("tandem_router_instances_usable{"):
+                role = line.split('instance_role="', 1)[1].split('"', 1)[0]
+                out[role] = int(float(line.split()[-1]))
+        return out
+
+    def wait_usable(self, want, timeout=30):
+        """Waits until the router can place on `want` ({role: count}) instances: /ready
+        answers once one path through the cluster works, not when every instance is up."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            got = self.usable()
+            if all(got.get(role, 0) >= n for role, n in want.items()):
+                return True
+            time.sleep(0.1)
+        return False
+
     def wait_ready(self, timeout):
         deadline = time.time() + timeout
         while time.time() < deadline:

@@ -2,7 +2,8 @@
 """End to end: `tandem up` (2 prefill + 2 decode over UCX tcp) driven by the official `openai`
 client, compared token for token with a colocated cluster (colocated.scheduling chunked and
 prefill_first) and with the engine alone; promtool
-on every role's /metrics; kill -9 of a decode and then a prefill instance under 20 streams.
+on every role's /metrics; kill -9 of a decode and then a prefill instance under 20 streams (on
+the small preset, whose streams last seconds).
 
 Env: TANDEM_BINARY (the tandem executable). Exit 0 = pass. Every cluster is stopped in a
 finally block (SIGTERM to the launcher, then SIGKILL to it and its children).
@@ -22,7 +23,7 @@ import httpx
 import openai
 import tokenizers
 
-from cluster_util import FAILURES, TandemCluster, check, http_get
+from cluster_util import FAILURES, TandemCluster, check, http_get, make_tiny_model
 
 BIN = os.environ.get("TANDEM_BINARY") or os.path.join(
     os.path.dirname(__file__), "..", "..", "build", "tandem")
@@ -31,10 +32,11 @@ SEED = 1234
 
 
 class Cluster(TandemCluster):
-    def __init__(self, name, model_dir, workdir, prefill=0, decode=0, colocated=0):
+    def __init__(self, name, model_dir, workdir, prefill=0, decode=0, colocated=0,
+                 model_name="tiny-test"):
         # Generous SLOs: this checks correctness on a shared CPU, not admission.
         super().__init__(name, BIN, model_dir, workdir, prefill, decode, colocated,
-                         slo=(60, 10), ready_timeout_s=READY_TIMEOUT_S)
+                         model_name=model_name, slo=(60, 10), ready_timeout_s=READY_TIMEOUT_S)
 
     def reload(self, policy):
         """Switches the router's placement policy through SIGHUP (launcher -> router)."""
@@ -178,24 +180,33 @@ def fault_check(cluster, role):
     # goodput sends everything to the decode instance with the most headroom; round_robin
     # spreads the streams over both, so that the kill hits some and spares others.
     check(cluster.reload("round_robin"), "SIGHUP reload to round_robin not applied")
+    check(cluster.wait_usable({"prefill": 2, "decode": 2}), f"not every instance is up: "
+          f"{cluster.usable()}")
     client = cluster.client()
-    max_tokens = 600
+    model = cluster.config["model"]["name"]
+    # The small preset decodes 200 tokens for 10 streams in seconds of server time (the tiny
+    # model would finish before the slow Python clients have all started).
+    max_tokens = 200
     results = [None] * 20
-    started = threading.Barrier(21)
+    spans = [None] * 20  # (first token, end) wall times per stream
+    # A prefill is killed once every stream has its first token (it has handed them all on by
+    # then: nothing may fail). A decode is killed as soon as its own gauge says it holds
+    # streams.
+    started = threading.Barrier(21) if role == "prefill" else None
 
     def stream(i):
         got = 0
         try:
-            s = client.completions.create(model="tiny-test", prompt=[5 + i, 9, 11, 13],
+            s = client.completions.create(model=model, prompt=[5 + i, 9, 11, 13],
                                           max_tokens=max_tokens, temperature=0, stream=True,
                                           stream_options={"include_usage": True},
                                           extra_body={"ignore_eos": True})
-            first = True
             usage = None
             for chunk in s:
-                if first:
-                    first = False
-                    started.wait(timeout=60)
+                if spans[i] is None:
+                    spans[i] = (time.time(), None)
+                    if started:
+                        started.wait(timeout=60)
                 if chunk.usage:
                     usage = chunk.usage
                 got += 1
@@ -205,22 +216,42 @@ def fault_check(cluster, role):
         except Exception as e:  # a broken stream is a failure of the test
             results[i] = ("broken", repr(e))
         finally:
-            try:
-                started.wait(timeout=0.01)
-            except threading.BrokenBarrierError:
-                pass
+            if spans[i]:
+                spans[i] = (spans[i][0], time.time())
+            if started and spans[i] is None:
+                started.abort()  # no first token: release the others rather than hang
+
+    victim = f"{role}-0"
+    pid = cluster.child_pid(role, 0)
+    check(pid is not None, f"no {victim} process")
+    gauges = dict(cluster.metrics_ports)
+
+    def running(name):
+        try:
+            body = http_get(f"http://127.0.0.1:{gauges[name]}/metrics")[1]
+        except Exception:
+            return -1
+        return sum(float(l.split()[-1]) for l in body.splitlines()
+                   if l.startswith("tandem_num_requests_running"))
 
     threads = [threading.Thread(target=stream, args=(i,)) for i in range(20)]
     for t in threads:
         t.start()
-    victim = f"{role}-0"
-    pid = cluster.child_pid(role, 0)
-    check(pid is not None, f"no {victim} process")
-    try:
-        started.wait(timeout=60)
-    except threading.BrokenBarrierError:
-        pass
-    time.sleep(0.05)
+    if started:
+        try:
+            started.wait(timeout=60)
+        except threading.BrokenBarrierError:
+            pass
+        held = running(victim)
+    else:
+        # Round robin hands decode-0 every other stream; kill once it holds five of them.
+        held = running(victim)
+        deadline = time.time() + 30
+        while held < 5 and time.time() < deadline:
+            time.sleep(0.01)
+            held = running(victim)
+    print(f"fault ({victim}): killing while it runs {held:.0f} request(s), "
+          f"{role}-1 runs {running(role + '-1'):.0f}", flush=True)
     os.kill(pid, signal.SIGKILL)
     killed_at = time.time()
     for t in threads:
@@ -229,6 +260,10 @@ def fault_check(cluster, role):
     oks = [r for r in results if r and r[0] == "ok"]
     print(f"fault ({victim}): {len(oks)} completed, {len(errors)} clean errors "
           f"(streams ended {time.time() - killed_at:.1f} s after the kill)", flush=True)
+    lasted = sorted(end - first for first, end in filter(None, spans))
+    ended_before = sum(1 for s in spans if s and s[1] < killed_at)
+    print(f"fault ({victim}): streams lasted {lasted[0]:.2f}-{lasted[-1]:.2f} s from the first "
+          f"token; {ended_before} had ended before the kill", flush=True)
     if role == "decode":  # a prefill hands its streams on within milliseconds
         check(len(errors) > 0, "fault: the kill hit no request (streams too short?)")
     check(len(oks) + len(errors) == 20, f"fault: unaccounted streams {results}")
@@ -263,7 +298,7 @@ def fault_check(cluster, role):
             time.sleep(0.3)
             continue
         for i in range(6):
-            client.completions.create(model="tiny-test", prompt=[7, 8, 9], max_tokens=4,
+            client.completions.create(model=model, prompt=[7, 8, 9], max_tokens=4,
                                       temperature=0)
         served = steps() > before
         if not served:
@@ -277,9 +312,7 @@ def main():
         return 1
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="tandem-e2e-") as work:
-        model_dir = os.path.join(work, "tiny")
-        subprocess.run([BIN, "make-model", "--preset", "tiny", "--out", model_dir], check=True,
-                       capture_output=True)
+        model_dir = make_tiny_model(BIN, work)
         with open(os.path.join(model_dir, "config.json")) as f:
             vocab = json.load(f)["vocab_size"]
         prompts = make_prompts(vocab)
@@ -293,14 +326,29 @@ def main():
                 api_checks(disagg)
                 disagg_out = run_prompts(disagg, prompts)
                 promtool_checks(disagg)
-                fault_check(disagg, "decode")
-                fault_check(disagg, "prefill")
             except Exception:
                 print(disagg.tail(80))
                 raise
             finally:
                 disagg.stop()
             print(f"disaggregated checks done ({time.time() - t0:.1f} s)", flush=True)
+
+            # kill -9 under load, on a model slow enough that the streams outlive the kill.
+            small_dir = os.path.join(work, "small")
+            subprocess.run([BIN, "make-model", "--preset", "small", "--out", small_dir],
+                           check=True, capture_output=True, timeout=120)
+            faults = Cluster("disagg-faults", small_dir, work, prefill=2, decode=2,
+                             model_name="small-test")
+            try:
+                faults.start()
+                fault_check(faults, "decode")
+                fault_check(faults, "prefill")
+            except Exception:
+                print(faults.tail(80))
+                raise
+            finally:
+                faults.stop()
+            print(f"fault checks done ({time.time() - t0:.1f} s)", flush=True)
 
             coloc = Cluster("colocated", model_dir, work, colocated=2)
             try:
