@@ -12,16 +12,6 @@ namespace tandem {
 
 namespace {
 
-std::string SectionName(InstanceRole role) {
-  switch (role) {
-    case InstanceRole::kPrefill: return "prefill";
-    case InstanceRole::kDecode: return "decode";
-    case InstanceRole::kColocated: return "colocated";
-    case InstanceRole::kRouter: return "router";
-  }
-  return "?";
-}
-
 double SecondsSince(std::chrono::steady_clock::time_point t,
                     std::chrono::steady_clock::time_point now) {
   return std::chrono::duration<double>(now - t).count();

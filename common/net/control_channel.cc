@@ -317,8 +317,13 @@ void ControlListener::AcceptNext() {
       });
       return;
     }
-    if (open_->load() >= options_.max_connections) {
-      // A flood: refuse at once rather than hold sockets and buffers for strangers.
+    // Closed connections free their slots on their own strand, a moment after an eviction:
+    // the slack bounds how far the count may run ahead while evictions settle.
+    const int hard_cap = options_.max_connections + options_.max_connections / 8 + 4;
+    bool admit = open_->load() < options_.max_connections;
+    if (!admit && open_->load() < hard_cap) admit = EvictOldestUnproven();
+    if (!admit) {
+      // Every slot is a member's: refuse at once rather than hold sockets for strangers.
       const auto now = std::chrono::steady_clock::now();
       if (now - last_refusal_log_ > std::chrono::seconds(10)) {  // one line per burst
         last_refusal_log_ = now;
@@ -331,10 +336,35 @@ void ControlListener::AcceptNext() {
       open_->fetch_add(1);
       connection->listener_slot_ =
           std::shared_ptr<void>(nullptr, [open = open_](void*) { open->fetch_sub(1); });
+      unproven_.push_back(connection);
+      if (unproven_.size() > 2 * static_cast<size_t>(options_.max_connections) + 16) {
+        std::erase_if(unproven_, [](const std::weak_ptr<ControlConnection>& weak) {
+          auto c = weak.lock();
+          return !c || c->closed() || c->authenticated();
+        });
+      }
       on_accept_(std::move(connection));
     }
     AcceptNext();
   });
+}
+
+bool ControlListener::EvictOldestUnproven() {
+  while (!unproven_.empty()) {
+    std::shared_ptr<ControlConnection> oldest = unproven_.front().lock();
+    unproven_.pop_front();
+    if (!oldest || oldest->closed() || oldest->authenticated()) continue;
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_eviction_log_ > std::chrono::seconds(10)) {  // one line per burst
+      last_eviction_log_ = now;
+      TANDEM_LOG(kWarn) << "control listener: " << options_.max_connections
+                        << " connections open (control.max_connections): closing the oldest "
+                           "that has not authenticated (" << oldest->peer() << ") for a new one";
+    }
+    oldest->Close();
+    return true;
+  }
+  return false;
 }
 
 void ControlListener::Stop() {

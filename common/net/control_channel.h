@@ -5,7 +5,9 @@
 // sides have proved that they hold the cluster secret, nothing but the fixed-size handshake is
 // read (no frame header, so no peer can make this side allocate a frame), nothing queued is
 // written, and no handler runs; a peer that does not finish within handshake_timeout_s, or
-// proves wrong, is closed. A listener holds at most max_connections at once.
+// proves wrong, is closed. A listener holds at most max_connections at once; when full, a new
+// connection displaces the oldest one that has not yet proved membership, so strangers that
+// hold the listener full cannot lock members out.
 //
 // Threads: every handler runs on the io_context's threads, serialised per connection (a
 // strand). Send() may be called from any thread: it queues the frame and returns at once, so the
@@ -119,8 +121,10 @@ class ControlListener {
  public:
   using AcceptHandler = std::function<void(std::shared_ptr<ControlConnection>)>;
 
-  // Binds and starts accepting; each new connection goes to on_accept (not yet started). Beyond
-  // options.max_connections open at once, a new connection is closed as it is accepted. The cap
+  // Binds and starts accepting; each new connection goes to on_accept (not yet started). With
+  // options.max_connections open, a new connection closes the oldest one still in its handshake
+  // and takes its place; when every open one has authenticated, the new one is closed as it is
+  // accepted. The cap
   // is lowered to leave file descriptors to the rest of the process (MaxConnectionsForFds): a
   // flood must not take the descriptors its /health, KV transfers and files need. An accept that
   // fails (out of descriptors) is retried after a pause, not in a busy loop.
@@ -137,6 +141,9 @@ class ControlListener {
   ControlListener(boost::asio::io_context& io, const ControlOptions& options,
                   AcceptHandler on_accept);
   void AcceptNext();
+  // Accept handler only: closes the oldest accepted connection that has not authenticated;
+  // false when there is none.
+  bool EvictOldestUnproven();
 
   boost::asio::ip::tcp::acceptor acceptor_;
   const ControlOptions options_;
@@ -144,7 +151,10 @@ class ControlListener {
   std::shared_ptr<std::atomic<int>> open_ = std::make_shared<std::atomic<int>>(0);
   boost::asio::steady_timer retry_timer_;  // after a failed accept
   // Accept handlers run one at a time (one accept in flight).
-  std::chrono::steady_clock::time_point last_refusal_log_{}, last_error_log_{};
+  std::chrono::steady_clock::time_point last_refusal_log_{}, last_error_log_{},
+      last_eviction_log_{};
+  // Accepted connections, oldest first, that had not authenticated when last looked at.
+  std::deque<std::weak_ptr<ControlConnection>> unproven_;
   int port_ = 0;
 };
 

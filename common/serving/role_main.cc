@@ -43,8 +43,9 @@ void RaiseFdLimit() {
   if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur >= limit.rlim_max) return;
   const rlim_t from = limit.rlim_cur;
   limit.rlim_cur = limit.rlim_max;
-  if (::setrlimit(RLIMIT_NOFILE, &limit) == 0)
+  if (::setrlimit(RLIMIT_NOFILE, &limit) == 0) {
     TANDEM_LOG(kDebug) << "RLIMIT_NOFILE raised from " << from << " to " << limit.rlim_cur;
+  }
 }
 
 // Waits for signals until one asks to stop; SIGHUP reloads the config meanwhile.

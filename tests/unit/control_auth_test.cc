@@ -179,29 +179,49 @@ TEST_CASE("control auth: a silent peer is closed after control.handshake_timeout
 
 TEST_CASE("control auth: a listener holds at most control.max_connections", "[control_auth]") {
   IoThread io;
-  Side server;
   ControlOptions options = TestControlOptions();
   options.max_connections = 4;
-  options.handshake_timeout_s = 30;  // the first four stay until the test ends
+  options.handshake_timeout_s = 30;  // strangers stay until displaced or the test ends
   auto listener = ControlListener::Listen(io.io, "127.0.0.1", 0, options, [](auto c) {
     c->Start([](ControlMessage) {}, [](const Status&) {});
   });
   REQUIRE(listener.ok());
-  std::vector<tcp::socket> held;
-  for (int i = 0; i < 4; ++i) held.push_back(RawConnect(io, (*listener)->port()));
-  for (auto& s : held) {  // each got the listener's challenge: accepted
+  const int port = (*listener)->port();
+  auto accepted = [](tcp::socket& s) {  // the listener's challenge arrives: it was accepted
     std::array<uint8_t, kAuthChallengeBytes> challenge{};
-    boost::asio::read(s, boost::asio::buffer(challenge));
+    boost::system::error_code ec;
+    boost::asio::read(s, boost::asio::buffer(challenge), ec);
+    return !ec;
+  };
+
+  // Four strangers fill the listener without ever answering the handshake.
+  std::vector<tcp::socket> strangers;
+  for (int i = 0; i < 4; ++i) {
+    strangers.push_back(RawConnect(io, port));
+    REQUIRE(accepted(strangers.back()));
   }
+
+  // A member still gets in: it displaces the oldest stranger, not another member.
+  std::vector<tcp::socket> members;
+  for (int i = 0; i < 4; ++i) {
+    members.push_back(RawConnect(io, port));
+    CHECK(test::HandshakeAsDialer(members.back(), test::kTestClusterSecret));
+    CHECK(PeerCloses(strangers[i], 5000ms));  // oldest first
+    std::this_thread::sleep_for(50ms);  // the listener's side has checked the member's proof
+  }
+
+  // Every slot is a member's: a newcomer is closed as it is accepted, and members stay.
   for (int i = 0; i < 6; ++i) {
-    tcp::socket extra = RawConnect(io, (*listener)->port());
-    CHECK(PeerCloses(extra, 5000ms));  // refused as accepted
+    tcp::socket extra = RawConnect(io, port);
+    CHECK(PeerCloses(extra, 5000ms));
   }
-  held.clear();  // closing frees the slots
+  for (auto& m : members) CHECK_FALSE(PeerCloses(m, 100ms));
+
+  members.clear();  // closing frees the slots
   bool accepted_again = false;
   for (int attempt = 0; attempt < 50 && !accepted_again; ++attempt) {
     std::this_thread::sleep_for(50ms);
-    tcp::socket again = RawConnect(io, (*listener)->port());
+    tcp::socket again = RawConnect(io, port);
     accepted_again = test::HandshakeAsDialer(again, test::kTestClusterSecret);
   }
   CHECK(accepted_again);
