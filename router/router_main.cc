@@ -56,6 +56,7 @@ class RouterProcess : public RoleProcess {
     http.host = config.router.host;
     http.port = static_cast<uint16_t>(config.router.port);
     http.io_threads = config.router.http_threads;
+    http.max_connections = config.router.max_connections;
     http.max_body_bytes = static_cast<size_t>(config.router.max_body_bytes);
     http.request_timeout =
         std::chrono::milliseconds(static_cast<int64_t>(config.router.request_timeout_s * 1000));

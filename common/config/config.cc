@@ -127,6 +127,7 @@ void ReadModelAndRouter(YamlErrors* v, YamlFields& top, ClusterConfig* c) {
   sec.Int("max_body_bytes", &c->router.max_body_bytes, 1024, 1 << 30);
   sec.Double("request_timeout_s", &c->router.request_timeout_s, 0.001, 86400);
   sec.Int("http_threads", &c->router.http_threads, 1, 256);
+  sec.Int("max_connections", &c->router.max_connections, 16, 1 << 20);
   sec.Int("tokenize_threads", &c->router.tokenize_threads, 1, 256);
   sec.String("latency_model", &c->router.latency_model);
   sec.String("api_keys_file", &c->router.api_keys_file);
@@ -378,6 +379,7 @@ std::string ConfigToYaml(const ClusterConfig& c) {
   out << YAML::Key << "max_body_bytes" << YAML::Value << c.router.max_body_bytes;
   out << YAML::Key << "request_timeout_s" << YAML::Value << c.router.request_timeout_s;
   out << YAML::Key << "http_threads" << YAML::Value << c.router.http_threads;
+  out << YAML::Key << "max_connections" << YAML::Value << c.router.max_connections;
   out << YAML::Key << "tokenize_threads" << YAML::Value << c.router.tokenize_threads;
   out << YAML::Key << "latency_model" << YAML::Value << c.router.latency_model;
   out << YAML::Key << "api_keys_file" << YAML::Value << c.router.api_keys_file;

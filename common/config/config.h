@@ -39,6 +39,8 @@ struct RouterSection {
   int max_body_bytes = 8 << 20;        // beyond this, 413
   double request_timeout_s = 600;
   int http_threads = 2;
+  // HTTP connections open at once; beyond it a new one gets 503 and is closed.
+  int max_connections = 4096;
   // Threads that template, tokenize and submit requests, off the HTTP io threads.
   int tokenize_threads = 2;
   // Latency model YAML from `tandem profile` (common/engine/latency_model.h) for the goodput policy;

@@ -13,6 +13,7 @@
 #include <boost/beast/http.hpp>
 
 #include "common/base/log.h"
+#include "common/net/fd_budget.h"
 #include "common/net/http_parse.h"
 
 namespace tandem {
@@ -71,8 +72,10 @@ struct HttpServerState {
   std::atomic<bool> stopping{false};
   // io threads joined: sessions start no more async operations (they would never complete).
   std::atomic<bool> stopped{false};
-  // Accept handlers only (one accept in flight at a time): the last "accept failed" line.
-  std::chrono::steady_clock::time_point last_accept_error_log{};
+  // Accept handlers only (one accept in flight at a time): the last "accept failed" and "too
+  // many connections" lines.
+  std::chrono::steady_clock::time_point last_accept_error_log{}, last_refusal_log{};
+  int max_connections = 0;  // options.max_connections lowered by MaxConnectionsForFds
 
   // The server's own error answer with `http_status` (see HttpErrorRenderer).
   HttpResponse Error(int http_status, const Status& status) const {
@@ -560,6 +563,27 @@ void HttpExchange::Abort() {
 
 namespace {
 
+// Over max_connections: a short 503 (one non-blocking write into an empty send buffer, so a
+// peer that never reads cannot stall the acceptor), then close.
+void RefuseConnection(HttpServerState& state, tcp::socket socket) {
+  const auto now = std::chrono::steady_clock::now();
+  if (now - state.last_refusal_log > std::chrono::seconds(10)) {  // one line per burst
+    state.last_refusal_log = now;
+    TANDEM_LOG(kWarn) << "HTTP server on port " << state.acceptor.local_endpoint().port() << ": "
+                      << state.max_connections << " connections open (max_connections): "
+                      << "answering new ones 503";
+  }
+  static constexpr std::string_view kBusy =
+      "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
+      "Content-Length: 21\r\nRetry-After: 1\r\nConnection: close\r\n\r\n"
+      "too many connections\n";
+  beast::error_code ec;
+  socket.non_blocking(true, ec);
+  if (!ec) socket.write_some(net::buffer(kBusy.data(), kBusy.size()), ec);
+  socket.shutdown(tcp::socket::shutdown_both, ec);
+  socket.close(ec);
+}
+
 void DoAccept(const std::shared_ptr<HttpServerState>& state) {
   state->acceptor.async_accept(
       net::make_strand(state->ioc), [state](beast::error_code ec, tcp::socket socket) {
@@ -585,6 +609,15 @@ void DoAccept(const std::shared_ptr<HttpServerState>& state) {
         if (state->stopping) return;
         beast::error_code ignored;
         socket.set_option(tcp::no_delay(true), ignored);  // SSE chunks are small
+        size_t open = 0;
+        {
+          MutexLock lock(&state->mutex);
+          open = state->sessions.size();
+        }
+        if (open >= static_cast<size_t>(state->max_connections)) {
+          RefuseConnection(*state, std::move(socket));
+          return DoAccept(state);
+        }
         std::shared_ptr<HttpSession> session;
         {
           MutexLock lock(&state->mutex);
@@ -646,6 +679,12 @@ Status HttpServer::Start() {
   acceptor.listen(net::socket_base::max_listen_connections, ec);
   if (ec) return Unavailable("cannot listen on " + where + ": " + ec.message());
   port_ = acceptor.local_endpoint(ec).port();
+  state_->max_connections = MaxConnectionsForFds(std::max(options.max_connections, 1));
+  if (state_->max_connections < options.max_connections) {
+    TANDEM_LOG(kWarn) << "HTTP server on " << where << ": max_connections "
+                      << options.max_connections << " lowered to " << state_->max_connections
+                      << " to leave file descriptors to the process (raise ulimit -n)";
+  }
   started_ = true;
   state_->work.emplace(state_->ioc.get_executor());
   DoAccept(state_);

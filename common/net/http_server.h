@@ -6,7 +6,7 @@
 // work elsewhere and answer through the HttpExchange).
 //
 // Errors the server answers itself (unknown route 404, wrong method 405, malformed request 400,
-// body too large 413, request timeout 504, a handler that threw or dropped its exchange 500) are
+// body too large 413, request timeout 504, max_connections open 503 (plain text, then close), a handler that threw or dropped its exchange 500) are
 // rendered by the HttpErrorRenderer when one is set (the router sets its OpenAI error bodies,
 // router/errors.h), else as text/plain with the status's message; the HTTP status is the one
 // listed here either way.
@@ -45,6 +45,10 @@ struct HttpServerOptions {
   bool keep_alive = true;  // false: every response says Connection: close and the connection ends
   std::chrono::milliseconds read_timeout{30000};      // receiving one request; idle keep-alive
   std::chrono::milliseconds request_timeout{600000};  // handling one request, stream included
+  // Connections open at once (lowered to leave file descriptors to the process, as the control
+  // listener's cap is); beyond it a new connection gets 503 with Retry-After and is closed, so
+  // a flood of idle or slow connections cannot take the descriptors and memory the rest need.
+  int max_connections = 4096;
 };
 
 struct HttpRequest {
