@@ -5,11 +5,11 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/write.hpp>
-#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
 #include <future>
+#include <mutex>
 
 #include "common/base/log.h"
 #include "common/net/wire_codec.h"
@@ -262,9 +262,107 @@ bool ControlConnection::closed() const {
   return closed_;
 }
 
-ControlListener::ControlListener(asio::io_context& io, const ControlOptions& options,
-                                 AcceptHandler on_accept)
-    : acceptor_(io), options_(options), on_accept_(std::move(on_accept)), retry_timer_(io) {}
+// The listener's state, shared by its accept handlers. `mutex` serialises the handlers with
+// Stop(): a handler runs whole under it, and does nothing once `stopped` is set.
+struct ControlListener::State {
+  State(asio::io_context& io, const ControlOptions& o, AcceptHandler accept)
+      : acceptor(io), retry_timer(io), options(o), on_accept(std::move(accept)) {}
+
+  std::mutex mutex;
+  bool stopped = false;
+  tcp::acceptor acceptor;
+  asio::steady_timer retry_timer;  // after a failed accept
+  const ControlOptions options;
+  const AcceptHandler on_accept;
+  std::shared_ptr<std::atomic<int>> open = std::make_shared<std::atomic<int>>(0);
+  std::chrono::steady_clock::time_point last_refusal_log{}, last_error_log{}, last_eviction_log{};
+  // Accepted connections, oldest first, that had not authenticated when last looked at.
+  std::deque<std::weak_ptr<ControlConnection>> unproven;
+
+  // Members (not free functions) so that they may hand a connection its listener slot.
+  static void AcceptNext(const std::shared_ptr<State>& state);  // under state->mutex
+  static void OnAccepted(const std::shared_ptr<State>& state, boost::system::error_code ec,
+                         tcp::socket socket);
+  // Closes the oldest accepted connection that has not authenticated; false when there is none.
+  static bool EvictOldestUnproven(State& s);
+};
+
+bool ControlListener::State::EvictOldestUnproven(State& s) {
+  while (!s.unproven.empty()) {
+    std::shared_ptr<ControlConnection> oldest = s.unproven.front().lock();
+    s.unproven.pop_front();
+    if (!oldest || oldest->closed() || oldest->authenticated()) continue;
+    const auto now = std::chrono::steady_clock::now();
+    if (now - s.last_eviction_log > std::chrono::seconds(10)) {  // one line per burst
+      s.last_eviction_log = now;
+      TANDEM_LOG(kWarn) << "control listener: " << s.options.max_connections
+                        << " connections open (control.max_connections): closing the oldest "
+                           "that has not authenticated (" << oldest->peer() << ") for a new one";
+    }
+    oldest->Close();
+    return true;
+  }
+  return false;
+}
+
+void ControlListener::State::OnAccepted(const std::shared_ptr<State>& state,
+                                        boost::system::error_code ec, tcp::socket socket) {
+  std::lock_guard<std::mutex> lock(state->mutex);
+  ControlListener::State& s = *state;
+  if (s.stopped || ec == asio::error::operation_aborted || !s.acceptor.is_open()) return;
+  if (ec) {
+    // Out of file descriptors (or memory): the pending connection stays in the backlog, so
+    // accepting again at once would fail again at once, a busy loop that floods the log.
+    const auto now = std::chrono::steady_clock::now();
+    if (now - s.last_error_log > std::chrono::seconds(10)) {  // one line per burst
+      s.last_error_log = now;
+      TANDEM_LOG(kWarn) << "control listener: accept failed: " << ec.message()
+                        << "; retrying every 100 ms";
+    }
+    s.retry_timer.expires_after(std::chrono::milliseconds(100));
+    s.retry_timer.async_wait([state](boost::system::error_code timer_ec) {
+      if (timer_ec) return;
+      std::lock_guard<std::mutex> retry_lock(state->mutex);
+      if (!state->stopped) AcceptNext(state);
+    });
+    return;
+  }
+  // Closed connections free their slots on their own strand, a moment after an eviction: the
+  // slack bounds how far the count may run ahead while evictions settle.
+  const int hard_cap = s.options.max_connections + s.options.max_connections / 8 + 4;
+  bool admit = s.open->load() < s.options.max_connections;
+  if (!admit && s.open->load() < hard_cap) admit = EvictOldestUnproven(s);
+  if (!admit) {
+    // Every slot is a member's: refuse at once rather than hold sockets for strangers.
+    const auto now = std::chrono::steady_clock::now();
+    if (now - s.last_refusal_log > std::chrono::seconds(10)) {  // one line per burst
+      s.last_refusal_log = now;
+      TANDEM_LOG(kWarn) << "control listener: " << s.options.max_connections
+                        << " connections open (control.max_connections): refusing new ones";
+    }
+    socket.close(ec);
+  } else {
+    auto connection = ControlConnection::Create(std::move(socket), s.options, /*dialer=*/false);
+    s.open->fetch_add(1);
+    connection->listener_slot_ =
+        std::shared_ptr<void>(nullptr, [open = s.open](void*) { open->fetch_sub(1); });
+    s.unproven.push_back(connection);
+    if (s.unproven.size() > 2 * static_cast<size_t>(s.options.max_connections) + 16) {
+      std::erase_if(s.unproven, [](const std::weak_ptr<ControlConnection>& weak) {
+        auto c = weak.lock();
+        return !c || c->closed() || c->authenticated();
+      });
+    }
+    s.on_accept(std::move(connection));
+  }
+  AcceptNext(state);
+}
+
+void ControlListener::State::AcceptNext(const std::shared_ptr<State>& state) {
+  state->acceptor.async_accept([state](boost::system::error_code ec, tcp::socket socket) {
+    OnAccepted(state, ec, std::move(socket));
+  });
+}
 
 ControlListener::~ControlListener() { Stop(); }
 
@@ -281,107 +379,34 @@ StatusOr<std::unique_ptr<ControlListener>> ControlListener::Listen(asio::io_cont
                       << " to leave file descriptors to the process (RLIMIT_NOFILE; raise it with "
                          "ulimit -n)";
   }
-  std::unique_ptr<ControlListener> listener(
-      new ControlListener(io, bounded, std::move(on_accept)));
+  auto state = std::make_shared<State>(io, bounded, std::move(on_accept));
   boost::system::error_code ec;
   asio::ip::address address = asio::ip::make_address(host, ec);
   if (ec) return InvalidArgument("control listener: bad host '" + host + "': " + ec.message());
   tcp::endpoint endpoint(address, static_cast<unsigned short>(port));
-  listener->acceptor_.open(endpoint.protocol(), ec);
-  if (!ec) listener->acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
-  if (!ec) listener->acceptor_.bind(endpoint, ec);
-  if (!ec) listener->acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+  tcp::acceptor& acceptor = state->acceptor;
+  acceptor.open(endpoint.protocol(), ec);
+  if (!ec) acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
+  if (!ec) acceptor.bind(endpoint, ec);
+  if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
   if (ec)
     return Unavailable("control listener: cannot listen on " + host + ":" + std::to_string(port) +
                        ": " + ec.message());
-  listener->port_ = listener->acceptor_.local_endpoint().port();
-  listener->AcceptNext();
-  return listener;
-}
-
-void ControlListener::AcceptNext() {
-  acceptor_.async_accept([this](boost::system::error_code ec, tcp::socket socket) {
-    if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
-    if (ec) {
-      // Out of file descriptors (or memory): the pending connection stays in the backlog, so
-      // accepting again at once would fail again at once, a busy loop that floods the log.
-      const auto now = std::chrono::steady_clock::now();
-      if (now - last_error_log_ > std::chrono::seconds(10)) {  // one line per burst
-        last_error_log_ = now;
-        TANDEM_LOG(kWarn) << "control listener: accept failed: " << ec.message()
-                          << "; retrying every 100 ms";
-      }
-      retry_timer_.expires_after(std::chrono::milliseconds(100));
-      retry_timer_.async_wait([this](boost::system::error_code timer_ec) {
-        if (!timer_ec && acceptor_.is_open()) AcceptNext();
-      });
-      return;
-    }
-    // Closed connections free their slots on their own strand, a moment after an eviction:
-    // the slack bounds how far the count may run ahead while evictions settle.
-    const int hard_cap = options_.max_connections + options_.max_connections / 8 + 4;
-    bool admit = open_->load() < options_.max_connections;
-    if (!admit && open_->load() < hard_cap) admit = EvictOldestUnproven();
-    if (!admit) {
-      // Every slot is a member's: refuse at once rather than hold sockets for strangers.
-      const auto now = std::chrono::steady_clock::now();
-      if (now - last_refusal_log_ > std::chrono::seconds(10)) {  // one line per burst
-        last_refusal_log_ = now;
-        TANDEM_LOG(kWarn) << "control listener: " << options_.max_connections
-                          << " connections open (control.max_connections): refusing new ones";
-      }
-      socket.close(ec);
-    } else {
-      auto connection = ControlConnection::Create(std::move(socket), options_, /*dialer=*/false);
-      open_->fetch_add(1);
-      connection->listener_slot_ =
-          std::shared_ptr<void>(nullptr, [open = open_](void*) { open->fetch_sub(1); });
-      unproven_.push_back(connection);
-      if (unproven_.size() > 2 * static_cast<size_t>(options_.max_connections) + 16) {
-        std::erase_if(unproven_, [](const std::weak_ptr<ControlConnection>& weak) {
-          auto c = weak.lock();
-          return !c || c->closed() || c->authenticated();
-        });
-      }
-      on_accept_(std::move(connection));
-    }
-    AcceptNext();
-  });
-}
-
-bool ControlListener::EvictOldestUnproven() {
-  while (!unproven_.empty()) {
-    std::shared_ptr<ControlConnection> oldest = unproven_.front().lock();
-    unproven_.pop_front();
-    if (!oldest || oldest->closed() || oldest->authenticated()) continue;
-    const auto now = std::chrono::steady_clock::now();
-    if (now - last_eviction_log_ > std::chrono::seconds(10)) {  // one line per burst
-      last_eviction_log_ = now;
-      TANDEM_LOG(kWarn) << "control listener: " << options_.max_connections
-                        << " connections open (control.max_connections): closing the oldest "
-                           "that has not authenticated (" << oldest->peer() << ") for a new one";
-    }
-    oldest->Close();
-    return true;
+  const int bound_port = acceptor.local_endpoint().port();
+  {
+    std::lock_guard<std::mutex> lock(state->mutex);
+    State::AcceptNext(state);
   }
-  return false;
+  return std::unique_ptr<ControlListener>(new ControlListener(std::move(state), bound_port));
 }
 
 void ControlListener::Stop() {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  if (state_->stopped) return;
+  state_->stopped = true;
   boost::system::error_code ec;
-  acceptor_.close(ec);
-  retry_timer_.cancel();
-}
-
-int MaxConnectionsForFds(int wanted, uint64_t fd_limit) {
-  if (fd_limit == 0) {
-    rlimit limit{};
-    if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return wanted;
-    fd_limit = limit.rlim_cur;
-  }
-  const uint64_t reserve = std::min<uint64_t>(256, fd_limit / 2);
-  const uint64_t cap = std::max<uint64_t>(4, fd_limit - reserve);
-  return static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(std::max(wanted, 0)), cap));
+  state_->acceptor.close(ec);
+  state_->retry_timer.cancel();
 }
 
 Status ParseHostPort(const std::string& address, std::string* host, int* port) {

@@ -31,6 +31,7 @@
 #include "common/base/thread_annotations.h"
 #include "common/net/control_auth.h"
 #include "common/net/control_wire.h"
+#include "common/net/fd_budget.h"
 
 namespace tandem {
 
@@ -117,6 +118,11 @@ class ControlConnection : public std::enable_shared_from_this<ControlConnection>
 };
 
 // Accepts control connections on host:port (port 0 = an ephemeral port).
+//
+// Threads: accept handlers run on the io_context's threads, one at a time, and own the
+// listener's state (a shared State), so one that completes after the listener is gone is
+// harmless. Stop() (and the destructor) waits for a handler that is running and guarantees
+// that on_accept is never called after it returns; on_accept must not call Stop().
 class ControlListener {
  public:
   using AcceptHandler = std::function<void(std::shared_ptr<ControlConnection>)>;
@@ -124,10 +130,10 @@ class ControlListener {
   // Binds and starts accepting; each new connection goes to on_accept (not yet started). With
   // options.max_connections open, a new connection closes the oldest one still in its handshake
   // and takes its place; when every open one has authenticated, the new one is closed as it is
-  // accepted. The cap
-  // is lowered to leave file descriptors to the rest of the process (MaxConnectionsForFds): a
-  // flood must not take the descriptors its /health, KV transfers and files need. An accept that
-  // fails (out of descriptors) is retried after a pause, not in a busy loop.
+  // accepted. The cap is lowered to leave file descriptors to the rest of the process
+  // (MaxConnectionsForFds): a flood must not take the descriptors its /health, KV transfers
+  // and files need. An accept that fails (out of descriptors) is retried after a pause, not in
+  // a busy loop.
   static StatusOr<std::unique_ptr<ControlListener>> Listen(boost::asio::io_context& io,
                                                            const std::string& host, int port,
                                                            const ControlOptions& options,
@@ -137,31 +143,15 @@ class ControlListener {
   int port() const { return port_; }
   void Stop();
 
- private:
-  ControlListener(boost::asio::io_context& io, const ControlOptions& options,
-                  AcceptHandler on_accept);
-  void AcceptNext();
-  // Accept handler only: closes the oldest accepted connection that has not authenticated;
-  // false when there is none.
-  bool EvictOldestUnproven();
+  struct State;  // defined in control_channel.cc
 
-  boost::asio::ip::tcp::acceptor acceptor_;
-  const ControlOptions options_;
-  AcceptHandler on_accept_;
-  std::shared_ptr<std::atomic<int>> open_ = std::make_shared<std::atomic<int>>(0);
-  boost::asio::steady_timer retry_timer_;  // after a failed accept
-  // Accept handlers run one at a time (one accept in flight).
-  std::chrono::steady_clock::time_point last_refusal_log_{}, last_error_log_{},
-      last_eviction_log_{};
-  // Accepted connections, oldest first, that had not authenticated when last looked at.
-  std::deque<std::weak_ptr<ControlConnection>> unproven_;
+ private:
+  explicit ControlListener(std::shared_ptr<State> state, int port)
+      : state_(std::move(state)), port_(port) {}
+
+  std::shared_ptr<State> state_;
   int port_ = 0;
 };
-
-// `wanted` (control.max_connections), lowered so that the open connections leave file descriptors
-// to the rest of the process under RLIMIT_NOFILE `fd_limit` (0: this process's soft limit):
-// at most fd_limit - min(256, fd_limit / 2), at least 4.
-int MaxConnectionsForFds(int wanted, uint64_t fd_limit = 0);
 
 // Splits "host:port". InvalidArgument naming the address when malformed.
 Status ParseHostPort(const std::string& address, std::string* host, int* port);
