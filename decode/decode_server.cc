@@ -242,6 +242,7 @@ Status BatchDriver::InitTransferAndEngine(const RoleArgs& args,
     to.layer_wait_timeout_s = std::max(config.transfer.timeout_s, config.prefill.kv_hold_timeout_s);
     to.metrics = setup_.metrics.get();
     to.host = section.host;
+    to.secret = args.control.secret;
     TANDEM_ASSIGN_OR_RETURN(PullerWithPool pulled,
                             CreatePullerWithPool(config.transfer,
                                                  KvPoolBytes(layout, eo.kv_blocks), to));

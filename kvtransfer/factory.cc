@@ -34,6 +34,8 @@ UcxOptions UcxOptionsFor(const TransferSection& transfer, const TransferFactoryO
   uo.lease_timeout = Millis(options.lease_timeout_s);
   uo.max_inflight_gets = static_cast<size_t>(transfer.max_inflight);
   uo.report_results = false;  // the control plane's KvReleased is the one report
+  uo.reads = ReadsForTls(transfer.ucx_tls);
+  uo.secret = options.secret;
   uo.metrics = options.metrics;
   return uo;
 }

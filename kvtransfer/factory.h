@@ -10,6 +10,10 @@
 // Shared memory: before a UCX pool is allocated, what killed instances left in shared memory is
 // removed (kvtransfer/shm_sweep.h).
 //
+// Reads: UCX_TLS decides (ReadsForTls): authenticated read messages wherever tcp may carry the
+// KV (no RMA on the context: UCX would serve reads and writes by address to anyone), RMA gets
+// on fabrics whose memory keys the hardware enforces.
+//
 // Results: the servers report every pull's outcome over the control plane (KvReleased), so the
 // publishers and pullers built here do not report it over the transport as well
 // (UcxOptions::report_results off): prefill is told once.
@@ -50,6 +54,9 @@ struct TransferFactoryOptions {
   // The instance's S.host: the UCX data plane offers only the interface that holds it
   // (loopback: lo); 0.0.0.0 or empty = every interface.
   std::string host;
+  // The cluster secret: UCX reads are authenticated with it (UcxReads::kMessages, chosen from
+  // transfer.ucx_tls by ReadsForTls). Required for ucx.
+  std::string secret;
 };
 
 // The network interface that holds `ip` ("lo" for loopback), or "" for 0.0.0.0 / ::.

@@ -28,7 +28,10 @@
 namespace tandem::ucx_detail {
 
 using Clock = std::chrono::steady_clock;
-constexpr uint16_t kAmTransferResult = 1;
+constexpr uint16_t kAmTransferResult = 1;  // read messages: kvtransfer/ucx_reads.h
+// PeerInfo::transport of a publisher that offers RMA gets, or answers read messages.
+inline constexpr char kUcxRmaTransport[] = "ucx";
+inline constexpr char kUcxMessagesTransport[] = "ucx-am";
 // Idle progress iterations before the thread sleeps on the worker's event fd: keeps latency low
 // while traffic flows without burning a core when idle.
 constexpr int kIdleSpins = 256;
@@ -147,12 +150,15 @@ inline uint64_t NewInstanceId() {
 struct UcxContext {
   ContextPtr context;
   std::string tls;
+  bool rma = false;  // has UCP_FEATURE_RMA (UcxReads::kRma); else it serves no remote access
 };
 
 // `net_devices`: UCX_NET_DEVICES ("lo", "eth0", ...): the network interfaces the worker's
-// address offers peers; empty = every interface.
+// address offers peers; empty = every interface. `rma`: whether the context may do (and so
+// serve) RMA.
 inline StatusOr<std::shared_ptr<UcxContext>> CreateContext(const std::string& tls,
-                                                          const std::string& net_devices) {
+                                                          const std::string& net_devices,
+                                                          bool rma) {
   ucp_config_t* raw_config = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &raw_config);
   if (st != UCS_OK) return UcxError("config read", st);
@@ -169,13 +175,14 @@ inline StatusOr<std::shared_ptr<UcxContext>> CreateContext(const std::string& tl
   }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
-  params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+  params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP | (rma ? UCP_FEATURE_RMA : 0);
   ucp_context_h context = nullptr;
   st = ucp_init(&params, config.get(), &context);
   if (st != UCS_OK) return UcxError("init (UCX_TLS=" + tls + ")", st);
   auto owned = std::make_shared<UcxContext>();
   owned->context.reset(context);
   owned->tls = tls;
+  owned->rma = rma;
   return owned;
 }
 
@@ -322,8 +329,9 @@ class UcxPoolImpl final : public UcxPool {
  public:
   static StatusOr<std::shared_ptr<UcxPoolImpl>> Create(MemoryRegion region, bool allocate,
                                                        const std::string& tls,
-                                                       const std::string& net_devices) {
-    TANDEM_ASSIGN_OR_RETURN(auto context, CreateContext(tls, net_devices));
+                                                       const std::string& net_devices,
+                                                       bool rma) {
+    TANDEM_ASSIGN_OR_RETURN(auto context, CreateContext(tls, net_devices, rma));
     auto pool = std::shared_ptr<UcxPoolImpl>(new UcxPoolImpl());
     pool->context_ = std::move(context);
     TANDEM_ASSIGN_OR_RETURN(pool->memh_, MapRegion(pool->context_->context.get(), &region,
@@ -336,6 +344,7 @@ class UcxPoolImpl final : public UcxPool {
   MemoryRegion region() const override { return region_; }
   const std::string& tls() const override { return context_->tls; }
   const std::shared_ptr<UcxContext>& context() const { return context_; }
+  bool rma() const { return context_->rma; }
   ucp_mem_h memh() const { return memh_.get(); }
 
  private:

@@ -1,9 +1,12 @@
-// The UCX publisher: registers the pool once, offers published ranges for RMA gets, receives
-// TransferResults as active messages and expires leases (kvtransfer/ucx_transport.h).
+// The UCX publisher: registers the pool once, offers published ranges for RMA gets or answers
+// authenticated read messages for them (kvtransfer/ucx_reads.h), receives TransferResults as
+// active messages and expires leases (kvtransfer/ucx_transport.h).
 #include "kvtransfer/ucx_transport.h"
 
+#include <algorithm>
 #include <cstring>
 #include <deque>
+#include <optional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -11,6 +14,7 @@
 
 #include "common/base/log.h"
 #include "kvtransfer/ucx_handles.h"
+#include "kvtransfer/ucx_reads.h"
 #include "kvtransfer/wire.h"
 
 namespace tandem::ucx_detail {
@@ -28,12 +32,16 @@ class UcxPublisher final : public KvPublisher {
     pub->pool_ = std::move(pool);
     MemoryRegion region = pub->pool_->region();
 
-    void* rkey_buffer = nullptr;
-    size_t rkey_size = 0;
-    ucs_status_t st =
-        ucp_rkey_pack(pub->worker_->context(), pub->pool_->memh(), &rkey_buffer, &rkey_size);
-    if (st != UCS_OK) return UcxError("rkey_pack", st);
-    std::unique_ptr<void, RkeyBufferDeleter> rkey_owner(rkey_buffer);
+    PeerInfo& info = pub->info_;
+    ucs_status_t st = UCS_OK;
+    if (pub->pool_->rma()) {  // read messages need no key: nothing is readable by address
+      void* rkey_buffer = nullptr;
+      size_t rkey_size = 0;
+      st = ucp_rkey_pack(pub->worker_->context(), pub->pool_->memh(), &rkey_buffer, &rkey_size);
+      if (st != UCS_OK) return UcxError("rkey_pack", st);
+      std::unique_ptr<void, RkeyBufferDeleter> rkey_owner(rkey_buffer);
+      info.packed_rkey.assign(static_cast<const char*>(rkey_buffer), rkey_size);
+    }
 
     ucp_address_t* address = nullptr;
     size_t address_size = 0;
@@ -42,24 +50,26 @@ class UcxPublisher final : public KvPublisher {
     std::unique_ptr<ucp_address_t, AddressDeleter> address_owner(
         address, AddressDeleter{pub->worker_->worker()});
 
-    PeerInfo& info = pub->info_;
     info.instance_id = NewInstanceId();
-    info.transport = "ucx";
+    info.transport = pub->pool_->rma() ? kUcxRmaTransport : kUcxMessagesTransport;
     info.worker_address.assign(reinterpret_cast<const char*>(address), address_size);
-    info.packed_rkey.assign(static_cast<const char*>(rkey_buffer), rkey_size);
     info.region_base = reinterpret_cast<uint64_t>(region.base);
     info.region_bytes = region.bytes;
 
     // Registered even when results are not acted on: UCX (1.13) crashes on an active message
     // whose id has no handler, and any process that reaches the worker can send one.
-    ucp_am_handler_param_t am{};
-    am.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                    UCP_AM_HANDLER_PARAM_FIELD_ARG;
-    am.id = kAmTransferResult;
-    am.cb = &UcxPublisher::OnResultMessage;
-    am.arg = pub.get();
-    st = ucp_worker_set_am_recv_handler(pub->worker_->worker(), &am);
-    if (st != UCS_OK) return UcxError("set_am_recv_handler", st);
+    for (auto [id, cb] : {std::pair{kAmTransferResult, &UcxPublisher::OnResultMessage},
+                          std::pair{kAmReadRequest, &UcxPublisher::OnReadRequest},
+                          std::pair{kAmReadReply, &UcxPublisher::OnStrayMessage}}) {
+      ucp_am_handler_param_t am{};
+      am.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                      UCP_AM_HANDLER_PARAM_FIELD_ARG;
+      am.id = id;
+      am.cb = cb;
+      am.arg = pub.get();
+      st = ucp_worker_set_am_recv_handler(pub->worker_->worker(), &am);
+      if (st != UCS_OK) return UcxError("set_am_recv_handler", st);
+    }
 
     UcxPublisher* raw = pub.get();
     pub->worker_->Start([raw] { raw->CheckLeases(); });
@@ -83,12 +93,26 @@ class UcxPublisher final : public KvPublisher {
     TANDEM_RETURN_IF_ERROR(CheckRanges(layers, info_.region_bytes));
     TANDEM_ASSIGN_OR_RETURN(KvDescriptor d,
                             MakeDescriptor(info_.instance_id, request_id, std::move(layers)));
+    Lease lease{Clock::now() + options_.lease_timeout, std::move(on_release), {}, {}};
+    if (!options_.secret.empty())
+      lease.mac = MakeKvReadMac(options_.secret, info_.instance_id, request_id);
+    for (const auto& layer : d.layers)
+      for (const ByteRange& r : layer) lease.spans.emplace_back(r.offset, r.offset + r.length);
+    // Coalesced: the puller may read adjacent ranges as one piece (PlanCopies merges them).
+    std::sort(lease.spans.begin(), lease.spans.end());
+    std::vector<std::pair<uint64_t, uint64_t>> merged;
+    for (const auto& span : lease.spans) {
+      if (!merged.empty() && span.first <= merged.back().second)
+        merged.back().second = std::max(merged.back().second, span.second);
+      else
+        merged.push_back(span);
+    }
+    lease.spans = std::move(merged);
     MutexLock lock(&mutex_);
     if (leases_.count(request_id)) {
       return InvalidArgument("request " + request_id + " is already published");
     }
-    leases_.emplace(request_id,
-                    Lease{Clock::now() + options_.lease_timeout, std::move(on_release)});
+    leases_.emplace(request_id, std::move(lease));
     return d;
   }
 
@@ -117,11 +141,103 @@ class UcxPublisher final : public KvPublisher {
   struct Lease {
     Clock::time_point deadline;
     ReleaseCallback on_release;
+    std::optional<KvReadMac> mac;  // what read and result messages must carry (with a secret)
+    std::vector<std::pair<uint64_t, uint64_t>> spans;  // [begin, end) published, sorted, merged
   };
+
+  // Whether [offset, offset + length) lies inside one published range of `lease`.
+  static bool Covers(const Lease& lease, uint64_t offset, uint64_t length) {
+    if (length == 0 || offset + length < offset) return false;
+    auto it = std::upper_bound(lease.spans.begin(), lease.spans.end(),
+                               std::pair<uint64_t, uint64_t>{offset, UINT64_MAX});
+    if (it == lease.spans.begin()) return false;
+    --it;
+    return it->first <= offset && offset + length <= it->second;
+  }
+
+  // A refusal, logged at most once a second (a stranger can send many).
+  void Refuse(const std::string& why) {
+    const auto now = Clock::now();
+    ++refused_;
+    if (now - last_refusal_log_ < std::chrono::seconds(1)) return;
+    last_refusal_log_ = now;
+    TANDEM_LOG(kWarn) << "kvtransfer: refused a read message (" << why << "; " << refused_
+                      << " refused so far)";
+  }
+
+  // Progress thread (an AM handler): serves one authenticated read of a published range.
+  static ucs_status_t OnReadRequest(void* arg, const void* header, size_t header_length, void*,
+                                    size_t, const ucp_am_recv_param_t* param) {
+    auto* self = static_cast<UcxPublisher*>(arg);
+    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) || param->reply_ep == nullptr) {
+      self->Refuse("no reply endpoint");
+      return UCS_OK;
+    }
+    auto request =
+        DecodeReadRequest({static_cast<const uint8_t*>(header), header_length});
+    if (!request.ok()) {
+      self->Refuse(request.status().message());
+      return UCS_OK;
+    }
+    StatusCode code = StatusCode::kOk;
+    {
+      MutexLock lock(&self->mutex_);
+      auto it = self->leases_.find(request->request_id);
+      if (request->instance_id != self->info_.instance_id || it == self->leases_.end()) {
+        code = StatusCode::kNotFound;  // released, expired, or never published here
+      } else if (!it->second.mac || !KvReadMacsEqual(*it->second.mac, request->mac)) {
+        code = StatusCode::kPermissionDenied;
+      } else if (!Covers(it->second, request->offset, request->length)) {
+        code = StatusCode::kPermissionDenied;
+      }
+    }
+    if (code == StatusCode::kPermissionDenied) {
+      self->Refuse("wrong mac or a range that was not published");
+    }
+    self->SendReply(param->reply_ep, request->token, code, request->offset,
+                    code == StatusCode::kOk ? request->length : 0);
+    return UCS_OK;
+  }
+
+  // The bytes (or a refusal) back to the reader. The header lives until the send completes; the
+  // bytes are the published KV, held until the puller (which receives them before it reports)
+  // says it is done.
+  void SendReply(ucp_ep_h ep, uint64_t token, StatusCode code, uint64_t offset, uint64_t length) {
+    auto* reply = new ReadReplyHeader{token, static_cast<uint32_t>(code), 0};
+    ucp_request_param_t param{};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    param.cb.send = [](void* request, ucs_status_t, void* user_data) {
+      delete static_cast<ReadReplyHeader*>(user_data);
+      ucp_request_free(request);
+    };
+    param.user_data = reply;
+    if (length > 0) {
+      param.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+      param.memh = pool_->memh();
+    }
+    const char* data = static_cast<const char*>(pool_->region().base) + offset;
+    ucs_status_ptr_t req = ucp_am_send_nbx(ep, kAmReadReply, reply, sizeof *reply,
+                                           length > 0 ? data : nullptr, length, &param);
+    if (!UCS_PTR_IS_PTR(req)) {
+      if (UCS_PTR_IS_ERR(req)) {
+        TANDEM_LOG(kDebug) << "kvtransfer: read reply not sent: "
+                           << ucs_status_string(UCS_PTR_STATUS(req));
+      }
+      delete reply;
+    }
+  }
+
+  // Read replies are for pullers: a publisher drops them.
+  static ucs_status_t OnStrayMessage(void* arg, const void*, size_t, void*, size_t,
+                                     const ucp_am_recv_param_t*) {
+    static_cast<UcxPublisher*>(arg)->Refuse("a read reply sent to a publisher");
+    return UCS_OK;
+  }
 
   explicit UcxPublisher(const UcxOptions& options) : options_(options) {}
 
-  static ucs_status_t OnResultMessage(void* arg, const void*, size_t, void* data, size_t length,
+  static ucs_status_t OnResultMessage(void* arg, const void* header, size_t header_length,
+                                      void* data, size_t length,
                                       const ucp_am_recv_param_t* param) {
     auto* self = static_cast<UcxPublisher*>(arg);
     // The servers release KV on the control plane's KvReleased (authenticated): their publishers
@@ -139,6 +255,17 @@ class UcxPublisher final : public KvPublisher {
     if (!result.ok()) {
       TANDEM_LOG(kWarn) << "kvtransfer: bad result message: " << result.status().ToString();
       return UCS_OK;
+    }
+    if (!self->options_.secret.empty()) {  // only the puller that could read it may release it
+      MutexLock lock(&self->mutex_);
+      auto it = self->leases_.find(result->request_id);
+      if (it != self->leases_.end() &&
+          (!it->second.mac ||
+           !KvReadMacsEqual(*it->second.mac,
+                            {static_cast<const uint8_t*>(header), header_length}))) {
+        self->Refuse("a result message without the request's mac");
+        return UCS_OK;
+      }
     }
     Status s = self->Release(*result);
     // NotFound is expected: the owner may already have released the lease on the control
@@ -181,6 +308,9 @@ class UcxPublisher final : public KvPublisher {
   mutable Mutex mutex_;
   std::map<std::string, Lease> leases_ TANDEM_GUARDED_BY(mutex_);
   Clock::time_point next_lease_check_{};
+  // Progress thread only: read and result messages refused, and when that was last logged.
+  uint64_t refused_ = 0;
+  Clock::time_point last_refusal_log_{};
 };
 
 }  // namespace

@@ -1,5 +1,6 @@
-// The UCX puller: connects to publishers, issues RMA gets layer by layer within the in-flight
-// bound, times pulls out, drops dead or hung peers (kvtransfer/ucx_transport.h).
+// The UCX puller: connects to publishers, issues RMA gets (or authenticated read messages,
+// kvtransfer/ucx_reads.h) layer by layer within the in-flight bound, times pulls out, drops dead
+// or hung peers (kvtransfer/ucx_transport.h).
 #include "kvtransfer/ucx_transport.h"
 
 #include <cstring>
@@ -12,6 +13,7 @@
 
 #include "common/base/log.h"
 #include "kvtransfer/ucx_handles.h"
+#include "kvtransfer/ucx_reads.h"
 #include "kvtransfer/wire.h"
 
 namespace tandem::ucx_detail {
@@ -27,6 +29,20 @@ class UcxPuller final : public KvPuller {
     auto puller = std::unique_ptr<UcxPuller>(new UcxPuller(pool->region(), options));
     puller->worker_ = std::move(worker);
     puller->pool_ = std::move(pool);
+    // Every id gets a handler: UCX (1.13) crashes on an active message whose id has none, and
+    // any process that reaches the worker can send one. Only read replies are acted on.
+    for (auto [id, cb] : {std::pair{kAmReadReply, &UcxPuller::OnReadReply},
+                          std::pair{kAmReadRequest, &UcxPuller::OnStrayMessage},
+                          std::pair{kAmTransferResult, &UcxPuller::OnStrayMessage}}) {
+      ucp_am_handler_param_t am{};
+      am.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                      UCP_AM_HANDLER_PARAM_FIELD_ARG;
+      am.id = id;
+      am.cb = cb;
+      am.arg = puller.get();
+      ucs_status_t st = ucp_worker_set_am_recv_handler(puller->worker_->worker(), &am);
+      if (st != UCS_OK) return UcxError("set_am_recv_handler", st);
+    }
     UcxPuller* raw = puller.get();
     puller->worker_->Start([raw] { raw->AfterProgress(); });
     return std::unique_ptr<KvPuller>(std::move(puller));
@@ -37,10 +53,12 @@ class UcxPuller final : public KvPuller {
   }
 
   Status Connect(const PeerInfo& info) override {
-    if (info.transport != "ucx") {
-      return InvalidArgument("peer transport is '" + info.transport + "', not ucx");
+    const std::string want = rma() ? kUcxRmaTransport : kUcxMessagesTransport;
+    if (info.transport != want) {
+      return InvalidArgument("publisher transport is '" + info.transport + "', this puller's is '" +
+                             want + "' (set the same transfer.ucx_tls on both sides)");
     }
-    if (info.worker_address.empty() || info.packed_rkey.empty()) {
+    if (info.worker_address.empty() || (rma() && info.packed_rkey.empty())) {
       return InvalidArgument("peer info without a worker address or remote key");
     }
     auto done = std::make_shared<std::promise<Status>>();
@@ -112,10 +130,14 @@ class UcxPuller final : public KvPuller {
 
  private:
   struct PullState;
+  // One piece's get, or (read messages) its request, reply and receive, in flight.
   struct GetOp {
     PullState* pull = nullptr;
+    size_t piece = 0;
     uint32_t layer = 0;
-    RequestPtr request;  // set while the get is in flight
+    RequestPtr request;  // set while the get (or the reply's rendezvous receive) is in flight
+    uint64_t token = 0;  // read messages: set while the reply is awaited (in awaiting_)
+    void* reply = nullptr;  // read messages: a rendezvous reply not yet received (in replies_)
   };
   struct PullState {
     UcxPuller* owner = nullptr;
@@ -131,6 +153,7 @@ class UcxPuller final : public KvPuller {
     size_t completed = 0;    // pieces landed
     size_t outstanding = 0;  // gets in flight
     uint64_t bytes = 0;
+    KvReadMac mac{};  // read messages: proves to the publisher that we hold the secret
     Clock::time_point start, deadline, grace_deadline;
     // Layer-wise: since when every available piece has landed and no more were announced
     // (not in tandem_kv_transfer_seconds), and the total of such waits.
@@ -152,6 +175,7 @@ class UcxPuller final : public KvPuller {
       : region_(region), options_(options), metrics_(options.metrics) {}
 
   ucp_worker_h worker() const { return worker_->worker(); }
+  bool rma() const { return pool_->rma(); }
 
   // ---- progress thread from here on ----
 
@@ -185,11 +209,13 @@ class UcxPuller final : public KvPuller {
       return Unavailable(std::string("UCX ep_create: ") + ucs_status_string(st));
     }
     peer->ep = EndpointPtr(ep, EndpointDeleter{worker(), peer_mode});
-    ucp_rkey_h rkey = nullptr;
-    st = ucp_ep_rkey_unpack(ep, peer->info.packed_rkey.data(), &rkey);
-    if (st != UCS_OK) return InvalidArgument(std::string("UCX rkey_unpack: ") +
-                                             ucs_status_string(st));
-    peer->rkey.reset(rkey);
+    if (rma()) {
+      ucp_rkey_h rkey = nullptr;
+      st = ucp_ep_rkey_unpack(ep, peer->info.packed_rkey.data(), &rkey);
+      if (st != UCS_OK) return InvalidArgument(std::string("UCX rkey_unpack: ") +
+                                               ucs_status_string(st));
+      peer->rkey.reset(rkey);
+    }
     {
       MutexLock lock(&mutex_);
       peer_regions_[info.instance_id] = info.region_bytes;
@@ -210,6 +236,7 @@ class UcxPuller final : public KvPuller {
 
   void StartPull(std::unique_ptr<PullState> pull) {
     PullState* p = pull.get();
+    if (!rma()) p->mac = MakeKvReadMac(options_.secret, p->instance_id, p->request_id);
     pulls_.emplace(p, std::move(pull));
     auto it = peers_.find(p->instance_id);
     if (it == peers_.end() || it->second->failed) {
@@ -271,7 +298,12 @@ class UcxPuller final : public KvPuller {
       const CopyPiece& piece = p->pieces[i];
       GetOp& op = p->ops[i];
       op.pull = p;
+      op.piece = i;
       op.layer = piece.layer;
+      if (!rma()) {
+        SendReadRequest(peer, &op);
+        continue;
+      }
       ucp_request_param_t param{};
       param.op_attr_mask =
           UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMH;
@@ -292,6 +324,139 @@ class UcxPuller final : public KvPuller {
         op.request.reset(req);
       }
     }
+  }
+
+  // Read messages: asks the publisher for one piece; the reply comes to OnReadReply.
+  void SendReadRequest(Peer* peer, GetOp* op) {
+    PullState* p = op->pull;
+    const CopyPiece& piece = p->pieces[op->piece];
+    ++p->outstanding;
+    ++inflight_gets_;
+    do {
+      op->token = token_rng_();
+    } while (op->token == 0 || awaiting_.count(op->token));
+    awaiting_.emplace(op->token, op);
+    auto* message = new std::string(EncodeReadRequest(
+        {op->token, p->instance_id, piece.remote_offset, piece.length, p->mac, p->request_id}));
+    ucp_request_param_t param{};
+    param.op_attr_mask =
+        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+    param.flags = UCP_AM_SEND_FLAG_REPLY;
+    param.cb.send = [](void* request, ucs_status_t, void* user_data) {
+      delete static_cast<std::string*>(user_data);
+      ucp_request_free(request);
+    };
+    param.user_data = message;
+    ucs_status_ptr_t req = ucp_am_send_nbx(peer->ep.get(), kAmReadRequest, message->data(),
+                                           message->size(), nullptr, 0, &param);
+    if (UCS_PTR_IS_PTR(req)) return;  // the callback frees the message
+    delete message;
+    if (UCS_PTR_IS_ERR(req)) {  // not sent: no reply will come
+      awaiting_.erase(op->token);
+      op->token = 0;
+      Complete(op, UCS_PTR_STATUS(req));
+    }
+  }
+
+  // Progress thread (an AM handler): a publisher's answer to one read request.
+  static ucs_status_t OnReadReply(void* arg, const void* header, size_t header_length,
+                                  void* data, size_t length, const ucp_am_recv_param_t* param) {
+    auto* self = static_cast<UcxPuller*>(arg);
+    ReadReplyHeader reply;
+    if (header_length != sizeof reply) return UCS_OK;  // not a reply: dropped
+    std::memcpy(&reply, header, sizeof reply);
+    auto it = self->awaiting_.find(reply.token);
+    if (it == self->awaiting_.end()) return UCS_OK;  // cancelled, or nobody asked: dropped
+    GetOp* op = it->second;
+    self->awaiting_.erase(it);
+    op->token = 0;
+    PullState* p = op->pull;
+    const CopyPiece& piece = p->pieces[op->piece];
+    if (reply.status != static_cast<uint32_t>(StatusCode::kOk)) {
+      if (!p->error) {
+        const auto code = static_cast<StatusCode>(reply.status);
+        p->error = code == StatusCode::kNotFound
+                       ? NotFound("publisher " + std::to_string(p->instance_id) + " no longer has " +
+                                  p->request_id)
+                       : PermissionDenied("publisher " + std::to_string(p->instance_id) +
+                                          " refused to read " + p->request_id);
+      }
+      self->Complete(op, UCS_ERR_REJECTED);
+      return UCS_OK;
+    }
+    if (length != piece.length) {
+      if (!p->error)
+        p->error = Internal("read reply of " + std::to_string(length) + " bytes for a range of " +
+                            std::to_string(piece.length));
+      self->Complete(op, UCS_ERR_MESSAGE_TRUNCATED);
+      return UCS_OK;
+    }
+    if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+      // Received outside the handler (ReceiveReplies), straight into the pool.
+      op->reply = data;
+      self->replies_.push_back(op);
+      return UCS_INPROGRESS;
+    }
+    std::memcpy(static_cast<char*>(self->region_.base) + piece.local_offset, data, length);
+    self->Complete(op, UCS_OK);
+    return UCS_OK;
+  }
+
+  // Read messages: starts receiving the rendezvous replies that arrived in the last progress.
+  void ReceiveReplies() {
+    while (!replies_.empty()) {
+      GetOp* op = replies_.front();
+      replies_.pop_front();
+      if (op->reply == nullptr) continue;  // cancelled meanwhile (CancelOps released it)
+      void* descriptor = std::exchange(op->reply, nullptr);
+      const CopyPiece& piece = op->pull->pieces[op->piece];
+      ucp_request_param_t param{};
+      param.op_attr_mask =
+          UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMH;
+      param.cb.recv_am = [](void* request, ucs_status_t status, size_t, void* user_data) {
+        auto* done = static_cast<GetOp*>(user_data);
+        TANDEM_CHECK(done->request.get() == request, "receive completion for an unknown request");
+        done->request.reset();
+        done->pull->owner->Complete(done, status);
+      };
+      param.user_data = op;
+      param.memh = pool_->memh();
+      ucs_status_ptr_t req =
+          ucp_am_recv_data_nbx(worker(), descriptor,
+                               static_cast<char*>(region_.base) + piece.local_offset,
+                               piece.length, &param);
+      if (req == nullptr) {
+        Complete(op, UCS_OK);
+      } else if (UCS_PTR_IS_ERR(req)) {
+        Complete(op, UCS_PTR_STATUS(req));
+      } else {
+        op->request.reset(req);
+      }
+    }
+  }
+
+  // Stops every piece of `p` in flight: gets and receives are cancelled (their callbacks complete
+  // them), read requests still awaiting a reply and replies not yet received complete now.
+  void CancelOps(PullState* p) {
+    for (size_t i = 0; i < p->next; ++i) {
+      GetOp& op = p->ops[i];
+      if (op.request) ucp_request_cancel(worker(), op.request.get());
+      if (op.token != 0) {
+        awaiting_.erase(op.token);
+        op.token = 0;
+        Complete(&op, UCS_ERR_CANCELED);
+      } else if (op.reply != nullptr) {
+        ucp_am_data_release(worker(), std::exchange(op.reply, nullptr));
+        Complete(&op, UCS_ERR_CANCELED);
+      }
+    }
+  }
+
+  // Read requests and results are for publishers: a puller drops them.
+  static ucs_status_t OnStrayMessage(void*, const void*, size_t, void*, size_t,
+                                     const ucp_am_recv_param_t*) {
+    TANDEM_LOG(kDebug) << "kvtransfer: a puller dropped a message meant for a publisher";
+    return UCS_OK;
   }
 
   static void OnGetDone(void* request, ucs_status_t status, void* user_data) {
@@ -338,6 +503,7 @@ class UcxPuller final : public KvPuller {
 
   // Runs after every round of progress: failed peers, timeouts, new gets, finished pulls.
   void AfterProgress() {
+    ReceiveReplies();
     HandleFailedPeers();
     CheckTimeouts();
     IssueGets();
@@ -355,7 +521,9 @@ class UcxPuller final : public KvPuller {
         TANDEM_LOG(kWarn) << "kvtransfer: " << peer->failure.message() << "; dropping endpoint";
       }
       for (auto& [p, owned] : pulls_) {
-        if (p->instance_id == peer->info.instance_id && !p->error) p->error = peer->failure;
+        if (p->instance_id != peer->info.instance_id) continue;
+        if (!p->error) p->error = peer->failure;
+        CancelOps(p);  // no reply will come; receives are purged with the endpoint
       }
       {
         MutexLock lock(&mutex_);
@@ -394,9 +562,7 @@ class UcxPuller final : public KvPuller {
                                       std::to_string(p->completed) + " of " +
                                       std::to_string(p->pieces.size()) + " pieces)");
         }
-        for (size_t i = 0; i < p->next; ++i) {
-          if (p->ops[i].request) ucp_request_cancel(worker(), p->ops[i].request.get());
-        }
+        CancelOps(p);
         MaybeFinish(p);
       } else if (p->timed_out && p->outstanding > 0 && now >= p->grace_deadline) {
         // RMA gets cannot always be cancelled: a peer that holds them is hung; drop it.
@@ -457,8 +623,15 @@ class UcxPuller final : public KvPuller {
       ucp_request_free(request);
     };
     param.user_data = buffer;
-    ucs_status_ptr_t req = ucp_am_send_nbx(it->second->ep.get(), kAmTransferResult, nullptr, 0,
-                                           buffer->data(), buffer->size(), &param);
+    // With a secret the publisher acts only on a result that carries the request's mac.
+    const KvReadMac mac = options_.secret.empty()
+                              ? KvReadMac{}
+                              : MakeKvReadMac(options_.secret, p.instance_id, p.request_id);
+    buffer->insert(0, reinterpret_cast<const char*>(mac.data()), mac.size());  // the header
+    ucs_status_ptr_t req = ucp_am_send_nbx(
+        it->second->ep.get(), kAmTransferResult, buffer->data(),
+        options_.secret.empty() ? 0 : mac.size(), buffer->data() + mac.size(),
+        buffer->size() - mac.size(), &param);
     if (!UCS_PTR_IS_PTR(req)) {
       if (UCS_PTR_IS_ERR(req)) {
         TANDEM_LOG_REQ(kWarn, p.request_id) << "kvtransfer: result message not sent: "
@@ -476,9 +649,7 @@ class UcxPuller final : public KvPuller {
     // Commands posted before Stop have run; fail what is left and close every endpoint.
     for (auto& [p, owned] : pulls_) {
       if (!p->error) p->error = Cancelled("puller shut down");
-      for (size_t i = 0; i < p->next; ++i) {
-        if (p->ops[i].request) ucp_request_cancel(worker(), p->ops[i].request.get());
-      }
+      CancelOps(p);
       MaybeFinish(p);
     }
     for (auto& [id, peer] : peers_) {
@@ -528,6 +699,11 @@ class UcxPuller final : public KvPuller {
   std::deque<PullState*> ready_;
   std::deque<PullState*> finished_;
   size_t inflight_gets_ = 0;
+  // Read messages: the pieces whose reply is awaited, by token (random, single-use); rendezvous
+  // replies that arrived and are not yet being received.
+  std::unordered_map<uint64_t, GetOp*> awaiting_;
+  std::deque<GetOp*> replies_;
+  std::mt19937_64 token_rng_{std::random_device{}()};
   bool warned_no_peer_errors_ = false;
   Clock::time_point next_timeout_check_{};
 };

@@ -10,6 +10,17 @@
 // peer is treated as hung and dropped like a dead one. The puller sends the TransferResult back
 // to the publisher as a UCX active message, which fires the publisher's release callback.
 //
+// Reads (UcxOptions::reads). UCX has no admission hook: a worker accepts endpoints from anyone
+// who reaches its address, and where memory keys are not enforced by hardware (tcp: UCX then
+// emulates RMA with messages) it serves remote reads and writes at any address of the process,
+// whatever rkey comes with them. So by default (kMessages) the ucp context has no RMA at all and
+// the puller asks for each range with an authenticated active message (kvtransfer/ucx_reads.h):
+// the publisher answers only a request that carries the mac of the cluster secret for a
+// published request, for a range inside it, and sends the bytes back (rendezvous, received
+// straight into the puller's pool). kRma (RMA gets with the publisher's rkey) is for fabrics
+// whose keys the hardware enforces; ReadsForTls picks it only when no network transport without
+// them (tcp) can be in use.
+//
 // Metrics (when `metrics` is set, on the puller): tandem_kv_transfer_seconds,
 // tandem_kv_transfer_bytes_total, tandem_kv_transfer_failures_total{reason},
 // tandem_kv_transfers_inflight.
@@ -25,6 +36,17 @@
 #include "kvtransfer/transfer.h"
 
 namespace tandem {
+
+enum class UcxReads {
+  kMessages,  // authenticated read messages; no RMA on the context (the default)
+  kRma,       // RMA gets with the publisher's rkey
+};
+
+// kRma when every transport in `tls` enforces memory keys (InfiniBand/RoCE verbs: rc, dc, ud
+// and their variants; same-host shared memory and copies: sm, shm, posix, sysv, xpmem, cma,
+// knem, self; CUDA: cuda_copy, cuda_ipc, gdr_copy); kMessages otherwise, including an empty
+// `tls` (UCX's default lets tcp in).
+UcxReads ReadsForTls(const std::string& tls);
 
 struct UcxOptions {
   // UCX_TLS for this instance ("tcp", "sm", "tcp,sm,self", ...); empty keeps UCX's default
@@ -43,8 +65,13 @@ struct UcxOptions {
   // Publisher: a published request nobody reported on within this time is released with
   // DeadlineExceeded (the puller died or gave up without saying so).
   std::chrono::milliseconds lease_timeout{60000};
-  // Puller: RMA gets in flight at once, over all pulls.
+  // Puller: RMA gets (or read messages) in flight at once, over all pulls.
   size_t max_inflight_gets = 64;
+  UcxReads reads = UcxReads::kMessages;
+  // The cluster secret (control.secret_file): kMessages needs it on both sides (creation fails
+  // with InvalidArgument without it); with it, a publisher also acts only on result messages
+  // that carry the request's mac.
+  std::string secret;
   // Puller: send each pull's TransferResult to its publisher (which then runs the release
   // callback); publisher: act on them. Off when the caller reports outcomes over its own
   // (authenticated) control plane (kvtransfer/factory.h): the publisher is told once, and acts

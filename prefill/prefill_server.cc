@@ -125,7 +125,8 @@ Status PrefillDriver::Init(const RoleArgs& args) {
                                    config.transfer, KvPoolBytes(layout, eo.kv_blocks),
                                    {.lease_timeout_s = section.kv_hold_timeout_s + 5,
                                     .metrics = setup_.metrics.get(),
-                                    .host = section.host}));
+                                    .host = section.host,
+                                    .secret = args.control.secret}));
   eo.kv_memory = kv_.memory;  // shared: the cache and the publisher keep it alive
   TANDEM_ASSIGN_OR_RETURN(engine_, PrefillEngine::Create(*model_, std::move(eo)));
 

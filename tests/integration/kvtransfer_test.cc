@@ -31,6 +31,7 @@
 #include "common/base/metrics.h"
 #include "kvtransfer/transfer.h"
 #include "kvtransfer/ucx_transport.h"
+#include "tests/test_ucx.h"
 
 extern char** environ;
 
@@ -178,8 +179,7 @@ TEST_CASE("kvtransfer publisher child", "[.kvtransfer_child]") {
   if (port == nullptr) return;
   const char* tls = getenv("TANDEM_KV_CHILD_TLS");
   const char* block_bytes = getenv("TANDEM_KV_CHILD_BLOCK_BYTES");
-  UcxOptions options;
-  options.tls = tls;
+  UcxOptions options = test::TestUcxOptions(tls);
   options.lease_timeout = 10s;
   // TANDEM_KV_CHILD_UCX_POOL=1: UCX allocates the pool (shared memory, the fast sm path).
   const char* ucx_pool = getenv("TANDEM_KV_CHILD_UCX_POOL");
@@ -462,8 +462,7 @@ TEST_CASE("kvtransfer moves 10000 block lists between two processes", "[kvtransf
   Child child(tls, kBlockBytes, mode == "sm");
   BlockPool pool(kBlockBytes, 1);
   MetricsRegistry metrics;
-  UcxOptions options;
-  options.tls = tls;
+  UcxOptions options = test::TestUcxOptions(tls);
   options.metrics = &metrics;
   auto puller = CreateUcxPuller(pool.region(), options);
   REQUIRE(puller.ok());
@@ -506,8 +505,7 @@ TEST_CASE("kvtransfer fails fast when the publisher hangs or dies and reconnects
   constexpr auto kTimeout = 1500ms;
   BlockPool pool(kBlockBytes, 3);
   MetricsRegistry metrics;
-  UcxOptions options;
-  options.tls = "tcp";
+  UcxOptions options = test::TestUcxOptions("tcp");
   options.timeout = kTimeout;
   options.metrics = &metrics;
   auto puller = CreateUcxPuller(pool.region(), options);
@@ -565,8 +563,7 @@ TEST_CASE("kvtransfer streams layers from another process as they are announced"
   Child child(mode, kBlockBytes, mode == "sm");
   BlockPool pool(kBlockBytes, 5);
   MetricsRegistry metrics;
-  UcxOptions options;
-  options.tls = mode;
+  UcxOptions options = test::TestUcxOptions(mode);
   options.timeout = 1000ms;
   options.layer_wait_timeout = 1000ms;
   options.metrics = &metrics;

@@ -12,6 +12,7 @@
 #include "kvtransfer/factory.h"
 #include "kvtransfer/transfer.h"
 #include "kvtransfer/ucx_transport.h"
+#include "tests/test_ucx.h"
 #include "kvtransfer/wire.h"
 
 namespace tandem {
@@ -52,8 +53,7 @@ TEST_CASE("kvtransfer: caches in UCX-allocated pools exchange blocks, either sid
   INFO("tls " << tls);
   KvLayout layout{3, 2, 16, 4};  // 2 KiB blocks
   constexpr int kBlocks = 32;
-  UcxOptions options;
-  options.tls = tls;
+  UcxOptions options = test::TestUcxOptions(tls);
   options.timeout = 5000ms;
   auto src_pool = AllocateUcxPool(KvPoolBytes(layout, kBlocks), options);
   auto dst_pool = AllocateUcxPool(KvPoolBytes(layout, kBlocks), options);
@@ -118,8 +118,7 @@ TEST_CASE("kvtransfer: layers complete in order, each whole when reported", "[kv
   constexpr size_t kBlockBytes = 8192;
   constexpr size_t kBlocksPerLayer = 64;
   constexpr size_t kBytes = kLayers * kBlocksPerLayer * kBlockBytes;  // 4 MiB
-  UcxOptions options;
-  options.tls = tls;
+  UcxOptions options = test::TestUcxOptions(tls);
   options.timeout = 5000ms;
   options.max_inflight_gets = 16;  // fewer than a layer's gets: layers finish one after another
   auto src_pool = AllocateUcxPool(kBytes, options);
@@ -192,9 +191,11 @@ TEST_CASE("kvtransfer factory: pools from the transport, per-layer completion to
   TransferSection transfer;
   transfer.backend = backend == "inproc" ? "inproc" : "ucx";
   transfer.ucx_tls = backend == "ucx-sm" ? "sm,self" : "tcp";
-  auto publish = CreatePublisherWithPool(transfer, KvPoolBytes(layout, kBlocks), {});
+  TransferFactoryOptions options;
+  options.secret = test::kTestClusterSecret;
+  auto publish = CreatePublisherWithPool(transfer, KvPoolBytes(layout, kBlocks), options);
   REQUIRE(publish.ok());
-  auto pull = CreatePullerWithPool(transfer, KvPoolBytes(layout, kBlocks), {});
+  auto pull = CreatePullerWithPool(transfer, KvPoolBytes(layout, kBlocks), options);
   REQUIRE(pull.ok());
   auto src = KvCache::Create(layout, kBlocks, publish->memory);
   auto dst = KvCache::Create(layout, kBlocks, pull->memory);

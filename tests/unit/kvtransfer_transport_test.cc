@@ -14,6 +14,7 @@
 #include "kvtransfer/inprocess_transport.h"
 #include "kvtransfer/transfer.h"
 #include "kvtransfer/ucx_transport.h"
+#include "tests/test_ucx.h"
 
 namespace tandem {
 namespace {
@@ -57,8 +58,7 @@ Backend MakeBackend(const std::string& name, MemoryRegion src, MemoryRegion dst,
     b.puller = std::move(
         CreateInProcessPuller(dst, metrics, layer_wait.count() > 0 ? layer_wait : timeout)).value();
   } else {
-    UcxOptions options;
-    options.tls = name == "ucx-sm" ? "sm,self" : "tcp";
+    UcxOptions options = test::TestUcxOptions(name == "ucx-sm" ? "sm,self" : "tcp");
     options.timeout = timeout;
     options.layer_wait_timeout = layer_wait;
     options.metrics = metrics;
@@ -307,8 +307,7 @@ TEST_CASE("kvtransfer: a publisher without transport reports acts on no UCX mess
   // the worker, releases nothing.
   constexpr size_t kBytes = 1 << 16;
   std::vector<uint8_t> src(kBytes, 7), dst(kBytes, 0);
-  UcxOptions quiet;
-  quiet.tls = "tcp";
+  UcxOptions quiet = test::TestUcxOptions("tcp");
   quiet.report_results = false;
   UcxOptions chatty = quiet;
   chatty.report_results = true;  // a puller that sends its result over UCX anyway
