@@ -12,6 +12,9 @@
 //       pool, checks each request's bytes against the publisher's checksum, prints a table and
 //       writes kv_link_bench.tsv (raw numbers) in the current directory; then creates DIR/done.
 //
+// Reads: authenticated read messages (UcxReads::kMessages), as the servers read over tcp; the
+// publisher's secret travels in DIR/secret.
+//
 // Model shape: `medium` (12 layers, 4 KV heads, head_dim 64), fp32, 16-token blocks: one block
 // of one layer is 32 KiB, one get (as in kvtransfer_bench, whose table this one extends across
 // hosts). Exit status: 0 when every pull succeeded with the right bytes.
@@ -48,6 +51,7 @@ constexpr size_t kRequestTokens[] = {1024, 4096, 16384};
 
 struct Args {
   std::string mode, dir, net_devices;
+  std::string secret;  // serve makes it (DIR/secret), pull reads it: both hold the same
   int reps = 5;
   size_t inflight = 64;
 };
@@ -115,11 +119,16 @@ UcxOptions Options(const Args& args) {
   options.lease_timeout = 600s;
   options.max_inflight_gets = args.inflight;
   options.report_results = false;  // the bench reports nothing back: leases just expire
+  options.reads = UcxReads::kMessages;  // as the servers read over tcp
+  options.secret = args.secret;
   return options;
 }
 
-int Serve(const Args& args) {
+int Serve(Args args) {
   const fs::path dir = args.dir;
+  args.secret = "kv-link-bench-" + std::to_string(std::random_device{}()) +
+                std::to_string(std::random_device{}());
+  WriteFile(dir / "secret", args.secret);
   auto pool = AllocateUcxPool(kPoolBytes, Options(args));
   if (!pool.ok()) return std::fprintf(stderr, "pool: %s\n", pool.status().ToString().c_str()), 1;
   auto* bytes = static_cast<uint8_t*>((*pool)->region().base);
@@ -155,8 +164,11 @@ int Serve(const Args& args) {
   return 0;
 }
 
-int Pull(const Args& args) {
+int Pull(Args args) {
   const fs::path dir = args.dir;
+  auto secret = ReadFile(dir / "secret");
+  if (!secret.ok()) return std::fprintf(stderr, "no secret in %s\n", args.dir.c_str()), 1;
+  args.secret = *secret;
   auto peer_bytes = ReadFile(dir / "peer.bin");
   auto descriptor_bytes = ReadFile(dir / "descriptors.bin");
   auto checksum_text = ReadFile(dir / "checksums.txt");

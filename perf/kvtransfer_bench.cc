@@ -20,7 +20,12 @@
 //    "ratio" compares the real (DRAM-sized, scattered) request with perftest, "hot ratio" the
 //    hot pattern; memcpy is one thread copying the same scattered blocks in this process.
 //
-//   kvtransfer_bench [--tls 'tcp;sm'] [--user-memory] [--no-perftest] [--inflight N]
+// Reads: as the servers choose them (ReadsForTls: authenticated read messages over tcp, RMA gets
+// over sm); --reads rma|messages forces one (RMA over tcp is what Tandem no longer does: UCX
+// serves it to anyone; kept to measure what the authenticated reads cost).
+//
+//   kvtransfer_bench [--tls 'tcp;sm'] [--reads rma|messages] [--user-memory] [--no-perftest]
+//                    [--inflight N]
 // Prints a table; writes raw numbers to kvtransfer_bench.tsv in the current directory.
 #include <algorithm>
 #include <cstdio>
@@ -105,6 +110,7 @@ struct BenchArgs {
   bool perftest = true;
   bool user_memory = false;
   size_t inflight = 64;
+  std::string reads;  // "" = ReadsForTls
 };
 
 // false on a bad argument.
@@ -119,6 +125,9 @@ bool ParseArgs(int argc, char** argv, BenchArgs* args) {
       args->user_memory = true;
     } else if (a == "--no-perftest") {
       args->perftest = false;
+    } else if (a == "--reads" && i + 1 < argc) {
+      args->reads = argv[++i];
+      if (args->reads != "rma" && args->reads != "messages") return false;
     } else if (a == "--inflight" && i + 1 < argc) {
       args->inflight = std::stoul(argv[++i]);
     } else {
@@ -262,7 +271,8 @@ int main(int argc, char** argv) {
   BenchArgs args;
   if (!ParseArgs(argc, argv, &args)) {
     std::fprintf(stderr,
-                 "usage: %s [--tls 'tcp;sm'] [--user-memory] [--no-perftest] [--inflight N]\n",
+                 "usage: %s [--tls 'tcp;sm'] [--reads rma|messages] [--user-memory] "
+                 "[--no-perftest] [--inflight N]\n",
                  argv[0]);
     return 2;
   }
@@ -280,6 +290,10 @@ int main(int argc, char** argv) {
     options.tls = tls;
     options.timeout = 60s;
     options.max_inflight_gets = args.inflight;
+    options.reads = args.reads.empty() ? ReadsForTls(tls)
+                    : args.reads == "rma" ? UcxReads::kRma
+                                          : UcxReads::kMessages;
+    options.secret = "kvtransfer-bench-secret-0123456789abcdef";
     StatusOr<std::unique_ptr<Endpoints>> endpoints = MakeEndpoints(args, options, pool_bytes);
     if (!endpoints.ok()) {
       std::fprintf(stderr, "UCX_TLS=%s: %s\n", tls.c_str(), endpoints.status().message().c_str());

@@ -9,9 +9,12 @@
 #   perf/netns_kv.sh [BUILD_DIR]        (default: build; needs BUILD_DIR/perf/kv_link_bench)
 #
 # Host A runs `kv_link_bench serve` (a prefill's KV pool and publisher), host B
-# `kv_link_bench pull` (a decode's puller), UCX_TLS=tcp bound to eth0; then ucx_perftest ucp_get
-# with the same get size (32 KiB, one block of one layer) and gets in flight (64), server on A,
-# client on B. Prints a table; raw numbers go to perf/results/netns_kv/ (git-ignored).
+# `kv_link_bench pull` (a decode's puller), UCX_TLS=tcp bound to eth0, reading by authenticated
+# active messages as the servers do over tcp; then ucx_perftest over the same link, server on A,
+# client on B, with the same message size (32 KiB, one block of one layer) and 64 in flight:
+# ucp_get (what RMA over tcp gives), ucp_get at 1 MiB, and ucp_am_bw (UCX's own active-message
+# bandwidth: the ceiling of Tandem's reads; the last row's ratio is the 16k-token request's
+# against it). Prints a table; raw numbers go to perf/results/netns_kv/ (git-ignored).
 set -euo pipefail
 
 build=$(realpath "${1:-build}")
@@ -63,19 +66,21 @@ wait
 
 # ucx_perftest: the same transport, device, get size and gets in flight; and with 1 MiB gets, the
 # link's peak for this transport.
-run_perftest() {  # SIZE ITERATIONS PORT -> MB/s (2^20) overall
-  local args=(-t ucp_get -s "$1" -n "$2" -w 50 -O 64 -f -p "$3")
+run_perftest() {  # TEST SIZE ITERATIONS PORT -> MB/s (2^20) overall
+  local args=(-t "$1" -s "$2" -n "$3" -w 50 -O 64 -f -p "$4")
   ip netns exec "$a" env UCX_TLS=tcp UCX_NET_DEVICES=eth0 timeout 120 ucx_perftest "${args[@]}" \
-    >"$out/perftest_server_$1.log" 2>&1 &
+    >"$out/perftest_server_$1_$2.log" 2>&1 &
   sleep 1
   ip netns exec "$b" env UCX_TLS=tcp UCX_NET_DEVICES=eth0 timeout 120 ucx_perftest "$addr_a" \
-    "${args[@]}" >"$out/perftest_$1.txt" 2>&1
+    "${args[@]}" >"$out/perftest_$1_$2.txt" 2>&1
   wait
   # -f prints one row: iterations, latency p50 avg overall, bandwidth avg overall, rates.
-  awk 'NF == 8 && $1 ~ /^[0-9]+$/ {bw = $6} END {print bw + 0}' "$out/perftest_$1.txt"
+  awk 'NF == 8 && $1 ~ /^[0-9]+$/ {bw = $6} END {print bw + 0}' "$out/perftest_$1_$2.txt"
 }
-perftest_mibps=$(run_perftest 32768 20000 "$port")
-perftest_peak_mibps=$(run_perftest 1048576 1000 "$((port + 1))")
+perftest_mibps=$(run_perftest ucp_get 32768 20000 "$port")
+perftest_peak_mibps=$(run_perftest ucp_get 1048576 1000 "$((port + 1))")
+# Tandem's reads are active messages (rendezvous): UCX's own AM bandwidth is their ceiling.
+perftest_am_mibps=$(run_perftest ucp_am_bw 32768 20000 "$((port + 2))")
 
 printf "%-32s %10s %12s %12s %8s\n" "KV pull A -> B (UCX tcp, eth0)" "MiB" "best MiB/s" \
   "median MiB/s" "ratio"
@@ -91,6 +96,9 @@ tail -n +2 "$out/kv_link_bench.tsv" | while IFS=$'\t' read -r tokens bytes gets 
 done
 printf "%-32s %10s %12.0f\n" "ucx_perftest ucp_get 32 KiB -O 64" "-" "$perftest_mibps"
 printf "%-32s %10s %12.0f\n" "ucx_perftest ucp_get 1 MiB -O 64" "-" "$perftest_peak_mibps"
-printf "perftest_32KiB_MiBps\t%s\nperftest_1MiB_MiBps\t%s\n" "$perftest_mibps" \
-  "$perftest_peak_mibps" >"$out/perftest.tsv"
+printf "%-32s %10s %12.0f %12s %8s\n" "ucx_perftest ucp_am_bw 32 KiB" "-" "$perftest_am_mibps" "" \
+  "$(awk -v a="$perftest_am_mibps" -v t="$(awk -F'\t' 'NR == 4 {print $6}' "$out/kv_link_bench.tsv")" \
+     'BEGIN {printf "%.2f", (a > 0 ? t / a : 0)}')"
+printf "perftest_get_32KiB_MiBps\t%s\nperftest_get_1MiB_MiBps\t%s\nperftest_am_bw_32KiB_MiBps\t%s\n" \
+  "$perftest_mibps" "$perftest_peak_mibps" "$perftest_am_mibps" >"$out/perftest.tsv"
 echo "raw numbers: $out/netns_kv.tsv"
