@@ -14,6 +14,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -118,6 +119,25 @@ class Fd {
 
 inline Status UcxError(const std::string& what, ucs_status_t status) {
   return Internal("UCX " + what + ": " + ucs_status_string(status));
+}
+
+// Sets one active-message handler per id on `worker`, all with `arg`. Every id either side sends
+// needs one on both: UCX (1.13) crashes on an active message whose id has no handler, and any
+// process that reaches a worker can send one.
+inline Status SetAmHandlers(
+    ucp_worker_h worker, void* arg,
+    std::initializer_list<std::pair<uint16_t, ucp_am_recv_callback_t>> handlers) {
+  for (const auto& [id, cb] : handlers) {
+    ucp_am_handler_param_t am{};
+    am.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                    UCP_AM_HANDLER_PARAM_FIELD_ARG;
+    am.id = id;
+    am.cb = cb;
+    am.arg = arg;
+    ucs_status_t st = ucp_worker_set_am_recv_handler(worker, &am);
+    if (st != UCS_OK) return UcxError("set_am_recv_handler", st);
+  }
+  return Status();
 }
 
 // A status for a get that completed with an error.

@@ -56,20 +56,11 @@ class UcxPublisher final : public KvPublisher {
     info.region_base = reinterpret_cast<uint64_t>(region.base);
     info.region_bytes = region.bytes;
 
-    // Registered even when results are not acted on: UCX (1.13) crashes on an active message
-    // whose id has no handler, and any process that reaches the worker can send one.
-    for (auto [id, cb] : {std::pair{kAmTransferResult, &UcxPublisher::OnResultMessage},
-                          std::pair{kAmReadRequest, &UcxPublisher::OnReadRequest},
-                          std::pair{kAmReadReply, &UcxPublisher::OnStrayMessage}}) {
-      ucp_am_handler_param_t am{};
-      am.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                      UCP_AM_HANDLER_PARAM_FIELD_ARG;
-      am.id = id;
-      am.cb = cb;
-      am.arg = pub.get();
-      st = ucp_worker_set_am_recv_handler(pub->worker_->worker(), &am);
-      if (st != UCS_OK) return UcxError("set_am_recv_handler", st);
-    }
+    // The result handler is set even when results are not acted on (SetAmHandlers says why).
+    TANDEM_RETURN_IF_ERROR(SetAmHandlers(pub->worker_->worker(), pub.get(),
+                                         {{kAmTransferResult, &UcxPublisher::OnResultMessage},
+                                          {kAmReadRequest, &UcxPublisher::OnReadRequest},
+                                          {kAmReadReply, &UcxPublisher::OnStrayMessage}}));
 
     UcxPublisher* raw = pub.get();
     pub->worker_->Start([raw] { raw->CheckLeases(); });

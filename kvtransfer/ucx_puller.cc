@@ -29,20 +29,11 @@ class UcxPuller final : public KvPuller {
     auto puller = std::unique_ptr<UcxPuller>(new UcxPuller(pool->region(), options));
     puller->worker_ = std::move(worker);
     puller->pool_ = std::move(pool);
-    // Every id gets a handler: UCX (1.13) crashes on an active message whose id has none, and
-    // any process that reaches the worker can send one. Only read replies are acted on.
-    for (auto [id, cb] : {std::pair{kAmReadReply, &UcxPuller::OnReadReply},
-                          std::pair{kAmReadRequest, &UcxPuller::OnStrayMessage},
-                          std::pair{kAmTransferResult, &UcxPuller::OnStrayMessage}}) {
-      ucp_am_handler_param_t am{};
-      am.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                      UCP_AM_HANDLER_PARAM_FIELD_ARG;
-      am.id = id;
-      am.cb = cb;
-      am.arg = puller.get();
-      ucs_status_t st = ucp_worker_set_am_recv_handler(puller->worker_->worker(), &am);
-      if (st != UCS_OK) return UcxError("set_am_recv_handler", st);
-    }
+    // Only read replies are acted on; the other ids get a handler that drops them.
+    TANDEM_RETURN_IF_ERROR(SetAmHandlers(puller->worker_->worker(), puller.get(),
+                                         {{kAmReadReply, &UcxPuller::OnReadReply},
+                                          {kAmReadRequest, &UcxPuller::OnStrayMessage},
+                                          {kAmTransferResult, &UcxPuller::OnStrayMessage}}));
     UcxPuller* raw = puller.get();
     puller->worker_->Start([raw] { raw->AfterProgress(); });
     return std::unique_ptr<KvPuller>(std::move(puller));

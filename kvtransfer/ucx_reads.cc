@@ -1,12 +1,11 @@
 #include "kvtransfer/ucx_reads.h"
 
 #include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
 
 #include <bit>
 #include <cstring>
 
+#include "common/net/control_auth.h"
 #include "kvtransfer/wire.h"
 
 namespace tandem::ucx_detail {
@@ -24,13 +23,7 @@ KvReadMac MakeKvReadMac(const std::string& secret, uint64_t instance_id,
   std::string message = "tandem-kv-read-v1";
   message.append(reinterpret_cast<const char*>(&instance_id), sizeof instance_id);
   message += request_id;
-  KvReadMac mac{};
-  unsigned int length = 0;
-  TANDEM_CHECK(HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
-                    reinterpret_cast<const unsigned char*>(message.data()), message.size(),
-                    mac.data(), &length) != nullptr &&
-               length == mac.size());
-  return mac;
+  return HmacSha256(secret, message);
 }
 
 bool KvReadMacsEqual(const KvReadMac& a, std::span<const uint8_t> b) {

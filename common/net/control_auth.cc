@@ -45,19 +45,23 @@ StatusOr<AuthNonce> DecodeAuthChallenge(std::span<const uint8_t> frame) {
   return nonce;
 }
 
+std::array<uint8_t, 32> HmacSha256(const std::string& key, std::string_view message) {
+  std::array<uint8_t, 32> mac{};
+  unsigned int length = 0;
+  TANDEM_CHECK(HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+                    reinterpret_cast<const unsigned char*>(message.data()), message.size(),
+                    mac.data(), &length) != nullptr &&
+               length == mac.size());
+  return mac;
+}
+
 AuthProof MakeAuthProof(const std::string& secret, bool dialer, const AuthNonce& dialer_nonce,
                         const AuthNonce& listener_nonce) {
   const std::string label = dialer ? "tandem-control-v1 dialer" : "tandem-control-v1 listener";
   std::string message = label;
   message.append(reinterpret_cast<const char*>(dialer_nonce.data()), dialer_nonce.size());
   message.append(reinterpret_cast<const char*>(listener_nonce.data()), listener_nonce.size());
-  AuthProof proof{};
-  unsigned int length = 0;
-  TANDEM_CHECK(HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
-                    reinterpret_cast<const unsigned char*>(message.data()), message.size(),
-                    proof.data(), &length) != nullptr &&
-               length == proof.size());
-  return proof;
+  return HmacSha256(secret, message);
 }
 
 bool AuthProofMatches(const std::string& secret, bool dialer, const AuthNonce& dialer_nonce,

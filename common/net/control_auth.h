@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "common/base/status.h"
 
@@ -30,6 +31,10 @@ using AuthProof = std::array<uint8_t, kAuthProofBytes>;
 
 // 32 bytes from the system's CSPRNG (OpenSSL RAND_bytes).
 AuthNonce NewAuthNonce();
+
+// HMAC-SHA256 of `message` under `key` (OpenSSL): the one MAC of the internal plane (this
+// handshake, and the KV data plane's read messages: kvtransfer/ucx_reads.h).
+std::array<uint8_t, 32> HmacSha256(const std::string& key, std::string_view message);
 
 // The challenge frame carrying `nonce`.
 std::array<uint8_t, kAuthChallengeBytes> EncodeAuthChallenge(const AuthNonce& nonce);

@@ -306,6 +306,19 @@ def fault_check(cluster, role):
     check(served, f"restarted {victim} did not serve requests")
 
 
+def serving(cluster, work):
+    """Starts `cluster`, runs work(cluster) and returns its result; prints the cluster's log
+    tail when anything fails, and stops it whatever happens."""
+    try:
+        cluster.start()
+        return work(cluster)
+    except Exception:
+        print(cluster.tail(80))
+        raise
+    finally:
+        cluster.stop()
+
+
 def main():
     if not os.path.exists(BIN):
         print("no tandem binary at", BIN)
@@ -319,47 +332,32 @@ def main():
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             engine_future = pool.map(lambda p: engine_alone(model_dir, p[0], p[1]), prompts)
 
-            disagg = Cluster("disagg", model_dir, work, prefill=2, decode=2)
-            try:
-                disagg.start()
+            def disagg_checks(cluster):
                 print(f"disaggregated cluster ready ({time.time() - t0:.1f} s)", flush=True)
-                api_checks(disagg)
-                disagg_out = run_prompts(disagg, prompts)
-                promtool_checks(disagg)
-            except Exception:
-                print(disagg.tail(80))
-                raise
-            finally:
-                disagg.stop()
+                api_checks(cluster)
+                out = run_prompts(cluster, prompts)
+                promtool_checks(cluster)
+                return out
+
+            disagg_out = serving(Cluster("disagg", model_dir, work, prefill=2, decode=2),
+                                 disagg_checks)
             print(f"disaggregated checks done ({time.time() - t0:.1f} s)", flush=True)
 
             # kill -9 under load, on a model slow enough that the streams outlive the kill.
             small_dir = os.path.join(work, "small")
             subprocess.run([BIN, "make-model", "--preset", "small", "--out", small_dir],
                            check=True, capture_output=True, timeout=120)
-            faults = Cluster("disagg-faults", small_dir, work, prefill=2, decode=2,
-                             model_name="small-test")
-            try:
-                faults.start()
-                fault_check(faults, "decode")
-                fault_check(faults, "prefill")
-            except Exception:
-                print(faults.tail(80))
-                raise
-            finally:
-                faults.stop()
+            serving(Cluster("disagg-faults", small_dir, work, prefill=2, decode=2,
+                            model_name="small-test"),
+                    lambda c: (fault_check(c, "decode"), fault_check(c, "prefill")))
             print(f"fault checks done ({time.time() - t0:.1f} s)", flush=True)
 
-            coloc = Cluster("colocated", model_dir, work, colocated=2)
-            try:
-                coloc.start()
-                coloc_out = run_prompts(coloc, prompts)
-                promtool_checks(coloc)
-            except Exception:
-                print(coloc.tail(80))
-                raise
-            finally:
-                coloc.stop()
+            def coloc_checks(cluster):
+                out = run_prompts(cluster, prompts)
+                promtool_checks(cluster)
+                return out
+
+            coloc_out = serving(Cluster("colocated", model_dir, work, colocated=2), coloc_checks)
 
             # The prefill-first colocated baseline (whole prompts in steps that pause decodes):
             # a different schedule, the same greedy tokens. A 64-token budget: the 90-300-token
@@ -368,14 +366,7 @@ def main():
             coloc_pf.config["colocated"]["scheduling"] = "prefill_first"
             coloc_pf.config["colocated"]["token_budget"] = 64
             coloc_pf.write_config()
-            try:
-                coloc_pf.start()
-                coloc_pf_out = run_prompts(coloc_pf, prompts)
-            except Exception:
-                print(coloc_pf.tail(80))
-                raise
-            finally:
-                coloc_pf.stop()
+            coloc_pf_out = serving(coloc_pf, lambda c: run_prompts(c, prompts))
             engine_out = list(engine_future)
         tokenizer = tokenizers.Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json"))
         for i, (a, b, c) in enumerate(zip(disagg_out, coloc_out, engine_out)):
