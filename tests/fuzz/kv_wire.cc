@@ -1,13 +1,16 @@
 // Fuzzes the KV transfer wire decoders (kvtransfer/wire.h): DecodeKvWireHeader, DecodePeerInfo,
-// DecodeKvDescriptor, DecodeTransferResult on the same bytes. Properties: nothing crashes; a
-// message that decodes has the type and size its header says; Encode of it decodes to an equal
-// struct and is a fixed point (encode(decode(encode(x))) == encode(x)); a descriptor's
-// total_bytes is the sum of its ranges.
+// DecodeKvDescriptor, DecodeTransferResult, and the UCX read request (kvtransfer/ucx_reads.h,
+// what a publisher decodes from anyone who reaches its worker) on the same bytes. Properties:
+// nothing crashes; a message that decodes has the type and size its header says; Encode of it
+// decodes to an equal struct and is a fixed point (encode(decode(encode(x))) == encode(x)); a
+// descriptor's total_bytes is the sum of its ranges; a read request that decodes re-encodes to
+// the same bytes.
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
 
+#include "kvtransfer/ucx_reads.h"
 #include "kvtransfer/wire.h"
 #include "tests/fuzz/fuzz_check.h"
 
@@ -40,6 +43,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   RoundTrip<PeerInfo>(input, KvWireType::kPeerInfo, DecodePeerInfo);
   RoundTrip<KvDescriptor>(input, KvWireType::kKvDescriptor, DecodeKvDescriptor);
   RoundTrip<TransferResult>(input, KvWireType::kTransferResult, DecodeTransferResult);
+  StatusOr<ucx_detail::ReadRequest> read = ucx_detail::DecodeReadRequest(input);
+  if (read.ok()) {
+    FUZZ_CHECK(ucx_detail::EncodeReadRequest(*read) ==
+                   std::string(reinterpret_cast<const char*>(data), size),
+               "a read request does not re-encode to its bytes");
+  }
   StatusOr<KvDescriptor> descriptor = DecodeKvDescriptor(input);
   if (descriptor.ok()) {
     StatusOr<uint64_t> total = TotalBytes(descriptor->layers);
