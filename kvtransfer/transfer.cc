@@ -90,6 +90,8 @@ std::string_view TransferMetrics::ReasonFor(const Status& status) {
     case StatusCode::kUnavailable: return "peer_unavailable";
     case StatusCode::kCancelled: return "cancelled";
     case StatusCode::kInvalidArgument: return "invalid";
+    case StatusCode::kPermissionDenied: return "refused";  // the publisher refused a read
+    case StatusCode::kNotFound: return "released";  // the publisher no longer holds it
     default: return "transport";
   }
 }

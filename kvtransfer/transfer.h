@@ -139,7 +139,8 @@ class TransferMetrics {
   // seconds: the time the pull could move bytes (for a layer-wise pull, less the time it
   // waited with every available layer landed and none more announced).
   void Succeeded(double seconds, uint64_t bytes);
-  // reason: "timeout", "peer_unavailable", "transport", "cancelled", "invalid"
+  // reason: "timeout", "peer_unavailable", "transport", "cancelled", "invalid", "refused",
+  // "released"
   void Failed(double seconds, std::string_view reason);
   static std::string_view ReasonFor(const Status& status);
 

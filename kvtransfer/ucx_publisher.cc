@@ -62,6 +62,11 @@ class UcxPublisher final : public KvPublisher {
                                           {kAmReadRequest, &UcxPublisher::OnReadRequest},
                                           {kAmReadReply, &UcxPublisher::OnStrayMessage}}));
 
+    if (options.metrics != nullptr) {
+      pub->refusals_ = &options.metrics->AddCounter(
+          "tandem_kv_read_refusals_total",
+          "KV read or result messages the publisher would not act on, by reason", {"reason"});
+    }
     UcxPublisher* raw = pub.get();
     pub->worker_->Start([raw] { raw->CheckLeases(); });
     return std::unique_ptr<KvPublisher>(std::move(pub));
@@ -146,8 +151,10 @@ class UcxPublisher final : public KvPublisher {
     return it->first <= offset && offset + length <= it->second;
   }
 
-  // A refusal, logged at most once a second (a stranger can send many).
-  void Refuse(const std::string& why) {
+  // A refusal, counted by `reason` (malformed | mac | range) and logged at most once a second
+  // (a stranger can send many).
+  void Refuse(const char* reason, const std::string& why) {
+    if (refusals_ != nullptr) refusals_->WithLabels({reason}).Inc();
     const auto now = Clock::now();
     ++refused_;
     if (now - last_refusal_log_ < std::chrono::seconds(1)) return;
@@ -161,16 +168,18 @@ class UcxPublisher final : public KvPublisher {
                                     size_t, const ucp_am_recv_param_t* param) {
     auto* self = static_cast<UcxPublisher*>(arg);
     if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) || param->reply_ep == nullptr) {
-      self->Refuse("no reply endpoint");
+      self->Refuse("malformed", "no reply endpoint");
       return UCS_OK;
     }
     auto request =
         DecodeReadRequest({static_cast<const uint8_t*>(header), header_length});
     if (!request.ok()) {
-      self->Refuse(request.status().message());
+      self->Refuse("malformed", request.status().message());
       return UCS_OK;
     }
     StatusCode code = StatusCode::kOk;
+    const char* refusal = nullptr;  // the metric's reason
+    const char* what = "";           // the log's
     {
       MutexLock lock(&self->mutex_);
       auto it = self->leases_.find(request->request_id);
@@ -178,13 +187,15 @@ class UcxPublisher final : public KvPublisher {
         code = StatusCode::kNotFound;  // released, expired, or never published here
       } else if (!it->second.mac || !KvReadMacsEqual(*it->second.mac, request->mac)) {
         code = StatusCode::kPermissionDenied;
+        refusal = "mac";
+        what = "a read without the cluster secret's mac for ";
       } else if (!Covers(it->second, request->offset, request->length)) {
         code = StatusCode::kPermissionDenied;
+        refusal = "range";
+        what = "a read of a range that was not published for ";
       }
     }
-    if (code == StatusCode::kPermissionDenied) {
-      self->Refuse("wrong mac or a range that was not published");
-    }
+    if (refusal != nullptr) self->Refuse(refusal, what + request->request_id);
     self->SendReply(param->reply_ep, request->token, code, request->offset,
                     code == StatusCode::kOk ? request->length : 0);
     return UCS_OK;
@@ -221,7 +232,7 @@ class UcxPublisher final : public KvPublisher {
   // Read replies are for pullers: a publisher drops them.
   static ucs_status_t OnStrayMessage(void* arg, const void*, size_t, void*, size_t,
                                      const ucp_am_recv_param_t*) {
-    static_cast<UcxPublisher*>(arg)->Refuse("a read reply sent to a publisher");
+    static_cast<UcxPublisher*>(arg)->Refuse("malformed", "a read reply sent to a publisher");
     return UCS_OK;
   }
 
@@ -254,7 +265,7 @@ class UcxPublisher final : public KvPublisher {
           (!it->second.mac ||
            !KvReadMacsEqual(*it->second.mac,
                             {static_cast<const uint8_t*>(header), header_length}))) {
-        self->Refuse("a result message without the request's mac");
+        self->Refuse("mac", "a result message without the request's mac");
         return UCS_OK;
       }
     }
@@ -302,6 +313,7 @@ class UcxPublisher final : public KvPublisher {
   // Progress thread only: read and result messages refused, and when that was last logged.
   uint64_t refused_ = 0;
   Clock::time_point last_refusal_log_{};
+  Family<Counter>* refusals_ = nullptr;  // tandem_kv_read_refusals_total, when metrics are on
 };
 
 }  // namespace

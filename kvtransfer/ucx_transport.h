@@ -21,9 +21,11 @@
 // whose keys the hardware enforces; ReadsForTls picks it only when no network transport without
 // them (tcp) can be in use.
 //
-// Metrics (when `metrics` is set, on the puller): tandem_kv_transfer_seconds,
+// Metrics (when `metrics` is set), on the puller: tandem_kv_transfer_seconds,
 // tandem_kv_transfer_bytes_total, tandem_kv_transfer_failures_total{reason},
-// tandem_kv_transfers_inflight.
+// tandem_kv_transfers_inflight; on the publisher: tandem_kv_read_refusals_total{reason}
+// (malformed | mac | range: read or result messages it would not act on; a stranger's probing
+// shows here).
 #pragma once
 
 #include <chrono>

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/base/metrics.h"
 #include "kvtransfer/transfer.h"
 #include "kvtransfer/ucx_transport.h"
 #include "tests/test_ucx.h"
@@ -137,8 +138,10 @@ TEST_CASE("kvtransfer reads: a read without the secret, or of what was not publi
           "[kvtransfer]") {
   constexpr size_t kBytes = 1 << 16;
   std::vector<uint8_t> src(kBytes, 7), dst(kBytes, 0);
-  auto publisher = CreateUcxPublisher(MemoryRegion{src.data(), kBytes},
-                                      test::TestUcxOptions("tcp"));
+  MetricsRegistry metrics;
+  UcxOptions publisher_options = test::TestUcxOptions("tcp");
+  publisher_options.metrics = &metrics;
+  auto publisher = CreateUcxPublisher(MemoryRegion{src.data(), kBytes}, publisher_options);
   REQUIRE(publisher.ok());
   const LayerRanges published = {{{0, 4096}}};
   auto d = (*publisher)->Publish("r", published, [](const std::string&, const Status&) {});
@@ -155,6 +158,8 @@ TEST_CASE("kvtransfer reads: a read without the secret, or of what was not publi
     Status s = waiter.Wait(5000ms);
     CHECK(s.code() == StatusCode::kPermissionDenied);
     CHECK(dst[100] == 0);
+    CHECK(metrics.Render().find("tandem_kv_read_refusals_total{reason=\"mac\"}") !=
+          std::string::npos);
   }
   SECTION("a member asking for a range that was not published") {
     auto puller = CreateUcxPuller(MemoryRegion{dst.data(), kBytes}, test::TestUcxOptions("tcp"));
@@ -167,6 +172,8 @@ TEST_CASE("kvtransfer reads: a read without the secret, or of what was not publi
     Status s = waiter.Wait(5000ms);
     CHECK(s.code() == StatusCode::kPermissionDenied);
     CHECK(dst[100] == 0);
+    CHECK(metrics.Render().find("tandem_kv_read_refusals_total{reason=\"range\"}") !=
+          std::string::npos);
 
     // A published range reads fine (a new request: the failed pull's result released "r").
     auto fresh = (*publisher)->Publish("r2", published, [](const std::string&, const Status&) {});
