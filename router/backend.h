@@ -37,6 +37,12 @@ struct BackendEvent {
   Status error;                              // non-OK: the request failed (the client sees it)
 };
 
+// A request class's latency objectives.
+struct SloTarget {
+  double ttft_s = 0;  // <= 0: no TTFT objective
+  double tpot_s = 0;  // <= 0: no TPOT objective
+};
+
 // Thread-safe. Callbacks may come from any thread, in order per request (never two at once for
 // one request), and stop after the finish or error event. Submit must not block on generation.
 class Backend {
@@ -64,6 +70,14 @@ class Backend {
     if (slo_class.empty()) return Status::Ok();
     return InvalidArgument("header x-tandem-slo-class: unknown SLO class '" + slo_class +
                            "' (no classes are configured)");
+  }
+
+  // The objectives a request of `slo_class` ("" = the defaults) is judged against now (they
+  // follow a SIGHUP reload); nullopt when the backend has none: then the router records no SLO
+  // attainment.
+  virtual std::optional<SloTarget> SloOf(const std::string& slo_class) const {
+    (void)slo_class;
+    return std::nullopt;
   }
 };
 

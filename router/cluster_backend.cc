@@ -105,6 +105,15 @@ ClusterBackend::ClusterBackend(const ClusterConfig& config, ClusterBackendOption
     instance_failures_ = &options_.metrics->AddCounter(
         "tandem_router_instance_disconnects_total", "Control connections to instances lost",
         {"instance"});
+    slo_target_ = &options_.metrics->AddGauge(
+        "tandem_router_slo_target_seconds",
+        "The SLO in force per class (slo_class=\"default\": slo.ttft_s/tpot_s) and objective "
+        "(ttft, tpot); follows a SIGHUP reload",
+        {"slo_class", "objective"});
+    attainment_target_ = &options_.metrics->AddGauge(
+        "tandem_router_slo_attainment_target",
+        "slo.attainment_target: the share of requests that should attain their SLO").Get();
+    ExportSloLocked();
   }
 }
 
@@ -196,6 +205,7 @@ Status ClusterBackend::Reconfigure(const ClusterConfig& config) {
   MutexLock lock(&mutex_);
   policy_ = *policy;
   slo_ = config.slo;
+  ExportSloLocked();
   latency_ = std::move(*latency);
   bool layout_changed = config.prefill.instances != config_.prefill.instances ||
                         config.decode.instances != config_.decode.instances ||
@@ -480,6 +490,22 @@ void ClusterBackend::MonitorLoop() TANDEM_NO_THREAD_SAFETY_ANALYSIS {
       return stopping_;
     });
   }
+}
+
+std::optional<SloTarget> ClusterBackend::SloOf(const std::string& slo_class) const {
+  MutexLock lock(&mutex_);
+  return SloForClass(slo_, slo_class);
+}
+
+void ClusterBackend::ExportSloLocked() {
+  if (slo_target_ == nullptr) return;
+  auto set = [&](const std::string& name, double ttft_s, double tpot_s) {
+    slo_target_->WithLabels({name, "ttft"}).Set(ttft_s);
+    slo_target_->WithLabels({name, "tpot"}).Set(tpot_s);
+  };
+  set("default", slo_.ttft_s, slo_.tpot_s);
+  for (const SloClass& c : slo_.classes) set(c.name, c.ttft_s, c.tpot_s);
+  attainment_target_->Set(slo_.attainment_target);
 }
 
 }  // namespace tandem

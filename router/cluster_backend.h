@@ -135,6 +135,7 @@ class ClusterBackend : public Backend {
   bool Ready() const override;
   // The config's slo.classes (as last reloaded).
   Status CheckSloClass(const std::string& slo_class) const override;
+  std::optional<SloTarget> SloOf(const std::string& slo_class) const override;
 
   std::vector<InstanceStatus> Instances() const;
   // Requests accepted and not yet finished.
@@ -204,6 +205,8 @@ class ClusterBackend : public Backend {
                                   const GenerateRequest& request, tandem::Submit* message)
       TANDEM_REQUIRES(mutex_);
   Status CheckSloClassLocked(const std::string& slo_class) const TANDEM_REQUIRES(mutex_);
+  // tandem_router_slo_target_seconds and tandem_router_slo_attainment_target from slo_.
+  void ExportSloLocked() TANDEM_REQUIRES(mutex_);
   // Tokens and Finish from instance `index`: under mutex_, queue the request's events; the
   // caller drains them.
   std::shared_ptr<Request> OnTokensLocked(size_t index, Tokens tokens) TANDEM_REQUIRES(mutex_);
@@ -257,6 +260,8 @@ class ClusterBackend : public Backend {
   Family<Counter>* placements_ = nullptr;
   Family<Counter>* instance_failures_ = nullptr;
   Family<Gauge>* decode_model_correction_ = nullptr;
+  Family<Gauge>* slo_target_ = nullptr;         // tandem_router_slo_target_seconds
+  Gauge* attainment_target_ = nullptr;          // tandem_router_slo_attainment_target
 };
 
 }  // namespace tandem

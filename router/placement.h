@@ -33,6 +33,7 @@
 #include "common/engine/latency_model.h"
 #include "common/base/moving_average.h"
 #include "common/base/status.h"
+#include "router/backend.h"
 
 namespace tandem {
 
@@ -90,11 +91,6 @@ struct InstanceLoad {
   bool residents_known = false;
   std::vector<DecodeResident> residents;  // in the order they were placed
   ResidentAverage typical;  // what arriving requests found here lately
-};
-
-struct SloTarget {
-  double ttft_s = 0;  // <= 0: no TTFT objective
-  double tpot_s = 0;  // <= 0: no TPOT objective
 };
 
 // The SLO of a request class: the class in `slo.classes` named `slo_class`, else the defaults

@@ -49,10 +49,22 @@ struct RouterShared {
     unauthorized = &r.AddCounter("tandem_router_unauthorized_requests_total",
                                  "Requests refused with 401: no API key, or a wrong one.",
                                  {"reason"});
+    slo_requests = &r.AddCounter(
+        "tandem_router_slo_requests_total",
+        "Requests judged against their SLO class's objectives: attained (completed within TTFT "
+        "and TPOT), missed (completed, over one), rejected (refused at admission), failed "
+        "(an error after admission). Goodput is the rate of attained.",
+        {"slo_class", "result"});
   }
 
   void RecordFailure(int http_status) {
     failure->WithLabels({std::to_string(http_status)}).Inc();
+  }
+
+  // Counts a request of `slo_class` with `result` when the backend judges SLOs.
+  void RecordSlo(const std::string& slo_class, const char* result) {
+    if (!backend->SloOf(slo_class)) return;
+    slo_requests->WithLabels({slo_class.empty() ? "default" : slo_class, result}).Inc();
   }
 
   ServedModel model;
@@ -69,6 +81,7 @@ struct RouterShared {
   Gauge* running_gauge;
   Counter* prompt_tokens;
   Counter* generation_tokens;
+  Family<Counter>* slo_requests;  // tandem_router_slo_requests_total
   Family<Counter>* unauthorized;
 };
 
@@ -131,6 +144,7 @@ class RequestContext : public std::enable_shared_from_this<RequestContext> {
       MarkDoneLocked();
     }
     shared_->RecordFailure(HttpStatusFor(status.code()));
+    shared_->RecordSlo(request_.generate.slo_class, "rejected");
     TANDEM_LOG_REQ(kInfo, id()) << "rejected: " << status.ToString();
     RespondError(*exchange_, status, "");
   }
@@ -189,6 +203,7 @@ class RequestContext : public std::enable_shared_from_this<RequestContext> {
     MarkDoneLocked();
     HttpError error = ErrorResponse(status);
     shared_->RecordFailure(error.http_status);
+    shared_->RecordSlo(request_.generate.slo_class, "failed");
     TANDEM_LOG_REQ(kWarn, id()) << "backend failed: " << status.ToString();
     if (request_.stream && stream_started_) {
       // Headers are out: the error travels as an event, as OpenAI does mid-stream.
@@ -284,11 +299,17 @@ class RequestContext : public std::enable_shared_from_this<RequestContext> {
     auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
     const Clock::time_point arrival = request_.generate.arrival_time;
     shared_->e2e->Observe(seconds(now - arrival));
-    if (num_tokens_ > 0) shared_->ttft->Observe(seconds(first_token_time_ - arrival));
-    if (num_tokens_ > 1) {
-      shared_->tpot->Observe(seconds(last_token_time_ - first_token_time_) / (num_tokens_ - 1));
-    }
+    const double ttft = num_tokens_ > 0 ? seconds(first_token_time_ - arrival) : 0;
+    const double tpot =
+        num_tokens_ > 1 ? seconds(last_token_time_ - first_token_time_) / (num_tokens_ - 1) : 0;
+    if (num_tokens_ > 0) shared_->ttft->Observe(ttft);
+    if (num_tokens_ > 1) shared_->tpot->Observe(tpot);
     shared_->success->WithLabels({finish_reason}).Inc();
+    if (std::optional<SloTarget> slo = shared_->backend->SloOf(request_.generate.slo_class)) {
+      const bool attained = (slo->ttft_s <= 0 || ttft <= slo->ttft_s) &&
+                            (slo->tpot_s <= 0 || num_tokens_ <= 1 || tpot <= slo->tpot_s);
+      shared_->RecordSlo(request_.generate.slo_class, attained ? "attained" : "missed");
+    }
     TANDEM_LOG_REQ(kDebug, id()) << "finished (" << finish_reason << ") after " << num_tokens_
                                  << " tokens";
   }
@@ -339,6 +360,7 @@ void HandleGenerate(const std::shared_ptr<RouterShared>& shared, ApiKind kind,
     shared->running.fetch_sub(1);
     Status status = ResourceExhausted("the server is overloaded; retry later");
     shared->RecordFailure(HttpStatusFor(status.code()));
+    shared->RecordSlo(parsed->generate.slo_class, "rejected");
     RespondError(*exchange, status, "");
     return;
   }

@@ -128,11 +128,21 @@ class FakeBackend : public Backend {
   }
   void set_ready(bool r) { ready_ = r; }
   const std::vector<int32_t>& tokens() const { return tokens_; }
+  // The objectives every request is judged against (none: no attainment is recorded).
+  void set_slo(std::optional<SloTarget> slo) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    slo_ = slo;
+  }
+  std::optional<SloTarget> SloOf(const std::string&) const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return slo_;
+  }
 
  private:
   std::vector<int32_t> tokens_;
   int32_t eos_;
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
+  std::optional<SloTarget> slo_;
   std::condition_variable cv_;
   std::vector<std::thread> threads_;
   std::map<std::string, std::shared_ptr<std::atomic<bool>>> cancel_flags_;
@@ -507,6 +517,37 @@ TEST_CASE("HTTP: keep-alive reuses a connection, stop drains a stream", "[router
 
 namespace tandem {
 namespace {
+
+TEST_CASE("HTTP: requests are counted against their SLO (attained, missed, rejected, failed)",
+          "[router]") {
+  RouterFixture f;
+  auto count = [&](const std::string& result) {
+    const std::string text = f.service().metrics().Render();
+    const std::string key = "tandem_router_slo_requests_total{role=\"router\",model=\"tiny\","
+                            "slo_class=\"default\",result=\"" + result + "\"} ";
+    const size_t at = text.find(key);
+    return at == std::string::npos ? 0.0 : std::stod(text.substr(at + key.size()));
+  };
+  json body = {{"model", "tiny"}, {"prompt", "x"}, {"max_tokens", 4}, {"ignore_eos", true}};
+  // No objectives: nothing is judged.
+  REQUIRE(f.Curl("POST", "/v1/completions", body.dump()).status == 200);
+  CHECK(count("attained") == 0);
+
+  f.backend().set_slo(SloTarget{5.0, 0.01});
+  REQUIRE(f.Curl("POST", "/v1/completions", body.dump()).status == 200);
+  CHECK(count("attained") == 1);
+  f.backend().set_delay(30ms);  // 30 ms between tokens: over a 10 ms TPOT
+  REQUIRE(f.Curl("POST", "/v1/completions", body.dump()).status == 200);
+  CHECK(count("missed") == 1);
+  f.backend().set_delay(0ms);
+  f.backend().set_reject(ResourceExhausted("no placement meets the SLO"));
+  CHECK(f.Curl("POST", "/v1/completions", body.dump()).status == 429);
+  CHECK(count("rejected") == 1);
+  f.backend().set_reject(Status::Ok());
+  f.backend().set_fail_after(1);
+  CHECK(f.Curl("POST", "/v1/completions", body.dump()).status == 503);
+  CHECK(count("failed") == 1);
+}
 
 TEST_CASE("HTTP: an unknown x-tandem-slo-class gets 400 naming the header", "[router]") {
   RouterFixture f;
