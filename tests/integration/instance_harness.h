@@ -231,6 +231,10 @@ class FakeRouter {
         hello.name = "test-router";
         hello.instance_id = session;
         (*conn)->Send(hello);
+        // As the router does: place nothing through an instance before its Hello answers ours
+        // (the instance opens the session before it replies). Otherwise a prefill's KvReady can
+        // reach decode before this session exists there, and decode refuses the KV.
+        inbox.WaitFor(10s, [&] { return hellos_.count(index) > 0 || inbox.closed[index]; });
         return index;
       }
       REQUIRE(Clock::now() < deadline);
@@ -296,7 +300,9 @@ struct Cluster {
         << "  layerwise: " << (layerwise ? "true" : "false") << "\n"
         << extra;
   }
+  // TANDEM_KEEP_TEST_LOGS=1 keeps the directory (config, model, every child's log).
   ~Cluster() {
+    if (getenv("TANDEM_KEEP_TEST_LOGS")) return;
     std::error_code ec;
     fs::remove_all(dir, ec);
   }
