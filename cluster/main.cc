@@ -8,6 +8,7 @@
 #include "cluster/launcher.h"
 #include "cluster/planner.h"
 #include "cluster/profile.h"
+#include "cluster/replica_advisor.h"
 #include "cluster/simulator.h"
 #include "common/config/config.h"
 #include "common/config/serving_config.h"
@@ -68,6 +69,9 @@ int CheckConfigMain(const std::vector<std::string>& args) {
   return kExitOk;
 }
 
+// The router with the planner's replica recommendation (router/replica_advice.h).
+int RouterCommand(const std::vector<std::string>& args) { return RouterMain(args, RecommendReplicas); }
+
 struct Command {
   const char* name;
   const char* summary;
@@ -77,7 +81,7 @@ struct Command {
 const Command kCommands[] = {
     {"serve", "start the default local cluster (medium model, router on :8000)", ServeMain},
     {"up", "start and supervise a local cluster from a config file", UpMain},
-    {"router", "run the OpenAI-compatible router in front of the instances", RouterMain},
+    {"router", "run the OpenAI-compatible router in front of the instances", RouterCommand},
     {"make-model", "write a small HF checkpoint with seeded random weights", MakeModelMain},
     {"generate", "run the engine alone, greedily, on one prompt", GenerateMain},
     {"check-config", "validate a cluster config and print the effective values", CheckConfigMain},

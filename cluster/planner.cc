@@ -82,6 +82,10 @@ class Planner {
   }
 
   StatusOr<Plan> Run();
+  // MeasurePhaseCapacity: `requests` (arrivals replaced by Poisson gaps at rate 1) on the
+  // shapes of config.prefill and config.decode.
+  StatusOr<PhaseCapacity> Capacity(const ClusterConfig& config,
+                                   const std::vector<WorkloadRequest>& requests);
 
  private:
   Status Setup();
@@ -538,7 +542,69 @@ void PrintCandidates(const char* title, const std::vector<PlanCandidate>& v, siz
   }
 }
 
+StatusOr<PhaseCapacity> Planner::Capacity(const ClusterConfig& config,
+                                          const std::vector<WorkloadRequest>& requests) {
+  if (requests.empty()) return InvalidArgument("no requests to measure capacity on");
+  // The live mix, cycled up to num_requests, with seeded Poisson arrivals at rate 1 (At() scales
+  // them to each trial rate).
+  WorkloadShape shape = WorkloadShapeByName("chatbot").value();
+  WorkloadOptions wo;
+  wo.rate = 1.0;
+  wo.seed = options_.seed;
+  wo.num_requests = std::max<int64_t>(options_.num_requests, static_cast<int64_t>(requests.size()));
+  base_ = GenerateWorkload(shape, wo);  // for its arrival times
+  for (size_t i = 0; i < base_.size(); ++i) {
+    const WorkloadRequest& sample = requests[i % requests.size()];
+    base_[i].prompt_tokens = std::max(1, sample.prompt_tokens);
+    base_[i].max_tokens = std::max(1, sample.max_tokens);
+    base_[i].prompt_text.clear();
+    base_[i].prompt_token_ids.clear();
+  }
+  const std::pair<const char*, const InstanceSection*> sections[] = {
+      {"prefill", &config.prefill}, {"decode", &config.decode}};
+  for (const auto& [role, section] : sections) {
+    if (!models_.ForInstance(section->device, section->threads, section->tensor_parallel,
+                             section->pipeline_parallel, role))
+      return InvalidArgument(std::string("latency model ") + models_.source +
+                             " has no entry for the " + role + " shape (device " +
+                             section->device + ", tp " + std::to_string(section->tensor_parallel) +
+                             ", pp " + std::to_string(section->pipeline_parallel) + ")");
+  }
+  ClusterConfig common = BaseConfig("round_robin");
+  common.model = config.model;
+  const Slo ttft{config.slo.ttft_s, 0}, tpot{0, config.slo.tpot_s};
+  options_.target = config.slo.attainment_target;
+  const size_t n = base_.size();
+  PhaseCapacity capacity;
+
+  ClusterConfig p = common;
+  p.prefill = config.prefill;
+  p.prefill.instances = 1;
+  SetInstant(&p.decode);
+  capacity.prefill_rps = MaxRate(p, n, /*one_token=*/true, ttft, 1.0);
+
+  ClusterConfig d = common;
+  SetInstant(&d.prefill);
+  d.decode = config.decode;
+  d.decode.instances = 1;
+  capacity.decode_rps = MaxRate(d, n, /*one_token=*/false, tpot, 1.0);
+  capacity.simulations = simulations_;
+  return capacity;
+}
+
 }  // namespace
+
+StatusOr<PhaseCapacity> MeasurePhaseCapacity(const LatencyModelFile& models,
+                                             const ClusterConfig& config,
+                                             const std::vector<WorkloadRequest>& requests,
+                                             double horizon_s) {
+  PlanOptions options;
+  options.horizon_s = horizon_s;
+  options.num_requests = 200;
+  options.max_model_len = config.model.max_model_len;
+  Planner planner(models, options);
+  return planner.Capacity(config, requests);
+}
 
 StatusOr<Plan> MakePlan(const LatencyModelFile& models, const PlanOptions& options) {
   Planner planner(models, options);

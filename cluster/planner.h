@@ -92,6 +92,24 @@ struct Plan {
 // unknown; FailedPrecondition when no shape meets the SLO at any rate.
 StatusOr<Plan> MakePlan(const LatencyModelFile& models, const PlanOptions& options);
 
+// What one instance of each configured phase sustains, as `tandem plan` measures a shape: each
+// phase simulated alone (the other one instant), prefill judged on TTFT and decode on TPOT, the
+// highest Poisson rate at which `config.slo.attainment_target` of `requests` meet the objective
+// (bisection). The shapes are config.prefill's and config.decode's (one instance each, their
+// device, threads, tp/pp, batch limits and KV blocks); `requests` give the length mix (their
+// arrival times are replaced). The router's replica recommendation runs this on live traffic
+// (cluster/replica_advisor.h).
+struct PhaseCapacity {
+  double prefill_rps = 0;  // 0: not even a trickle meets slo.ttft_s
+  double decode_rps = 0;   // 0: not even a trickle meets slo.tpot_s
+  int simulations = 0;
+};
+// InvalidArgument when `requests` is empty or a shape has no entry in `models`.
+StatusOr<PhaseCapacity> MeasurePhaseCapacity(const LatencyModelFile& models,
+                                             const ClusterConfig& config,
+                                             const std::vector<WorkloadRequest>& requests,
+                                             double horizon_s = 60);
+
 int PlanMain(const std::vector<std::string>& args);
 
 }  // namespace tandem

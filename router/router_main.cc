@@ -23,7 +23,8 @@ constexpr auto kDrainTimeout = std::chrono::seconds(30);
 // The router as a RoleProcess: the HTTP front end over the cluster backend.
 class RouterProcess : public RoleProcess {
  public:
-  static StatusOr<std::unique_ptr<RoleProcess>> Start(const RoleArgs& args) {
+  static StatusOr<std::unique_ptr<RoleProcess>> Start(const RoleArgs& args,
+                                                      const ReplicaAdvisor& advisor) {
     const ClusterConfig& config = args.config;
     TANDEM_ASSIGN_OR_RETURN(std::string model_dir, ResolveModelDir(config.model));
     const std::string served_name = ServedModelName(config.model);
@@ -42,14 +43,20 @@ class RouterProcess : public RoleProcess {
       TANDEM_LOG(kInfo) << "API keys required: " << keys->size() << " key(s)"
                         << (config.router.metrics_require_api_key ? ", on /metrics too" : "");
     }
-    std::unique_ptr<RouterProcess> router(new RouterProcess(config, served_name, args.control));
+    std::unique_ptr<RouterProcess> router(
+        new RouterProcess(config, served_name, args.control, advisor));
     TANDEM_RETURN_IF_ERROR(router->backend_.Start());
+    if (Status s = router->advice_.Start(config); !s.ok()) {
+      router->backend_.Stop();
+      return s;
+    }
     RouterServiceOptions service_options;
     service_options.max_concurrent_requests = config.router.max_concurrent_requests;
     service_options.metrics = &router->metrics_;
     service_options.worker_threads = config.router.tokenize_threads;
     service_options.api_keys = std::make_shared<const ApiKeys>(std::move(keys).value());
     service_options.metrics_require_api_key = config.router.metrics_require_api_key;
+    service_options.traffic = &router->traffic_;
     router->service_ = std::make_unique<RouterService>(std::move(model).value(),
                                                        &router->backend_, service_options);
     HttpServerOptions http;
@@ -78,16 +85,21 @@ class RouterProcess : public RoleProcess {
     // Order matters: the HTTP server drains (and cancels what is left) while the backend still
     // delivers events; then the backend stops.
     server_->Stop(std::chrono::duration_cast<std::chrono::milliseconds>(kDrainTimeout));
+    advice_.Stop();
     backend_.Stop();
   }
 
-  Status Reload(const ClusterConfig& config) override { return backend_.Reconfigure(config); }
+  Status Reload(const ClusterConfig& config) override {
+    TANDEM_RETURN_IF_ERROR(backend_.Reconfigure(config));
+    return advice_.Reconfigure(config);
+  }
 
  private:
   RouterProcess(const ClusterConfig& config, const std::string& served_name,
-                const ControlOptions& control)
+                const ControlOptions& control, const ReplicaAdvisor& advisor)
       : metrics_(Labels{{"role", "router"}, {"model", served_name}}),
-        backend_(config, BackendOptions(&metrics_, control)) {}
+        backend_(config, BackendOptions(&metrics_, control)),
+        advice_(advisor, &traffic_, &metrics_) {}
   static ClusterBackendOptions BackendOptions(MetricsRegistry* metrics,
                                               const ControlOptions& control) {
     ClusterBackendOptions options;
@@ -98,6 +110,8 @@ class RouterProcess : public RoleProcess {
 
   MetricsRegistry metrics_;
   ClusterBackend backend_;
+  TrafficRecorder traffic_;  // what the service was offered: the recommendation's input
+  ReplicaAdviceLoop advice_;
   std::unique_ptr<RouterService> service_;
   std::unique_ptr<HttpServer> server_;
   bool stopped_ = false;
@@ -105,12 +119,14 @@ class RouterProcess : public RoleProcess {
 
 }  // namespace
 
-int RouterMain(const std::vector<std::string>& args) {
+int RouterMain(const std::vector<std::string>& args, ReplicaAdvisor advisor) {
   RoleSpec spec;
   spec.command = "router";
   spec.description = "Runs the OpenAI-compatible router in front of the cluster's instances.";
   spec.instance = false;
-  spec.start = RouterProcess::Start;
+  spec.start = [advisor = std::move(advisor)](const RoleArgs& role_args) {
+    return RouterProcess::Start(role_args, advisor);
+  };
   return RunRoleMain(spec, args);
 }
 

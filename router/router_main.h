@@ -12,8 +12,12 @@
 #include <string>
 #include <vector>
 
+#include "router/replica_advice.h"
+
 namespace tandem {
 
-int RouterMain(const std::vector<std::string>& args);
+// `advisor` computes tandem_recommended_replicas (router/replica_advice.h); the `tandem` binary
+// passes the planner's (cluster/replica_advisor.h). Without one the recommendation is off.
+int RouterMain(const std::vector<std::string>& args, ReplicaAdvisor advisor = {});
 
 }  // namespace tandem

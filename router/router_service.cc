@@ -305,6 +305,9 @@ class RequestContext : public std::enable_shared_from_this<RequestContext> {
     if (num_tokens_ > 0) shared_->ttft->Observe(ttft);
     if (num_tokens_ > 1) shared_->tpot->Observe(tpot);
     shared_->success->WithLabels({finish_reason}).Inc();
+    if (shared_->options.traffic != nullptr)
+      shared_->options.traffic->RecordFinish(
+          arrival, static_cast<int32_t>(request_.generate.prompt_token_ids.size()), num_tokens_);
     if (std::optional<SloTarget> slo = shared_->backend->SloOf(request_.generate.slo_class)) {
       const bool attained = (slo->ttft_s <= 0 || ttft <= slo->ttft_s) &&
                             (slo->tpot_s <= 0 || num_tokens_ <= 1 || tpot <= slo->tpot_s);
@@ -355,6 +358,11 @@ void HandleGenerate(const std::shared_ptr<RouterShared>& shared, ApiKind kind,
     return;
   }
 
+  if (shared->options.traffic != nullptr)
+    shared->options.traffic->RecordArrival(
+        parsed->generate.arrival_time,
+        static_cast<int32_t>(parsed->generate.prompt_token_ids.size()),
+        parsed->generate.sampling.max_tokens);
   // Admission: a bound on what the router holds, whatever the backend can take.
   if (shared->running.fetch_add(1) >= shared->options.max_concurrent_requests) {
     shared->running.fetch_sub(1);

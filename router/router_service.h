@@ -39,6 +39,7 @@
 #include "router/api_keys.h"
 #include "router/backend.h"
 #include "router/openai_api.h"
+#include "router/traffic_recorder.h"
 
 namespace tandem {
 
@@ -53,6 +54,9 @@ struct RouterServiceOptions {
   std::shared_ptr<const ApiKeys> api_keys;
   // With keys: /metrics needs one too (router.metrics_require_api_key).
   bool metrics_require_api_key = false;
+  // Not owned; null = not recorded. Every validated request's arrival and, when it completes,
+  // its lengths (the replica recommendation's input, router/replica_advice.h).
+  TrafficRecorder* traffic = nullptr;
   // Test hook: runs on the worker thread just before a request is templated and tokenized.
   std::function<void()> before_tokenize;
 };

@@ -1,5 +1,6 @@
 #include "common/base/metrics.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <limits>
@@ -52,7 +53,10 @@ void AppendLabels(std::string& out, const Labels& const_labels,
     out += EscapeLabelValue(value);
     out += '"';
   };
-  for (const auto& [name, value] : const_labels) add(name, value);
+  // A series label of the same name replaces a constant label (MetricsRegistry::AddGaugeAbout;
+  // other families cannot have one).
+  for (const auto& [name, value] : const_labels)
+    if (std::find(names.begin(), names.end(), name) == names.end()) add(name, value);
   for (size_t i = 0; i < names.size(); ++i) add(names[i], values[i]);
   if (extra_name) add(extra_name, extra_value);
   out += '}';
@@ -130,13 +134,13 @@ MetricsRegistry::MetricsRegistry(Labels const_labels) : const_labels_(std::move(
 }
 
 void MetricsRegistry::CheckNew(const std::string& name, const std::vector<std::string>& labels,
-                               MetricType type) {
+                               MetricType type, bool replaces_constant_labels) {
   TANDEM_CHECK(ValidMetricName(name), "invalid metric name '" + name + "'");
   for (const std::string& label : labels) {
     TANDEM_CHECK(ValidLabelName(label), name + ": invalid label name '" + label + "'");
     TANDEM_CHECK(type != MetricType::kHistogram || label != "le", name + ": 'le' is reserved");
     for (const auto& [const_name, unused] : const_labels_)
-      TANDEM_CHECK(label != const_name, name + ": label '" + label + "' is a constant label");
+      TANDEM_CHECK(replaces_constant_labels || label != const_name, name + ": label '" + label + "' is a constant label");
   }
   if (type == MetricType::kCounter)
     TANDEM_CHECK(name.size() > 6 && name.compare(name.size() - 6, 6, "_total") == 0,
@@ -147,7 +151,7 @@ template <typename T>
 Family<T>& MetricsRegistry::Add(MetricType type, std::vector<std::unique_ptr<Family<T>>>& owner,
                                const std::string& name, const std::string& help,
                                const std::vector<std::string>& label_names,
-                               std::vector<double> bounds) {
+                               std::vector<double> bounds, bool replaces_constant_labels) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (auto it = entries_.find(name); it != entries_.end()) {
     TANDEM_CHECK(it->second.type == type, name + " registered with another type");
@@ -155,7 +159,7 @@ Family<T>& MetricsRegistry::Add(MetricType type, std::vector<std::unique_ptr<Fam
     TANDEM_CHECK(family->label_names_ == label_names, name + " registered with other labels");
     return *family;
   }
-  CheckNew(name, label_names, type);
+  CheckNew(name, label_names, type, replaces_constant_labels);
   owner.emplace_back(new Family<T>(name, help, label_names, std::move(bounds)));
   entries_[name] = Entry{type, owner.back().get()};
   order_.push_back(name);
@@ -170,6 +174,12 @@ Family<Counter>& MetricsRegistry::AddCounter(const std::string& name, const std:
 Family<Gauge>& MetricsRegistry::AddGauge(const std::string& name, const std::string& help,
                                          const std::vector<std::string>& label_names) {
   return Add(MetricType::kGauge, gauges_, name, help, label_names, {});
+}
+
+Family<Gauge>& MetricsRegistry::AddGaugeAbout(const std::string& name, const std::string& help,
+                                              const std::vector<std::string>& label_names) {
+  return Add(MetricType::kGauge, gauges_, name, help, label_names, {},
+             /*replaces_constant_labels=*/true);
 }
 
 Family<Histogram>& MetricsRegistry::AddHistogram(const std::string& name, const std::string& help,

@@ -104,6 +104,11 @@ class MetricsRegistry {
                               const std::vector<std::string>& label_names = {});
   Family<Gauge>& AddGauge(const std::string& name, const std::string& help,
                           const std::vector<std::string>& label_names = {});
+  // A gauge about another process than the one exporting it: a series label named like a
+  // constant label replaces it on this family (the router's
+  // tandem_recommended_replicas{role="decode"} instead of its own role="router").
+  Family<Gauge>& AddGaugeAbout(const std::string& name, const std::string& help,
+                               const std::vector<std::string>& label_names);
   Family<Histogram>& AddHistogram(const std::string& name, const std::string& help,
                                   const std::vector<std::string>& label_names,
                                   std::vector<double> bounds);
@@ -119,9 +124,10 @@ class MetricsRegistry {
   template <typename T>
   Family<T>& Add(MetricType type, std::vector<std::unique_ptr<Family<T>>>& owner,
                  const std::string& name, const std::string& help,
-                 const std::vector<std::string>& label_names, std::vector<double> bounds);
+                 const std::vector<std::string>& label_names, std::vector<double> bounds,
+                 bool replaces_constant_labels = false);
   void CheckNew(const std::string& name, const std::vector<std::string>& label_names,
-                MetricType type);
+                MetricType type, bool replaces_constant_labels = false);
 
   Labels const_labels_;
   mutable std::mutex mutex_;

@@ -119,7 +119,8 @@ void ReadModelAndRouter(YamlErrors* v, YamlFields& top, ClusterConfig* c) {
                {"auto", "llama3", "chatml", "mistral", "none"});
     sec.Int("max_model_len", &c->model.max_model_len, 16, 1 << 20);
   }
-  YamlFields sec(v, top.Child("router"), "router");
+  YAML::Node router = top.Child("router");
+  YamlFields sec(v, router, "router");
   sec.String("host", &c->router.host);
   sec.Int("port", &c->router.port, 0, 65535);
   sec.String("policy", &c->router.policy, {"goodput", "least_loaded", "round_robin"});
@@ -132,6 +133,15 @@ void ReadModelAndRouter(YamlErrors* v, YamlFields& top, ClusterConfig* c) {
   sec.String("latency_model", &c->router.latency_model);
   sec.String("api_keys_file", &c->router.api_keys_file);
   sec.Bool("metrics_require_api_key", &c->router.metrics_require_api_key);
+  sec.Double("recommend_interval_s", &c->router.recommend_interval_s, 0, 86400);
+  sec.Double("recommend_window_s", &c->router.recommend_window_s, 1, 86400);
+  sec.Double("config_watch_interval_s", &c->router.config_watch_interval_s, 0, 3600);
+  // The recommendation simulates the instances on the latency model: without one it could not
+  // run, and an interval that does nothing is refused.
+  if (c->router.recommend_interval_s > 0 && c->router.latency_model.empty() && router)
+    v->Add(router["recommend_interval_s"], "router.recommend_interval_s",
+           "needs router.latency_model (the replica recommendation simulates the instances on "
+           "it; run tandem profile)");
 }
 
 void ReadSlo(YamlErrors* v, YamlFields& top, ClusterConfig* c) {
@@ -385,6 +395,10 @@ std::string ConfigToYaml(const ClusterConfig& c) {
   out << YAML::Key << "api_keys_file" << YAML::Value << c.router.api_keys_file;
   out << YAML::Key << "metrics_require_api_key" << YAML::Value
       << c.router.metrics_require_api_key;
+  out << YAML::Key << "recommend_interval_s" << YAML::Value << c.router.recommend_interval_s;
+  out << YAML::Key << "recommend_window_s" << YAML::Value << c.router.recommend_window_s;
+  out << YAML::Key << "config_watch_interval_s" << YAML::Value
+      << c.router.config_watch_interval_s;
   out << YAML::EndMap;
   instance("prefill", c.prefill);
   instance("decode", c.decode);

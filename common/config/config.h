@@ -52,6 +52,13 @@ struct RouterSection {
   std::string api_keys_file;
   // Whether the router's /metrics asks for a key too (when keys are configured).
   bool metrics_require_api_key = false;
+  // tandem_recommended_replicas (router/replica_advice.h): recomputed every this many seconds
+  // (0 = off; > 0 needs latency_model) from the traffic of the last recommend_window_s.
+  double recommend_interval_s = 0;
+  double recommend_window_s = 60;
+  // The router rereads its config file when its contents change, polled this often (a
+  // Kubernetes ConfigMap edit reloads the SLOs and policy without a signal); 0 = SIGHUP only.
+  double config_watch_interval_s = 5;
 };
 
 // Shared by prefill, decode and colocated instances.

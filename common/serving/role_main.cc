@@ -4,7 +4,11 @@
 #include <signal.h>
 #include <sys/resource.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <sstream>
 
 #include "common/base/flags.h"
 #include "common/config/serving_config.h"
@@ -48,12 +52,43 @@ void RaiseFdLimit() {
   }
 }
 
-// Waits for signals until one asks to stop; SIGHUP reloads the config meanwhile.
+// The config file's bytes ("" when it cannot be read: a Kubernetes ConfigMap volume swaps its
+// files by renaming a symlink, and a read in between may fail; the next poll sees the new file).
+std::string ReadConfigText(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return "";
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Waits for signals until one asks to stop. A reloading role reloads the config on SIGHUP, and
+// when the file's contents change (polled every router.config_watch_interval_s; 0 = SIGHUP
+// only): a ConfigMap edit takes effect without a signal. A reload that fails keeps the old config
+// and is logged once per version of the file.
 void WaitForStop(const sigset_t& signals, RoleProcess& process, bool reloads,
-                 const std::string& config_path, const std::vector<std::string>& overrides) {
+                 const std::string& config_path, const std::vector<std::string>& overrides,
+                 double watch_interval_s) {
+  const bool watch = reloads && !config_path.empty() && watch_interval_s > 0;
+  std::string seen = watch ? ReadConfigText(config_path) : "";
   for (;;) {
     int signal_number = 0;
-    if (sigwait(&signals, &signal_number) != 0) continue;
+    if (watch) {
+      timespec timeout{};
+      timeout.tv_sec = static_cast<time_t>(watch_interval_s);
+      timeout.tv_nsec = static_cast<long>((watch_interval_s - timeout.tv_sec) * 1e9);
+      signal_number = sigtimedwait(&signals, nullptr, &timeout);
+      if (signal_number < 0) {
+        if (errno != EAGAIN) continue;  // EINTR
+        std::string text = ReadConfigText(config_path);
+        if (text.empty() || text == seen) continue;
+        seen = std::move(text);
+        TANDEM_LOG(kInfo) << config_path << " changed: reloading";
+        signal_number = SIGHUP;
+      }
+    } else if (sigwait(&signals, &signal_number) != 0) {
+      continue;
+    }
     if (signal_number != SIGHUP) {
       TANDEM_LOG(kInfo) << "signal " << signal_number << ": draining";
       return;
@@ -62,12 +97,14 @@ void WaitForStop(const sigset_t& signals, RoleProcess& process, bool reloads,
       TANDEM_LOG(kInfo) << "SIGHUP ignored: this process runs the config it started with";
       continue;
     }
+    if (watch) seen = ReadConfigText(config_path);
     StatusOr<ClusterConfig> reloaded = Load(config_path, overrides);
     Status applied = reloaded.ok() ? process.Reload(*reloaded) : reloaded.status();
     if (!applied.ok()) {
       TANDEM_LOG(kError) << "config reload failed, keeping the old one: " << applied.message();
       continue;
     }
+    TANDEM_LOG(kInfo) << "config reloaded from " << config_path;
     ApplyLogging(*reloaded);
   }
 }
@@ -138,7 +175,7 @@ int RunRoleMain(const RoleSpec& spec, const std::vector<std::string>& args) {
     return kExitFailure;
   }
   WaitForStop(signals, **process, /*reloads=*/!spec.instance, config_path,
-              flags.config_overrides());
+              flags.config_overrides(), role_args.config.router.config_watch_interval_s);
   (*process)->Stop();
   TANDEM_LOG(kInfo) << "stopped";
   return kExitOk;

@@ -3,8 +3,9 @@
 // instances, --SECTION.KEY=VALUE overrides), loads and validates the config once (the process
 // runs on that snapshot), sets up logging, blocks SIGTERM/SIGINT/SIGHUP in every thread, starts
 // the role and waits for a signal: SIGTERM or SIGINT drains (RoleProcess::Stop) and exits 0;
-// SIGHUP reloads the config file for the router (RoleProcess::Reload); instances ignore it (they
-// run the snapshot they started with).
+// SIGHUP reloads the config file for the router (RoleProcess::Reload), and so does a change of the
+// file's contents (polled every router.config_watch_interval_s: a Kubernetes ConfigMap edit);
+// instances ignore both (they run the snapshot they started with).
 // Exit codes: 0 after a drain, 1 on a start-up failure (config, model, port), 2 on bad flags.
 #pragma once
 

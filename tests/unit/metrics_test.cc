@@ -126,3 +126,18 @@ TEST_CASE("metrics: promtool check metrics accepts the exposition", "[metrics][p
   CHECK(result.exit_code == 0);
   CHECK(result.output.empty());  // no lint warnings either
 }
+
+TEST_CASE("metrics: a gauge about another role replaces the constant role label on its series",
+          "[metrics]") {
+  MetricsRegistry registry(Labels{{"role", "router"}, {"model", "tiny"}});
+  registry.AddGaugeAbout("tandem_recommended_replicas", "Replicas.", {"role"})
+      .WithLabels({"decode"})
+      .Set(3);
+  registry.AddGauge("tandem_num_requests_running", "Running.").Get().Set(1);
+  const std::string text = registry.Render();
+  CHECK(text.find("tandem_recommended_replicas{model=\"tiny\",role=\"decode\"} 3\n") !=
+        std::string::npos);
+  CHECK(text.find("role=\"router\",model=\"tiny\",role") == std::string::npos);  // never twice
+  CHECK(text.find("tandem_num_requests_running{role=\"router\",model=\"tiny\"} 1\n") !=
+        std::string::npos);
+}
