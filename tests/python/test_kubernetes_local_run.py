@@ -29,6 +29,8 @@ import sys
 import tempfile
 import time
 
+import yaml
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import k8s_util  # noqa: E402
 from k8s_util import main_container, of_kind, named  # noqa: E402
@@ -81,6 +83,17 @@ class Network:
         sh("ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", "eth0")
         sh("ip", "-n", ns, "link", "set", "eth0", "up")
         return ns, ip
+
+    def add_client(self):
+        """A namespace on the bridge for the test's own requests (curl runs there)."""
+        ns = self.add_ns("client")
+        hub_end = f"{TAG}vc"
+        sh("ip", "-n", self.hub, "link", "add", hub_end, "type", "veth", "peer", "name", "eth0",
+           "netns", ns)
+        sh("ip", "-n", self.hub, "link", "set", hub_end, "master", "br0", "up")
+        sh("ip", "-n", ns, "addr", "add", f"{SUBNET}.250/24", "dev", "eth0")
+        sh("ip", "-n", ns, "link", "set", "eth0", "up")
+        return ns
 
     def delete(self):
         for ns in reversed(self.names):
@@ -188,6 +201,7 @@ class Pod:
                  f"mkdir {q(layer)}/upper {q(layer)}/work",
                  f"mount -t overlay overlay -o lowerdir={q(lower)},upperdir={q(layer)}/upper,"
                  f"workdir={q(layer)}/work {q(root)}",
+                 f"mkdir -p {q(root)}/proc {q(root)}/dev {q(root)}/sys {q(root)}/etc",
                  f"mount --rbind /proc {q(root)}/proc",
                  f"mount --rbind /dev {q(root)}/dev",
                  f"mount --rbind /sys {q(root)}/sys",
@@ -339,14 +353,86 @@ def wait_200(client_ns, url, deadline, pod):
     return last
 
 
-def main():
+def probe_failures(client, pods):
+    """Every probe path and port of every pod answers 200 (the router's readiness: once it can
+    place a request), within one startup deadline."""
+    failures = []
+    deadline = time.time() + STARTUP_TIMEOUT_S
+    for pod in pods:
+        for kind, url in probes_of(pod):
+            status, body = wait_200(client, url, deadline, pod)
+            if status != 200:
+                failures.append(f"{pod.name} {kind} {url} answered {status}: {body[:200]}")
+            else:
+                print(f"{pod.name} {kind} {url}: 200", flush=True)
+            if pod.process.poll() is not None:
+                failures.append(f"{pod.name} exited ({pod.process.returncode}): "
+                                f"{k8s_util_tail(pod.log_path)}")
+                break
+    return failures
+
+
+def completion_failures(client, router, docs):
+    """A chat completion through the router with the Secret's first API key completes; one
+    without a key gets 401."""
+    c = main_container(router.deployment)
+    secret = next(e["valueFrom"]["secretKeyRef"] for e in c["env"]
+                  if e["name"] == "TANDEM_API_KEYS")
+    keys = base64.b64decode(named(docs, "Secret", secret["name"])["data"][secret["key"]])
+    api_key = keys.decode().split(",")[0].strip()
+    config = yaml.safe_load(next(iter(of_kind(docs, "ConfigMap")))["data"]["cluster.yaml"])
+    url = f"http://{router.ip}:{c['ports'][0]['containerPort']}/v1/chat/completions"
+    body = json.dumps({"model": config["model"]["name"], "max_tokens": 8, "temperature": 0,
+                       "messages": [{"role": "user", "content": "Hello"}]})
+    failures = []
+    status, _ = curl(client, url, "-H", "Content-Type: application/json", "-d", body)
+    if status != 401:
+        failures.append(f"a chat completion without an API key got {status}, not 401")
+    status, text = curl(client, url, "-H", "Content-Type: application/json",
+                        "-H", f"Authorization: Bearer {api_key}", "-d", body,
+                        timeout=REQUEST_TIMEOUT_S)
+    if status != 200:
+        return failures + [f"chat completion: {status} {text[:300]}"]
+    reply = json.loads(text)
+    choice = reply["choices"][0]
+    if choice["finish_reason"] not in ("stop", "length") or reply["usage"]["completion_tokens"] < 1:
+        return failures + [f"chat completion did not complete: {text[:300]}"]
+    print(f"chat completion: {reply['usage']['completion_tokens']} tokens, finish_reason "
+          f"{choice['finish_reason']}", flush=True)
+    return failures
+
+
+def stop_failures(pods):
+    """SIGTERM to every pod, the router first (it drains): each must exit 0 within its grace
+    period less its preStop sleep."""
+    failures = []
+    for pod in reversed(pods):
+        result = pod.stop()
+        if result is None:
+            continue
+        rc, took = result
+        if rc != 0:
+            failures.append(f"{pod.name} after SIGTERM: {rc} ({took:.1f} s): "
+                            f"{k8s_util_tail(pod.log_path)}")
+        else:
+            print(f"{pod.name} stopped on SIGTERM in {took:.1f} s", flush=True)
+    return failures
+
+
+def skip_reason():
     if os.geteuid() != 0:
-        k8s_util.exit_skip("needs root (network and mount namespaces)")
-    for tool in ("ip", "unshare", "chroot", "curl"):
+        return "needs root (network and mount namespaces)"
+    for tool in ("ip", "ss", "unshare", "chroot", "curl"):
         if not shutil.which(tool):
-            k8s_util.exit_skip(f"no {tool}")
+            return f"no {tool}"
     if not k8s_util.kubectl():
-        k8s_util.exit_skip("no kubectl")
+        return "no kubectl"
+    return None
+
+
+def main():
+    if skip_reason():
+        k8s_util.exit_skip(skip_reason())
     if not ROOTFS and not os.access(BINARY, os.X_OK):
         print(f"FAIL: no tandem binary at {BINARY}")
         return 1
@@ -361,88 +447,29 @@ def main():
     started = time.time()
     try:
         network = Network()
-        client = network.add_ns("client")
+        client = network.add_client()
         # The instances before the router, as a rollout would bring them (the router copes with
         # either order: it rediscovers every control.discovery_interval_s).
         for name in ("tandem-prefill", "tandem-decode", "tandem-router"):
             pods.append(Pod(deployments.pop(name), docs, network, work,
                             os.path.join(work, "hosts")))
         assert not deployments, f"Deployments this test does not know: {sorted(deployments)}"
-        # The client reaches the pods over the bridge too.
-        sh("ip", "-n", network.hub, "link", "add", f"{TAG}vc", "type", "veth", "peer", "name",
-           "eth0", "netns", client)
-        sh("ip", "-n", network.hub, "link", "set", f"{TAG}vc", "master", "br0", "up")
-        sh("ip", "-n", client, "addr", "add", f"{SUBNET}.250/24", "dev", "eth0")
-        sh("ip", "-n", client, "link", "set", "eth0", "up")
         hosts_file(os.path.join(work, "hosts"), pods, docs)
-
         for pod in pods:
             pod.run_init_containers()
             pod.start_main()
         print(f"pods started ({time.time() - started:.1f} s): "
               + ", ".join(f"{p.name} at {p.ip}" for p in pods), flush=True)
-
-        # Every probe path and port answers 200 (readiness of the router: once it can place).
-        deadline = time.time() + STARTUP_TIMEOUT_S
-        for pod in pods:
-            for kind, url in probes_of(pod):
-                status, body = wait_200(client, url, deadline, pod)
-                if status != 200:
-                    failures.append(f"{pod.name} {kind} {url} answered {status}: {body[:200]}")
-                else:
-                    print(f"{pod.name} {kind} {url}: 200", flush=True)
-                if pod.process.poll() is not None:
-                    failures.append(f"{pod.name} exited ({pod.process.returncode}): "
-                                    f"{k8s_util_tail(pod.log_path)}")
-                    break
-        print(f"probes done ({time.time() - started:.1f} s)", flush=True)
-
+        failures += probe_failures(client, pods)
         # What each pod really listens on is what the manifests expose: containerPorts, plus the
         # UCX KV range the NetworkPolicy opens. And each runs as the pod's runAsUser.
         for pod in pods:
             failures += listening_port_failures(pod) + user_failures(pod)
-
-        router = pods[-1]
-        api_key = base64.b64decode(named(docs, "Secret", next(
-            e["valueFrom"]["secretKeyRef"]["name"] for e in main_container(router.deployment)["env"]
-            if e["name"] == "TANDEM_API_KEYS"))["data"]["api-keys"]).decode().split(",")[0].strip()
-        port = main_container(router.deployment)["ports"][0]["containerPort"]
-        url = f"http://{router.ip}:{port}/v1/chat/completions"
-        body = json.dumps({"model": "tandem", "max_tokens": 8, "temperature": 0,
-                           "messages": [{"role": "user", "content": "Hello"}]})
-        status, _ = curl(client, url, "-H", "Content-Type: application/json", "-d", body)
-        if status != 401:
-            failures.append(f"a chat completion without an API key got {status}, not 401")
-        status, text = curl(client, url, "-H", "Content-Type: application/json",
-                            "-H", f"Authorization: Bearer {api_key}", "-d", body,
-                            timeout=REQUEST_TIMEOUT_S)
-        if status != 200:
-            failures.append(f"chat completion: {status} {text[:300]}")
-        else:
-            reply = json.loads(text)
-            choice = reply["choices"][0]
-            if choice["finish_reason"] not in ("stop", "length") or \
-                    reply["usage"]["completion_tokens"] < 1:
-                failures.append(f"chat completion did not complete: {text[:300]}")
-            else:
-                print(f"chat completion: {reply['usage']['completion_tokens']} tokens, "
-                      f"finish_reason {choice['finish_reason']} "
-                      f"({time.time() - started:.1f} s)", flush=True)
+        failures += completion_failures(client, pods[-1], docs)
     except Exception as e:  # a setup failure is reported with the pods' logs, then torn down
         failures.append(f"{type(e).__name__}: {e}")
     finally:
-        # The router first (it drains), then the instances, as a rollout would not but a
-        # `kubectl delete -k` might; each must leave within its grace period.
-        for pod in reversed(pods):
-            result = pod.stop()
-            if result is None:
-                continue
-            rc, took = result
-            if rc != 0:
-                failures.append(f"{pod.name} after SIGTERM: {rc} ({took:.1f} s): "
-                                f"{k8s_util_tail(pod.log_path)}")
-            else:
-                print(f"{pod.name} stopped on SIGTERM in {took:.1f} s", flush=True)
+        failures += stop_failures(pods)
         if network:
             network.delete()
         if failures:
