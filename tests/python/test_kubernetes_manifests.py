@@ -344,6 +344,12 @@ def test_config_accepted_by_tandem_and_ports_match():
             assert router.get("http") == config["router"]["port"], \
                 f"{overlay}: router.port {config['router']['port']} is not the router's " \
                 f"containerPort {router}"
+            for role in ROLES:
+                mounts = [m["mountPath"] for m in
+                          main_container(deployment_of(docs, role))["volumeMounts"]]
+                assert config["model"]["path"] in mounts, \
+                    f"{overlay}: model.path {config['model']['path']} is not a volume of " \
+                    f"tandem-{role} (mounts: {mounts})"
             for role in INSTANCE_ROLES:
                 section = config[role]
                 ports = container_ports(main_container(deployment_of(docs, role)))
