@@ -79,7 +79,8 @@ def test_kubernetes_validate_strict():
             f"overlays/{overlay} fails kubernetes-validate --strict {KUBERNETES_VERSION}:\n" \
             + "\n".join(errors)
         assert unknown <= set(CRD_KINDS), \
-            f"overlays/{overlay}: kinds without any schema check: {sorted(unknown - set(CRD_KINDS))}"
+            f"overlays/{overlay}: kinds without any schema check: " \
+            f"{sorted(unknown - set(CRD_KINDS))}"
 
 
 def test_yamllint():
@@ -396,7 +397,8 @@ def test_pods_are_locked_down():
             continue
         spec = dep["spec"]["template"]["spec"]
         name = dep["metadata"]["name"]
-        assert spec["securityContext"].get("runAsNonRoot") is True, f"{overlay}: {name} may run as root"
+        assert spec["securityContext"].get("runAsNonRoot") is True, \
+            f"{overlay}: {name} may run as root"
         for c in spec.get("initContainers", []) + spec["containers"]:
             sc = c.get("securityContext", {})
             assert sc.get("readOnlyRootFilesystem") is True, \
@@ -424,7 +426,8 @@ def test_scaledobjects_follow_the_recommended_replicas():
         s = scaled.get(dep["metadata"]["name"])
         assert s, f"gpu: no ScaledObject scales tandem-{role}"
         assert s["spec"]["minReplicaCount"] == 1, f"gpu: tandem-{role} may scale below 1"
-        queries = [t["metadata"]["query"] for t in s["spec"]["triggers"] if t["type"] == "prometheus"]
+        queries = [t["metadata"]["query"] for t in s["spec"]["triggers"]
+                   if t["type"] == "prometheus"]
         assert queries and all(f'tandem_recommended_replicas{{role="{role}"}}' in q
                                for q in queries), \
             f"gpu: tandem-{role} does not scale on tandem_recommended_replicas{{role=\"{role}\"}}"
