@@ -18,8 +18,6 @@
 namespace tandem {
 namespace {
 
-constexpr auto kDrainTimeout = std::chrono::seconds(30);
-
 // The router as a RoleProcess: the HTTP front end over the cluster backend.
 class RouterProcess : public RoleProcess {
  public:
@@ -45,6 +43,8 @@ class RouterProcess : public RoleProcess {
     }
     std::unique_ptr<RouterProcess> router(
         new RouterProcess(config, served_name, args.control, advisor));
+    router->drain_timeout_ = std::chrono::milliseconds(
+        static_cast<int64_t>(args.drain_timeout_s * 1000));
     TANDEM_RETURN_IF_ERROR(router->backend_.Start());
     if (Status s = router->advice_.Start(config); !s.ok()) {
       router->backend_.Stop();
@@ -84,7 +84,7 @@ class RouterProcess : public RoleProcess {
     TANDEM_LOG(kInfo) << "draining " << service_->running() << " request(s)";
     // Order matters: the HTTP server drains (and cancels what is left) while the backend still
     // delivers events; then the backend stops.
-    server_->Stop(std::chrono::duration_cast<std::chrono::milliseconds>(kDrainTimeout));
+    server_->Stop(drain_timeout_);
     advice_.Stop();
     backend_.Stop();
   }
@@ -114,6 +114,7 @@ class RouterProcess : public RoleProcess {
   ReplicaAdviceLoop advice_;
   std::unique_ptr<RouterService> service_;
   std::unique_ptr<HttpServer> server_;
+  std::chrono::milliseconds drain_timeout_{30000};  // --drain-timeout-s
   bool stopped_ = false;
 };
 

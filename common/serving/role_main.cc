@@ -118,11 +118,9 @@ int RunRoleMain(const RoleSpec& spec, const std::vector<std::string>& args) {
                    spec.description);
   flags.AddString("config", "", spec.instance ? "cluster YAML (absent: defaults)"
                                               : "cluster config file (YAML)");
-  if (spec.instance) {
-    flags.AddInt("index", 0, "instance index: ports are SECTION.port + index");
-    flags.AddDouble("drain-timeout-s", 30,
-                    "on SIGTERM, wait at most this long for in-flight requests");
-  }
+  if (spec.instance) flags.AddInt("index", 0, "instance index: ports are SECTION.port + index");
+  flags.AddDouble("drain-timeout-s", 30,
+                  "on SIGTERM, wait at most this long for in-flight requests");
   flags.AllowConfigOverrides();
   if (Status s = flags.Parse(args); !s.ok()) {
     std::fprintf(stderr, "%s: %s\n", tool.c_str(), s.message().c_str());
@@ -153,10 +151,14 @@ int RunRoleMain(const RoleSpec& spec, const std::vector<std::string>& args) {
   role_args.config = std::move(*config);
   if (spec.instance) {
     role_args.index = static_cast<int>(flags.GetInt("index"));
-    role_args.drain_timeout_s = flags.GetDouble("drain-timeout-s");
     SetLogRole(spec.command + "-" + std::to_string(role_args.index));
   } else {
     SetLogRole(spec.command);
+  }
+  role_args.drain_timeout_s = flags.GetDouble("drain-timeout-s");
+  if (role_args.drain_timeout_s < 0) {
+    std::fprintf(stderr, "%s: --drain-timeout-s must be >= 0\n", tool.c_str());
+    return kExitUsage;
   }
   ApplyLogging(role_args.config);
   RaiseFdLimit();

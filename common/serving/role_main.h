@@ -41,13 +41,13 @@ struct RoleArgs {
   // From control: and the cluster secret (LoadClusterSecret): every control connection's.
   ControlOptions control;
   int index = 0;                // instances: ports are SECTION.port + index
-  double drain_timeout_s = 30;  // instances: bound of the drain on SIGTERM
+  double drain_timeout_s = 30;  // bound of the drain on SIGTERM (--drain-timeout-s)
 };
 
 struct RoleSpec {
   std::string command;      // "prefill": the usage line and the log role
   std::string description;  // one line for --help
-  // Instances take --index and --drain-timeout-s and may run on defaults without --config; the
+  // Instances take --index and may run on defaults without --config; the
   // router requires --config and takes no index.
   bool instance = true;
   std::function<StatusOr<std::unique_ptr<RoleProcess>>(const RoleArgs&)> start;

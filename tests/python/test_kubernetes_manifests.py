@@ -28,8 +28,7 @@ KUBERNETES_VERSION = "1.32.0"   # README "Kubernetes" names it
 BINARY = os.environ.get("TANDEM_BINARY", os.path.join(SOURCE, "build", "tandem"))
 ROLES = ("router", "prefill", "decode")
 INSTANCE_ROLES = ("prefill", "decode")
-ROUTER_DRAIN_S = 30        # router/router_main.cc kDrainTimeout (the router takes no flag)
-INSTANCE_DRAIN_DEFAULT_S = 30   # common/serving/role_main.cc: --drain-timeout-s default
+DRAIN_DEFAULT_S = 30   # common/serving/role_main.cc: --drain-timeout-s default (every role)
 GRACE_MARGIN_S = 10
 CRD_KINDS = {
     "ServiceMonitor": "monitoring.coreos.com_servicemonitors.yaml",
@@ -190,10 +189,7 @@ def test_startup_probe_outlasts_a_model_load():
 
 
 def drain_seconds(dep):
-    if component(dep) == "router":
-        return ROUTER_DRAIN_S
-    return float(flag_value(main_container(dep)["args"], "drain-timeout-s",
-                            INSTANCE_DRAIN_DEFAULT_S))
+    return float(flag_value(main_container(dep)["args"], "drain-timeout-s", DRAIN_DEFAULT_S))
 
 
 def test_grace_period_covers_prestop_and_drain():
