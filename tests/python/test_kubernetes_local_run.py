@@ -436,6 +436,24 @@ def slo_ttft_target(client, router):
     return None
 
 
+def recommended_replicas_failures(client, router):
+    """The router runs the replica recommendation the manifests turn on
+    (components/replica-advice): tandem_recommended_replicas{role} for prefill and decode, >= 1,
+    the series the ScaledObjects query."""
+    port = main_container(router.deployment)["ports"][0]["containerPort"]
+    status, text = curl(client, f"http://{router.ip}:{port}/metrics", timeout=5)
+    found = {}
+    for line in text.splitlines() if status == 200 else []:
+        m = re.match(r'tandem_recommended_replicas\{[^}]*role="(prefill|decode)"[^}]*\} (\S+)$',
+                     line)
+        if m:
+            found[m.group(1)] = float(m.group(2))
+    if sorted(found) != ["decode", "prefill"] or min(found.values()) < 1:
+        return [f"router /metrics has no tandem_recommended_replicas for both roles: {found}"]
+    print(f"router recommends {found}", flush=True)
+    return []
+
+
 def config_reload_failures(client, router):
     """Changes slo.ttft_s in the router's ConfigMap volume as kubelet would (atomic ..data swap)
     and waits for the router's exported TTFT target to follow (the router polls its --config
@@ -450,7 +468,13 @@ def config_reload_failures(client, router):
     before = slo_ttft_target(client, router)
     want = float(config["slo"]["ttft_s"]) + 1.5
     config["slo"]["ttft_s"] = want
-    write_atomically(volume, {key: yaml.safe_dump(config).encode()}, 0o644)
+    # Kubelet rewrites every key of the ConfigMap (the latency model beside the config too).
+    files = {}
+    for name in os.listdir(os.path.join(volume, "..data")):
+        with open(os.path.join(volume, "..data", name), "rb") as f:
+            files[name] = f.read()
+    files[key] = yaml.safe_dump(config).encode()
+    write_atomically(volume, files, 0o644)
     got = wait_ttft_target(client, router, want, 10)
     if got == want:
         print(f"router reloaded its ConfigMap by itself: TTFT target {before} -> {got}",
@@ -541,6 +565,7 @@ def main():
         for pod in pods:
             failures += listening_port_failures(pod) + user_failures(pod)
         failures += completion_failures(client, pods[-1], docs)
+        failures += recommended_replicas_failures(client, pods[-1])
         failures += config_reload_failures(client, pods[-1])
     except Exception as e:  # a setup failure is reported with the pods' logs, then torn down
         failures.append(f"{type(e).__name__}: {e}")
