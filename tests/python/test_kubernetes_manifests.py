@@ -478,6 +478,76 @@ def test_prometheus_scrape_config_finds_every_metrics_port():
             assert out.returncode == 0, f"promtool check config:\n{out.stdout}{out.stderr}"
 
 
+# A GPU latency model for `tandem plan` (two shapes; made up: the test checks the overlay carries
+# whatever the plan chose, not the numbers).
+PLAN_LATENCY_MODEL = """latency_model:
+  - {model: m, device: h100, tensor_parallel: 1, prefill: {c1: 0.01, c2: 0.0001, c3: 0},
+     decode: {c4: 0.02, c5: 0.001, c6: 0}, kv_bytes_per_token: 100000}
+  - {model: m, device: h100, tensor_parallel: 2, prefill: {c1: 0.01, c2: 0.00004, c3: 0},
+     decode: {c4: 0.015, c5: 0.0008, c6: 0}, kv_bytes_per_token: 100000}
+"""
+
+
+def test_plan_writes_an_overlay_that_renders_the_plan():
+    """`tandem plan --kustomize-out` writes an overlay over the gpu one: it renders, passes
+    kubernetes-validate --strict and the CRD schemas, and carries the plan's counts (replicas and
+    the autoscalers' floor), GPUs per instance and shapes."""
+    assert os.access(BINARY, os.X_OK), f"no tandem binary at {BINARY}"
+    with tempfile.TemporaryDirectory(prefix="tandem-plan-") as tmp:
+        tree = os.path.join(tmp, "kubernetes")
+        shutil.copytree(KUBERNETES, tree, ignore=shutil.ignore_patterns("secrets"))
+        shutil.copytree(os.path.join(tree, "example-secrets"),
+                        os.path.join(tree, "overlays", "gpu", "secrets"))
+        lm = os.path.join(tmp, "lm.yaml")
+        with open(lm, "w") as f:
+            f.write(PLAN_LATENCY_MODEL)
+        overlay = os.path.join(tree, "overlays", "planned")
+        out = subprocess.run([BINARY, "plan", "--latency-model", lm, "--workload", "chatbot",
+                              "--slo-ttft", "0.5", "--slo-tpot", "0.1", "--gpus", "8",
+                              "--num-requests", "100", "--out", os.path.join(tmp, "plan.yaml"),
+                              "--kustomize-out", overlay],
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, f"tandem plan failed:\n{out.stdout}{out.stderr}"
+        with open(os.path.join(tmp, "plan.yaml")) as f:
+            plan = yaml.safe_load(f)
+        rendered = subprocess.run([k8s_util.kubectl(), "kustomize", overlay],
+                                  capture_output=True, text=True, timeout=120)
+        assert rendered.returncode == 0, f"the plan's overlay does not render:\n{rendered.stderr}"
+        rendered_path = os.path.join(tmp, "rendered.yaml")
+        with open(rendered_path, "w") as f:
+            f.write(rendered.stdout)
+        valid = subprocess.run([sys.executable, "-m", "kubernetes_validate", "--strict", "-k",
+                                KUBERNETES_VERSION, rendered_path],
+                               capture_output=True, text=True, timeout=300)
+        errors = [line for line in (valid.stdout + valid.stderr).splitlines()
+                  if not line.startswith(("INFO", "WARN"))]
+        assert valid.returncode == 0 and not errors, \
+            "the plan's overlay fails kubernetes-validate --strict:\n" + "\n".join(errors)
+    docs = [d for d in yaml.safe_load_all(rendered.stdout) if d]
+    for kind in ("ScaledObject",):
+        _, validator = crd_validator(kind)
+        for doc in of_kind(docs, kind):
+            assert validator.is_valid(doc), f"the plan's {kind} {doc['metadata']['name']} " \
+                f"fails its CRD schema"
+    for role in INSTANCE_ROLES:
+        section = plan[role]
+        dep = deployment_of(docs, role)
+        assert dep["spec"].get("replicas") == section["instances"], \
+            f"tandem-{role} replicas {dep['spec'].get('replicas')}, the plan says " \
+            f"{section['instances']}"
+        scaled = named(docs, "ScaledObject", f"tandem-{role}")
+        assert scaled["spec"]["minReplicaCount"] == section["instances"], \
+            f"ScaledObject tandem-{role} floor is not the plan's {section['instances']}"
+        c = main_container(dep)
+        gpus = section["tensor_parallel"] * section["pipeline_parallel"]
+        for bound in ("requests", "limits"):
+            assert str(c["resources"][bound].get("nvidia.com/gpu")) == str(gpus), \
+                f"tandem-{role} {bound} nvidia.com/gpu is not the plan's {gpus}"
+        for key in ("tensor_parallel", "pipeline_parallel", "max_batch_size"):
+            assert f"--{role}.{key}={section[key]}" in c["args"], \
+                f"tandem-{role} args lack --{role}.{key}={section[key]}: {c['args']}"
+
+
 TESTS = [
     test_every_overlay_renders,
     test_kubernetes_validate_strict,
@@ -495,6 +565,7 @@ TESTS = [
     test_pods_are_locked_down,
     test_scaledobjects_follow_the_recommended_replicas,
     test_prometheus_scrape_config_finds_every_metrics_port,
+    test_plan_writes_an_overlay_that_renders_the_plan,
 ]
 
 
