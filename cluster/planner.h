@@ -110,16 +110,6 @@ StatusOr<PhaseCapacity> MeasurePhaseCapacity(const LatencyModelFile& models,
                                              const std::vector<WorkloadRequest>& requests,
                                              double horizon_s = 60);
 
-// A kustomize overlay over `base` (a path relative to the overlay's directory, e.g. "../gpu")
-// that runs the plan on Kubernetes: the Deployments' replicas (tandem-prefill, tandem-decode)
-// and, as the floor of their ScaledObjects, the planned counts; per role the GPUs of an
-// instance (nvidia.com/gpu = tensor_parallel x pipeline_parallel, requests and limits) and
-// its shape as --SECTION.KEY overrides on the instance's command line (device,
-// tensor_parallel, pipeline_parallel, max_batch_size, kv_blocks; threads for a cpu instance). The SLO and model
-// length stay in the cluster ConfigMap (the router reloads them live), written as a comment.
-std::string PlanKustomization(const Plan& plan, const PlanOptions& options,
-                              const std::string& base);
-
 int PlanMain(const std::vector<std::string>& args);
 
 }  // namespace tandem

@@ -132,7 +132,7 @@ TEST_CASE("replica advice: prefill and decode follow their own part of the lengt
   CHECK(summarize.decode_capacity_rps > chat.decode_capacity_rps);
 }
 
-TEST_CASE("replica advice: no traffic recommends one of each; an unmeetable SLO says which",
+TEST_CASE("replica advice: no traffic recommends one of each, and an unmeetable SLO says which",
           "[replica_advice]") {
   const LatencyModelFile models = Models();
   ClusterConfig config = Config();
