@@ -53,6 +53,12 @@ LOAD_S = 40              # seconds of steady load (the [1m] windows then hold on
 # Metrics that a local cluster cannot have: parsed, not required to return data.
 NOT_LOCAL = {"kube_deployment_status_replicas": "kube-state-metrics on Kubernetes"}
 FALLBACK = " or on() vector(0)"
+# prefill.kv_hold_timeout_s; decode gives up waiting for KV blocks 1 s earlier (kv_intake.cc), so
+# at 1 s or less every request would fail.
+KV_HOLD_TIMEOUT_S = 2.0
+TRANSFER_TIMEOUT_S = 0.5  # transfer.timeout_s
+STALL_S = 3.5             # prefill-1 stopped this long
+HEARTBEAT_TIMEOUT_S = 10  # control.heartbeat_timeout_s, launcher.health_failures x 1 s: > STALL_S
 
 
 def substitute(expr, model):
@@ -256,6 +262,20 @@ def drive_load(cluster, log):
     if check(pid, "no prefill-0 child to kill"):
         log(f"killing prefill-0 (pid {pid})")
         os.kill(pid, signal.SIGKILL)
+    time.sleep(LOAD_S * 0.25)
+    # A prefill instance that stalls (SIGSTOP) under load, longer than decode waits for the next
+    # KV layer (max(transfer.timeout_s, prefill.kv_hold_timeout_s)): layerwise pulls of the
+    # requests it was computing fail (tandem_kv_transfer_failures_total{reason}). Shorter than
+    # the router's heartbeat timeout and the launcher's health failures, so it is neither
+    # declared down nor restarted.
+    pid = cluster.child_pid("prefill", 1)
+    if check(pid, "no prefill-1 child to stop"):
+        log(f"stopping prefill-1 (pid {pid}) for {STALL_S} s")
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            time.sleep(STALL_S)
+        finally:
+            os.kill(pid, signal.SIGCONT)
     for w in workers:
         w.join(timeout=LOAD_S + 90)
     for _ in range(3):
@@ -297,6 +317,10 @@ def main():
         cluster.config["router"].update({
             "latency_model": lm, "recommend_interval_s": 1, "recommend_window_s": 20,
             "max_concurrent_requests": 4})
+        cluster.config["prefill"]["kv_hold_timeout_s"] = KV_HOLD_TIMEOUT_S
+        cluster.config["transfer"]["timeout_s"] = TRANSFER_TIMEOUT_S
+        cluster.config["control"] = {"heartbeat_timeout_s": HEARTBEAT_TIMEOUT_S}
+        cluster.config["launcher"] = {"health_failures": HEARTBEAT_TIMEOUT_S}
         cluster.config["slo"] = {
             "ttft_s": 60, "tpot_s": 10, "attainment_target": 0.9,
             "classes": [{"name": "interactive", "ttft_s": 10, "tpot_s": 2},
@@ -357,6 +381,15 @@ def main():
                     if not real:
                         fallback_only.append(f"{p['title']!r} [{t['refId']}]")
         log(f"ran {ran} queries")
+        for what in ("sum by (reason) (tandem_kv_transfer_failures_total)",
+                     "sum by (result) (tandem_router_placements_total)",
+                     "sum by (code) (tandem_request_failure_total)",
+                     "sum by (slo_class, result) (tandem_router_slo_requests_total)",
+                     "sum by (role) (tandem_recommended_replicas)"):
+            series, _ = prom_query(prom_url, what)
+            log(f"{what}: " + ", ".join(
+                f"{','.join(s['metric'].values()) or '-'}={float(s['value'][1]):g}"
+                for s in series))
         if fallback_only:
             log("only the `or on() vector(0)` fallback (the event did not happen here): "
                 + "; ".join(fallback_only))
