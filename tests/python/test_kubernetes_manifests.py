@@ -85,8 +85,12 @@ def test_kubernetes_validate_strict():
 def test_yamllint():
     config = os.path.join(SOURCE, ".yamllint")
     for overlay in OVERLAYS:
+        # Less the Grafana dashboard's ConfigMap: its data is JSON with long lines (PromQL,
+        # descriptions), not YAML anyone writes; tests/python/test_grafana_dashboard.py lints it.
+        text = "\n---\n".join(d for d in RENDERED[overlay][0].split("\n---\n")
+                               if 'grafana_dashboard: "1"' not in d)
         out = subprocess.run([sys.executable, "-m", "yamllint", "-s", "-c", config, "-"],
-                             input=RENDERED[overlay][0], capture_output=True, text=True)
+                             input=text, capture_output=True, text=True)
         assert out.returncode == 0, f"rendered overlays/{overlay} fails yamllint:\n{out.stdout}"
     # From the repository root, so that .yamllint's ignore patterns (upstream CRDs) apply.
     out = subprocess.run([sys.executable, "-m", "yamllint", "-s", "-c", config, "deploy"],
@@ -155,6 +159,25 @@ def test_prometheusrule_carries_the_rules_file():
     assert len(rules) == 1, f"the gpu overlay renders {len(rules)} PrometheusRules, expected 1"
     assert rules[0]["spec"]["groups"] == groups, \
         "the PrometheusRule's spec.groups differ from deploy/prometheus/tandem-rules.yaml"
+
+
+def test_grafana_dashboard_configmap():
+    """The monitoring component ships deploy/grafana/tandem-dashboard.json, unchanged, as a
+    ConfigMap that Grafana's dashboard sidecar loads (label grafana_dashboard: "1")."""
+    with open(os.path.join(SOURCE, "deploy", "grafana", "tandem-dashboard.json")) as f:
+        dashboard = f.read()
+    seen = False
+    for overlay in OVERLAYS:
+        maps = [c for c in of_kind(docs_of(overlay), "ConfigMap")
+                if c["metadata"].get("labels", {}).get("grafana_dashboard") == "1"]
+        if of_kind(docs_of(overlay), "PrometheusRule"):   # the monitoring component
+            assert len(maps) == 1, \
+                f"{overlay}: {len(maps)} ConfigMaps labelled grafana_dashboard, expected 1"
+            assert maps[0]["data"].get("tandem-dashboard.json") == dashboard, \
+                f"{overlay}: the dashboard ConfigMap differs from deploy/grafana/" \
+                "tandem-dashboard.json: cp it to deploy/kubernetes/components/monitoring/"
+            seen = True
+    assert seen, "no overlay renders the Grafana dashboard ConfigMap"
 
 
 # --- what an operator relies on --------------------------------------------------------------
@@ -333,7 +356,7 @@ def test_config_accepted_by_tandem_and_ports_match():
         for overlay in OVERLAYS:
             docs = docs_of(overlay)
             maps = {c["metadata"]["name"]: c["data"]["cluster.yaml"]
-                    for c in of_kind(docs, "ConfigMap")}
+                    for c in of_kind(docs, "ConfigMap") if "cluster.yaml" in c["data"]}
             assert len(set(maps.values())) == 1, \
                 f"{overlay}: the router's and the instances' ConfigMaps differ"
             config = effective_config(overlay, next(iter(maps.values())), tmp)
@@ -554,6 +577,7 @@ TESTS = [
     test_yamllint,
     test_custom_resources_match_upstream_crds,
     test_prometheusrule_carries_the_rules_file,
+    test_grafana_dashboard_configmap,
     test_probes_point_at_container_ports,
     test_startup_probe_outlasts_a_model_load,
     test_grace_period_covers_prestop_and_drain,
