@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "cluster/planner.h"
 
@@ -33,8 +34,14 @@ StatusOr<ReplicaAdvice> RecommendReplicas(const ClusterConfig& config,
     mix.push_back(r);
   }
   TANDEM_ASSIGN_OR_RETURN(PhaseCapacity capacity, MeasurePhaseCapacity(models, config, mix));
-  advice.prefill_capacity_rps = capacity.prefill_rps;
-  advice.decode_capacity_rps = capacity.decode_rps;
+  // A capacity past kUnbounded means the objective never binds on this mix (the search ran to
+  // its ceiling): exported as +Inf rather than the ceiling's arbitrary number.
+  constexpr double kUnbounded = 1e9;
+  auto bounded = [](double rps) {
+    return rps >= kUnbounded ? std::numeric_limits<double>::infinity() : rps;
+  };
+  advice.prefill_capacity_rps = bounded(capacity.prefill_rps);
+  advice.decode_capacity_rps = bounded(capacity.decode_rps);
   auto unmeetable = [&](const char* role, const char* objective, double seconds) {
     return FailedPrecondition(std::string("one ") + role + " instance meets " + objective + " " +
                               std::to_string(seconds) + " s at no rate on this traffic (router." +

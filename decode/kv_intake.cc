@@ -288,9 +288,11 @@ void KvIntake::ExpireWaiting() {
   // Prefill frees unpulled KV after prefill.kv_hold_timeout_s (same cluster config). Pulling
   // after that could read blocks it has reused, so a request that waited that long (less a
   // margin) fails here instead. Prefill's hold starts when it sends the first token; until
-  // then, conservatively, when KvReady came.
+  // then, conservatively, when KvReady came. The margin is 1 s, or a fifth of a shorter hold
+  // (a hold of 1 s or less must still leave time to pull).
+  const double margin_s = std::min(1.0, 0.2 * options_.hold_timeout_s);
   const auto limit = std::chrono::milliseconds(
-      static_cast<int64_t>(std::max(0.0, options_.hold_timeout_s - 1.0) * 1000));
+      static_cast<int64_t>((options_.hold_timeout_s - margin_s) * 1000));
   const auto now = Clock::now();
   std::vector<std::string> late;
   for (const std::string& id : waiting_)

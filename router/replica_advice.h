@@ -7,7 +7,8 @@
 // workload. A window without traffic recommends 1 of each (the floor: no role is scaled away).
 //
 // Also exported: tandem_router_offered_requests_per_second (the rate used) and
-// tandem_router_instance_capacity_requests_per_second{instance_role} (one instance's capacity).
+// tandem_router_instance_capacity_requests_per_second{instance_role} (one instance's capacity;
+// +Inf when the objective never binds on the mix).
 // The `role` label of tandem_recommended_replicas names the role it recommends for; it replaces
 // the router's own role="router" on that series (MetricsRegistry::AddGaugeAbout).
 //
