@@ -26,19 +26,35 @@ def slo(result, values):
                   f'role="router",{M},slo_class="default",result="{result}"', values)
 
 
-def hist(name, le_counts, step):
-    """A router histogram whose per-minute increments put the mass at `le_counts`."""
-    return [series(name + "_bucket", f'role="router",{M},le="{le}"', f"0+{n * step}x40")
+def hist(name, le_counts, step, slo_class="default"):
+    """A router histogram of one SLO class whose per-minute increments put the mass at
+    `le_counts`."""
+    return [series(name + "_bucket", f'role="router",{M},slo_class="{slo_class}",le="{le}"',
+                   f"0+{n * step}x40")
             for le, n in le_counts]
 
 
+def target(slo_class, objective, seconds):
+    return series("tandem_router_slo_target_seconds",
+                  f'role="router",{M},slo_class="{slo_class}",objective="{objective}"',
+                  f"{seconds}x40")
+
+
+# The default class (TTFT 2 s, TPOT 0.2 s) and a looser "batch" class (TTFT 10 s, TPOT 1 s).
 SLO_TARGETS = [
-    series("tandem_router_slo_target_seconds",
-           f'role="router",{M},slo_class="default",objective="ttft"', "2x40"),
-    series("tandem_router_slo_target_seconds",
-           f'role="router",{M},slo_class="default",objective="tpot"', "0.2x40"),
+    target("default", "ttft", 2), target("default", "tpot", 0.2),
+    target("batch", "ttft", 10), target("batch", "tpot", 1),
     series("tandem_router_slo_attainment_target", f'role="router",{M}', "0.9x40"),
 ]
+TTFT = "tandem_time_to_first_token_seconds"
+TPOT = "tandem_time_per_output_token_seconds"
+# p90 of each: TTFT 0.9 s, 4.6 s, 18.5 s; TPOT 0.09 s, 0.46 s, 1.85 s.
+TTFT_FAST = [("1", 10), ("5", 10), ("20", 10), ("+Inf", 10)]
+TTFT_MID = [("1", 0), ("5", 10), ("20", 10), ("+Inf", 10)]
+TTFT_SLOW = [("1", 0), ("5", 0), ("20", 10), ("+Inf", 10)]
+TPOT_FAST = [("0.1", 10), ("0.5", 10), ("2", 10), ("+Inf", 10)]
+TPOT_MID = [("0.1", 0), ("0.5", 10), ("2", 10), ("+Inf", 10)]
+TPOT_SLOW = [("0.1", 0), ("0.5", 0), ("2", 10), ("+Inf", 10)]
 
 # alert -> (series on which it fires, the labels it fires with, healthy series)
 SCENARIOS = {
@@ -46,18 +62,16 @@ SCENARIOS = {
         [slo("attained", "0+60x40"), slo("missed", "0+40x40")] + SLO_TARGETS,
         {"model": "m", "slo_class": "default"},
         [slo("attained", "0+98x40"), slo("missed", "0+2x40")] + SLO_TARGETS),
+    # Per class against its own target: batch over its 10 s fires (default within its 2 s); silent
+    # when batch's 4.6 s is over the default's 2 s but within its own 10 s.
     "TandemTTFTOverSLO": (
-        hist("tandem_time_to_first_token_seconds", [("1", 1), ("5", 10), ("+Inf", 10)], 6)
-        + SLO_TARGETS,
-        {"model": "m"},
-        hist("tandem_time_to_first_token_seconds", [("1", 10), ("5", 10), ("+Inf", 10)], 6)
-        + SLO_TARGETS),
+        hist(TTFT, TTFT_FAST, 6) + hist(TTFT, TTFT_SLOW, 6, "batch") + SLO_TARGETS,
+        {"model": "m", "slo_class": "batch"},
+        hist(TTFT, TTFT_FAST, 6) + hist(TTFT, TTFT_MID, 6, "batch") + SLO_TARGETS),
     "TandemTPOTOverSLO": (
-        hist("tandem_time_per_output_token_seconds", [("0.1", 1), ("0.5", 10), ("+Inf", 10)], 6)
-        + SLO_TARGETS,
-        {"model": "m"},
-        hist("tandem_time_per_output_token_seconds", [("0.1", 10), ("0.5", 10), ("+Inf", 10)], 6)
-        + SLO_TARGETS),
+        hist(TPOT, TPOT_FAST, 6) + hist(TPOT, TPOT_SLOW, 6, "batch") + SLO_TARGETS,
+        {"model": "m", "slo_class": "batch"},
+        hist(TPOT, TPOT_FAST, 6) + hist(TPOT, TPOT_MID, 6, "batch") + SLO_TARGETS),
     "TandemKVCacheNearFull": (
         [series("tandem_kv_cache_usage_ratio", f'role="decode",{M},instance="d0"', "0.99x40")],
         {"model": "m", "role": "decode", "instance": "d0"},
@@ -111,6 +125,18 @@ SCENARIOS = {
          series("tandem_request_failure_total", f'role="router",{M},code="503"', "0+1x40")]),
 }
 
+# More firing cases: (alert, series, the label sets it fires with).
+MORE_FIRING = [
+    # The default class over its 2 s / 0.2 s fires for default only (batch within its 10 s / 1 s).
+    ("TandemTTFTOverSLO", hist(TTFT, TTFT_MID, 6) + hist(TTFT, TTFT_MID, 6, "batch") + SLO_TARGETS,
+     [{"model": "m", "slo_class": "default"}]),
+    ("TandemTPOTOverSLO", hist(TPOT, TPOT_MID, 6) + hist(TPOT, TPOT_MID, 6, "batch") + SLO_TARGETS,
+     [{"model": "m", "slo_class": "default"}]),
+    # Both classes over: one alert each.
+    ("TandemTTFTOverSLO", hist(TTFT, TTFT_SLOW, 6) + hist(TTFT, TTFT_SLOW, 6, "batch")
+     + SLO_TARGETS, [{"model": "m", "slo_class": "batch"}, {"model": "m", "slo_class": "default"}]),
+]
+
 
 def main():
     promtool = shutil.which("promtool")
@@ -138,6 +164,12 @@ def main():
              "exp_alerts": [{"exp_labels": expected, "exp_annotations": rule["annotations"]}]}]})
         tests.append({"interval": "1m", "input_series": healthy, "alert_rule_test": [
             {"eval_time": "30m", "alertname": name, "exp_alerts": []}]})
+    for name, firing, label_sets in MORE_FIRING:
+        rule = alerts[name]
+        tests.append({"interval": "1m", "input_series": firing, "alert_rule_test": [
+            {"eval_time": "30m", "alertname": name,
+             "exp_alerts": [{"exp_labels": {**rule.get("labels", {}), **labels},
+                             "exp_annotations": rule["annotations"]} for labels in label_sets]}]})
     # Recording rules on a known input: 60 of 100 requests a minute attained.
     tests.append({"interval": "1m",
                   "input_series": [slo("attained", "0+60x20"), slo("missed", "0+40x20")],
@@ -150,6 +182,19 @@ def main():
                        "exp_samples": [{"labels": 'tandem:goodput:rate5m'
                                                   '{model="m",slo_class="default"}',
                                         "value": 1.0}]}]})
+    # p90 per class, and over all classes per model (half of the requests under 1 s).
+    tests.append({"interval": "1m",
+                  "input_series": hist(TTFT, TTFT_FAST, 6) + hist(TTFT, TTFT_MID, 6, "batch"),
+                  "promql_expr_test": [
+                      {"expr": "tandem:ttft_seconds_by_class:p90_5m", "eval_time": "10m",
+                       "exp_samples": [
+                           {"labels": 'tandem:ttft_seconds_by_class:p90_5m'
+                                      '{model="m",slo_class="default"}', "value": 0.9},
+                           {"labels": 'tandem:ttft_seconds_by_class:p90_5m'
+                                      '{model="m",slo_class="batch"}', "value": 4.6}]},
+                      {"expr": "tandem:ttft_seconds:p90_5m", "eval_time": "10m",
+                       "exp_samples": [{"labels": 'tandem:ttft_seconds:p90_5m{model="m"}',
+                                        "value": 4.2}]}]})
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "tandem-rules.test.yaml")
         with open(path, "w") as f:
@@ -157,7 +202,8 @@ def main():
                             "tests": tests}, f, sort_keys=False)
         out = subprocess.run([promtool, "test", "rules", path], capture_output=True, text=True)
     print(out.stdout + out.stderr)
-    print(f"{len(SCENARIOS)} alerts, each firing on its bad series and silent on healthy ones"
+    print(f"{len(SCENARIOS)} alerts, each firing on its bad series and silent on healthy ones "
+          f"(+{len(MORE_FIRING)} more firing cases)"
           if out.returncode == 0 else "promtool test rules FAILED")
     return out.returncode
 
