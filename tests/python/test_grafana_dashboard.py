@@ -18,7 +18,9 @@ real Prometheus that scraped a running multi-instance cluster under load, return
 4. Runs every target's expr through /api/v1/query and fails naming each panel (title and expr)
    whose query returns no series or no finite value. Targets written `X or on() vector(0)` (see
    the dashboard's description) are also run without the fallback, and the ones that only had
-   the fallback are listed (not a failure: the event did not happen).
+   the fallback are listed (not a failure: the event did not happen). Targets using `$slo_class`
+   (the latency rows, repeated per class) are also run with each class that had traffic and must
+   return that class alone.
 
 kube_deployment_status_replicas (kube-state-metrics, Kubernetes only) is parsed but not required
 to return data. Exit 0 = pass, 77 = skip (no promtool/prometheus or no tandem binary)."""
@@ -54,12 +56,14 @@ NOT_LOCAL = {"kube_deployment_status_replicas": "kube-state-metrics on Kubernete
 FALLBACK = " or on() vector(0)"
 
 
-def substitute(expr, model):
-    """The expr as Grafana sends it: its variables replaced by concrete values."""
+def substitute(expr, model, slo_class=".*"):
+    """The expr as Grafana sends it: its variables replaced by concrete values (`slo_class`: one
+    class, as in a row repeated per class, or every class)."""
     for var, value in (("$__rate_interval", RATE_INTERVAL), ("${__rate_interval}", RATE_INTERVAL),
                        ("$__interval", RATE_INTERVAL), ("${__interval}", RATE_INTERVAL),
                        ("${model}", model), ("$model", model), ("${datasource}", "prometheus"),
-                       ("$datasource", "prometheus")):
+                       ("$datasource", "prometheus"), ("${slo_class}", slo_class),
+                       ("$slo_class", slo_class)):
         expr = expr.replace(var, value)
     return expr
 
@@ -86,6 +90,10 @@ def lint(dashboard, promtool, work):
     model = variables.get("model", {})
     check(model.get("type") == "query" and "label_values(" in json.dumps(model.get("query")),
           "no `model` variable with a label_values query")
+    slo_class = variables.get("slo_class", {})
+    check(slo_class.get("type") == "query" and "label_values(" in json.dumps(slo_class.get("query"))
+          and slo_class.get("includeAll") and slo_class.get("allValue") == ".*",
+          "no `slo_class` variable (label_values, All = .*) for the latency rows per class")
     ids = [p.get("id") for p in dashboard.get("panels", [])]
     ids += [q.get("id") for p in dashboard.get("panels", []) for q in p.get("panels", [])]
     check(len(ids) == len(set(ids)) and None not in ids, f"panel ids not unique: {ids}")
@@ -272,8 +280,12 @@ def check_queries(dashboard, prom_url, log):
     models = {s["metric"].get("model") for s in series}
     check(MODEL in models, f"the model variable would not offer {MODEL}: {models} {err}")
 
-    # Per-class and per-role panels show every class and role, not just one.
+    # Per-class and per-role panels show every class and role, not just one (the latency
+    # histograms and the slo_class variable's query included).
     for expr, label, want in (
+            ("tandem_time_to_first_token_seconds_count", "slo_class",
+             {"default", "interactive", "batch"}),
+            ("tandem_time_per_output_token_seconds_count", "slo_class", {"interactive", "batch"}),
             ("tandem:goodput:rate5m", "slo_class", {"interactive", "batch"}),
             ("tandem:slo_attainment:ratio5m", "slo_class", {"interactive", "batch"}),
             ("tandem_router_slo_requests_total", "result", {"attained", "rejected"}),
@@ -305,6 +317,14 @@ def check_queries(dashboard, prom_url, log):
                 real, _ = prom_query(prom_url, expr.replace(FALLBACK, ""))
                 if not real:
                     fallback_only.append(f"{p['title']!r} [{t['refId']}]")
+            # A row repeated per class: its queries with each class that had traffic.
+            for cls in (("interactive", "batch") if "$slo_class" in t["expr"] else ()):
+                one = substitute(t["expr"], MODEL, cls)
+                ran += 1
+                series, err = prom_query(prom_url, one)
+                if not finite(series) or {s["metric"].get("slo_class") for s in series} != {cls}:
+                    empty.append(f"{p['title']!r} [{t['refId']}] for {cls}: {one} "
+                                 f"({err or [s['metric'] for s in series]})")
     log(f"ran {ran} queries")
     for what in ("sum by (reason) (tandem_kv_transfer_failures_total)",
                  "sum by (result) (tandem_router_placements_total)",
