@@ -25,17 +25,19 @@ struct RouterShared {
       options.metrics = owned_metrics.get();
     }
     MetricsRegistry& r = *options.metrics;
+    // Latency by SLO class (slo_class="default" without the header), so that each class's
+    // quantiles compare with its own tandem_router_slo_target_seconds line.
     ttft = &r.AddHistogram("tandem_time_to_first_token_seconds",
-                           "Time from request arrival to the first output token.", {},
-                           LatencyBuckets())
-                .Get();
+                           "Time from request arrival to the first output token.", {"slo_class"},
+                           LatencyBuckets());
     tpot = &r.AddHistogram("tandem_time_per_output_token_seconds",
-                           "Mean time between output tokens of a request, after the first.", {},
-                           LatencyBuckets())
-                .Get();
+                           "Mean time between output tokens of a request, after the first.",
+                           {"slo_class"}, LatencyBuckets());
     e2e = &r.AddHistogram("tandem_e2e_request_latency_seconds",
-                          "Time from request arrival to its last token.", {}, LatencyBuckets())
-               .Get();
+                          "Time from request arrival to its last token.", {"slo_class"},
+                          LatencyBuckets());
+    // The default class's series exist from the start (0 until a request finishes).
+    for (Family<Histogram>* h : {ttft, tpot, e2e}) h->WithLabels({"default"});
     success = &r.AddCounter("tandem_request_success_total", "Requests that completed.",
                             {"finish_reason"});
     failure = &r.AddCounter("tandem_request_failure_total",
@@ -61,10 +63,15 @@ struct RouterShared {
     failure->WithLabels({std::to_string(http_status)}).Inc();
   }
 
+  // The slo_class label value of a request's x-tandem-slo-class ("" = "default").
+  static std::string SloClassLabel(const std::string& slo_class) {
+    return slo_class.empty() ? "default" : slo_class;
+  }
+
   // Counts a request of `slo_class` with `result` when the backend judges SLOs.
   void RecordSlo(const std::string& slo_class, const char* result) {
     if (!backend->SloOf(slo_class)) return;
-    slo_requests->WithLabels({slo_class.empty() ? "default" : slo_class, result}).Inc();
+    slo_requests->WithLabels({SloClassLabel(slo_class), result}).Inc();
   }
 
   ServedModel model;
@@ -73,9 +80,9 @@ struct RouterShared {
   std::unique_ptr<MetricsRegistry> owned_metrics;
   std::atomic<int> running{0};
 
-  Histogram* ttft;
-  Histogram* tpot;
-  Histogram* e2e;
+  Family<Histogram>* ttft;  // these three by slo_class
+  Family<Histogram>* tpot;
+  Family<Histogram>* e2e;
   Family<Counter>* success;
   Family<Counter>* failure;
   Gauge* running_gauge;
@@ -298,12 +305,14 @@ class RequestContext : public std::enable_shared_from_this<RequestContext> {
     Clock::time_point now = Clock::now();
     auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
     const Clock::time_point arrival = request_.generate.arrival_time;
-    shared_->e2e->Observe(seconds(now - arrival));
+    const std::vector<std::string> slo_class{
+        RouterShared::SloClassLabel(request_.generate.slo_class)};
+    shared_->e2e->WithLabels(slo_class).Observe(seconds(now - arrival));
     const double ttft = num_tokens_ > 0 ? seconds(first_token_time_ - arrival) : 0;
     const double tpot =
         num_tokens_ > 1 ? seconds(last_token_time_ - first_token_time_) / (num_tokens_ - 1) : 0;
-    if (num_tokens_ > 0) shared_->ttft->Observe(ttft);
-    if (num_tokens_ > 1) shared_->tpot->Observe(tpot);
+    if (num_tokens_ > 0) shared_->ttft->WithLabels(slo_class).Observe(ttft);
+    if (num_tokens_ > 1) shared_->tpot->WithLabels(slo_class).Observe(tpot);
     shared_->success->WithLabels({finish_reason}).Inc();
     if (shared_->options.traffic != nullptr)
       shared_->options.traffic->RecordFinish(

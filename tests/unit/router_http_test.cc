@@ -137,12 +137,23 @@ class FakeBackend : public Backend {
     std::lock_guard<std::mutex> lock(mutex_);
     return slo_;
   }
+  // SLO classes the x-tandem-slo-class header may name (none: only the default).
+  void set_slo_classes(std::set<std::string> classes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    slo_classes_ = std::move(classes);
+  }
+  Status CheckSloClass(const std::string& slo_class) const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (slo_classes_.count(slo_class) > 0) return Status::Ok();
+    return Backend::CheckSloClass(slo_class);
+  }
 
  private:
   std::vector<int32_t> tokens_;
   int32_t eos_;
   mutable std::mutex mutex_;
   std::optional<SloTarget> slo_;
+  std::set<std::string> slo_classes_;
   std::condition_variable cv_;
   std::vector<std::thread> threads_;
   std::map<std::string, std::shared_ptr<std::atomic<bool>>> cancel_flags_;
@@ -547,6 +558,33 @@ TEST_CASE("HTTP: requests are counted against their SLO (attained, missed, rejec
   f.backend().set_fail_after(1);
   CHECK(f.Curl("POST", "/v1/completions", body.dump()).status == 503);
   CHECK(count("failed") == 1);
+}
+
+TEST_CASE("HTTP: latency histograms are by SLO class, default without the header",
+          "[router]") {
+  RouterFixture f;
+  f.backend().set_slo_classes({"batch"});
+  auto count = [&](const std::string& histogram, const std::string& slo_class) {
+    const std::string text = f.service().metrics().Render();
+    const std::string key = histogram + "_count{role=\"router\",model=\"tiny\",slo_class=\"" +
+                            slo_class + "\"} ";
+    const size_t at = text.find(key);
+    return at == std::string::npos ? -1.0 : std::stod(text.substr(at + key.size()));
+  };
+  const std::vector<std::string> histograms = {"tandem_time_to_first_token_seconds",
+                                               "tandem_time_per_output_token_seconds",
+                                               "tandem_e2e_request_latency_seconds"};
+  for (const std::string& h : histograms) CHECK(count(h, "default") == 0);  // from the start
+  std::string body =
+      json{{"model", "tiny"}, {"prompt", "x"}, {"max_tokens", 4}, {"ignore_eos", true}}.dump();
+  REQUIRE(f.Curl("POST", "/v1/completions", body, "-H 'x-tandem-slo-class: batch'").status ==
+          200);
+  for (const std::string& h : histograms) {
+    CHECK(count(h, "batch") == 1);
+    CHECK(count(h, "default") == 0);
+  }
+  REQUIRE(f.Curl("POST", "/v1/completions", body).status == 200);
+  for (const std::string& h : histograms) CHECK(count(h, "default") == 1);
 }
 
 TEST_CASE("HTTP: an unknown x-tandem-slo-class gets 400 naming the header", "[router]") {
