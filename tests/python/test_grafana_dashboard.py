@@ -208,13 +208,15 @@ def prom_query(url, expr):
 
 
 def finite(series):
+    """The series with a value. +Inf counts (a capacity whose objective never binds is exported
+    as +Inf); NaN (e.g. a quantile of no observations) does not."""
     out = []
     for s in series:
         try:
             v = float(s["value"][1])
         except (KeyError, ValueError, IndexError):
             continue
-        if not math.isnan(v) and not math.isinf(v):
+        if not math.isnan(v):
             out.append(s)
     return out
 
