@@ -19,6 +19,8 @@ debian_packages=(
   prometheus                              # promtool for metrics tests, a real scraper for e2e
   python3 python3-venv python3-pip python3-torch  # reference implementation (CPU torch 1.13)
   gnuplot-nox                             # plots in perf/
+  mmdebstrap podman iproute2              # container images (deploy/image): Debian base, vfs build;
+                                          #   tests/python/test_image.py runs it in a netns
 )
 
 missing=()
