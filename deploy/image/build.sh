@@ -61,7 +61,6 @@ work="$(cd "$work" && pwd)"
 store="$work/storage"
 # podman with its own storage (vfs: no overlay or fuse needed), no systemd, no journald; its
 # temporary files (layer blobs during build/commit) next to the storage rather than in /var/tmp.
-mkdir -p "$store/root" "$store/run" "$store/tmp"
 export TMPDIR="$store/tmp"
 pod() {
   podman --root "$store/root" --runroot "$store/run" --storage-driver vfs \
@@ -80,6 +79,9 @@ cleanup() {
     rm -rf "$store"
   fi
 }
+# A storage left by a run that was killed (a test timeout) would hold its layers: start clean.
+cleanup
+mkdir -p "$store/root" "$store/run" "$store/tmp"
 trap cleanup EXIT
 
 # ---- 1. the base root filesystem ---------------------------------------------------------------

@@ -235,6 +235,8 @@ def serve_in_namespaces(rootfs, config, work):
         subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
         check(subprocess.run(["ip", "netns", "pids", ns], capture_output=True).returncode != 0,
               f"network namespace {ns} left behind")
+        with open("/proc/self/mountinfo") as f:
+            check(root not in f.read(), f"a mount under {root} left behind on the host")
         if FAILURES:
             print("---- serve log ----\n" + tail_file(log_path, 60), flush=True)
 
