@@ -19,7 +19,8 @@ debian_packages=(
   prometheus                              # promtool for metrics tests, a real scraper for e2e
   python3 python3-venv python3-pip python3-torch  # reference implementation (CPU torch 1.13)
   gnuplot-nox                             # plots in perf/
-  iproute2 util-linux                     # ip, ss, unshare: tests/python/test_kubernetes_local_run.py
+  iproute2 util-linux                     # ip, ss, unshare: the local runs in network namespaces
+  mmdebstrap podman                       # container images (deploy/image): Debian base, vfs build
 )
 # kubectl (>= 1.27, for kustomize components) is not installed here: Debian 12's
 # kubernetes-client is 1.20. The machines come with one; without it the Kubernetes tests skip.
