@@ -39,7 +39,22 @@ import k8s_util  # noqa: E402
 from k8s_util import main_container, of_kind, named  # noqa: E402
 
 BINARY = os.environ.get("TANDEM_BINARY", os.path.join(k8s_util.SOURCE, "build", "tandem"))
-ROOTFS = os.environ.get("TANDEM_IMAGE_ROOTFS", "")
+BUILD_DIR = os.environ.get("TANDEM_BUILD_DIR", os.path.join(k8s_util.SOURCE, "build"))
+
+
+def image_rootfs():
+    """$TANDEM_IMAGE_ROOTFS, else the image CTest's fixture image/build exported
+    (build/image/rootfs.path), else "" (the host build)."""
+    if os.environ.get("TANDEM_IMAGE_ROOTFS"):
+        return os.environ["TANDEM_IMAGE_ROOTFS"]
+    path_file = os.path.join(BUILD_DIR, "image", "rootfs.path")
+    if os.path.exists(path_file):
+        with open(path_file) as f:
+            return f.read().strip()
+    return ""
+
+
+ROOTFS = image_rootfs()
 OVERLAY = "cpu"
 NAMESPACE = "default"
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # a container's default
