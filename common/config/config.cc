@@ -113,7 +113,8 @@ void ReadModelAndRouter(YamlErrors* v, YamlFields& top, ClusterConfig* c) {
   {
     YamlFields sec(v, top.Child("model"), "model");
     sec.String("path", &c->model.path);
-    sec.String("preset", &c->model.preset, {"tiny", "small", "medium"});
+    // Made random-weight presets, then the packaged real ones (common/model/packaged_model.cc).
+    sec.String("preset", &c->model.preset, {"tiny", "small", "medium", "smollm2-135m-instruct"});
     sec.String("name", &c->model.name);
     sec.String("chat_template", &c->model.chat_template,
                {"auto", "llama3", "chatml", "mistral", "none"});

@@ -9,6 +9,7 @@
 
 #include "common/base/log.h"
 #include "common/model/make_model.h"
+#include "common/model/packaged_model.h"
 
 namespace tandem {
 namespace fs = std::filesystem;
@@ -32,6 +33,9 @@ StatusOr<std::string> ResolveModelDir(const ModelSection& model) {
     if (!fs::exists(fs::path(model.path) / "config.json", ec))
       return NotFound("model.path '" + model.path + "' has no config.json");
     return model.path;
+  }
+  if (const PackagedModel* packaged = FindPackagedModel(model.preset)) {
+    return LocatePackagedModel(*packaged);
   }
   TANDEM_ASSIGN_OR_RETURN(fs::path cache, CacheDir());
   const fs::path models = cache / "models";
@@ -66,7 +70,12 @@ StatusOr<std::string> ResolveModelDir(const ModelSection& model) {
 
 std::string ServedModelName(const ModelSection& model) {
   if (!model.name.empty()) return model.name;
-  if (model.path.empty()) return "tandem-" + model.preset;
+  if (model.path.empty()) {
+    if (const PackagedModel* packaged = FindPackagedModel(model.preset)) {
+      return std::string(packaged->served_name);
+    }
+    return "tandem-" + model.preset;
+  }
   fs::path p = fs::path(model.path).lexically_normal();
   if (p.filename().empty()) p = p.parent_path();
   return p.filename().string();

