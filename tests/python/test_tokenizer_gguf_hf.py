@@ -103,6 +103,13 @@ def main():
                  "   leading", "trailing   ", "١٢٣ ½ Ⅻ 𝟘"]
     plain = [e.ids for e in hf.encode_batch(texts, add_special_tokens=False)]
     special = [e.ids for e in hf.encode_batch(texts, add_special_tokens=True)]
+    hf_start = time.perf_counter()
+    for t in texts:
+        hf.encode(t, add_special_tokens=False)
+    hf_seconds = time.perf_counter() - hf_start
+    size = sum(len(t.encode("utf-8")) for t in texts)
+    print(f"HF encode, one string at a time: {size / 1e6 / hf_seconds:.1f} MB/s "
+          f"({sum(len(p) for p in plain) / hf_seconds / 1e3:.0f}k tokens/s); Tandem's below")
     decoded = hf.decode_batch(plain, skip_special_tokens=False)
     decoded_skip = hf.decode_batch(plain, skip_special_tokens=True)
     unk = vocab["unk_id"]

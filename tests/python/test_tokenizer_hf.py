@@ -31,6 +31,7 @@ GPT4O_REGEX = "|".join([
     r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
     r"\p{N}{1,3}", r" ?[^\s\p{L}\p{N}]+[\r\n/]*", r"\s*[\r\n]+", r"\s+(?!\S)", r"\s+"])
 NUM_STRINGS = 10000
+NUM_STRINGS_EACH_PRE_TOKENIZER = 4000  # the setups of the other pre-tokenizers (test time)
 
 WORDS = ("the of and to in is you that it he was for on are as with his they I at be this have from "
          "or one had by word but not what all were we when your can said there use an each which she do "
@@ -253,6 +254,8 @@ def main():
                     "punctuation_prefix_space", "whitespace_digits", "metaspace_first", "metaspace_split",
                     "spm_missing_bytes"}
 
+    full_count = {"gpt2", "gpt2_prefix_space", "llama3", "qwen2", "spm", "trained_llama3", "trained_qwen2"}
+
     # Our TrainTokenizer output through transformers.
     for name, specials, nfc in (("trained_llama3", llama3_specials, False), ("trained_qwen2", qwen_specials, True)):
         d = os.path.join(work, name)
@@ -277,7 +280,8 @@ def main():
     total = 0
     for name, d, encode, decode, specials, nfc in setups:
         srng = random.Random(name)
-        texts = [t.replace("\x00SPECIAL\x00", srng.choice(specials)) for t in base_texts]
+        count = NUM_STRINGS if name in full_count else NUM_STRINGS_EACH_PRE_TOKENIZER
+        texts = [t.replace("\x00SPECIAL\x00", srng.choice(specials)) for t in base_texts[:count]]
         plain = encode(texts, False)
         special = encode(texts, True)
         decoded = [decode(ids, False) for ids in plain]
@@ -307,7 +311,7 @@ def main():
         return 1
     if not os.environ.get("TANDEM_KEEP_TEST_DIR"):
         shutil.rmtree(work, ignore_errors=True)
-    print(f"PASS: {total} strings ({NUM_STRINGS} per tokenizer, {len(setups)} tokenizers) match HF")
+    print(f"PASS: {total} strings ({len(setups)} tokenizers) match HF")
     return 0
 
 
