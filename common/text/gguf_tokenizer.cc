@@ -40,9 +40,9 @@ std::optional<PreTokenizerSpec> SpecForPre(const std::string& pre) {
   PreTokenizerSpec spec;
   if (pre == "smollm" || pre == "starcoder" || pre == "refact") {
     // tokenizer.json: Sequence[Digits(individual_digits), ByteLevel(use_regex)].
-    spec.pre_tokenizer = {{"type", "Sequence"},
-                          {"pretokenizers",
-                           {{{"type", "Digits"}, {"individual_digits", true}}, ByteLevel(true)}}};
+    spec.pre_tokenizer = {
+        {"type", "Sequence"},
+        {"pretokenizers", {{{"type", "Digits"}, {"individual_digits", true}}, ByteLevel(true)}}};
   } else if (pre == "gpt2") {
     spec.pre_tokenizer = ByteLevel(true);
   } else if (pre == "llama-bpe" || pre == "llama3") {
@@ -55,11 +55,11 @@ std::optional<PreTokenizerSpec> SpecForPre(const std::string& pre) {
                           {"pretokenizers", {IsolatedSplit(kQwen2SplitRegex), ByteLevel(false)}}};
   } else if (pre == "default") {
     // No Hugging Face model: llama.cpp's own default, its four regexes applied in turn.
-    spec.pre_tokenizer = {{"type", "Sequence"},
-                          {"pretokenizers",
-                           {IsolatedSplit(R"([\p{P}\$\+<=>\^~\|]+)"),
-                            IsolatedSplit(kGpt2SplitRegex), IsolatedSplit(R"(\p{N}+)"),
-                            IsolatedSplit("[0-9][0-9][0-9]"), ByteLevel(false)}}};
+    spec.pre_tokenizer = {
+        {"type", "Sequence"},
+        {"pretokenizers",
+         {IsolatedSplit(R"([\p{P}\$\+<=>\^~\|]+)"), IsolatedSplit(kGpt2SplitRegex),
+          IsolatedSplit(R"(\p{N}+)"), IsolatedSplit("[0-9][0-9][0-9]"), ByteLevel(false)}}};
   } else {
     return std::nullopt;
   }
@@ -67,8 +67,8 @@ std::optional<PreTokenizerSpec> SpecForPre(const std::string& pre) {
 }
 
 json AddedToken(int32_t id, const std::string& content, bool special) {
-  return {{"id", id},          {"content", content}, {"single_word", false}, {"lstrip", false},
-          {"rstrip", false}, {"normalized", false},  {"special", special}};
+  return {{"id", id},        {"content", content},  {"single_word", false}, {"lstrip", false},
+          {"rstrip", false}, {"normalized", false}, {"special", special}};
 }
 
 Status CheckId(const std::optional<int32_t>& id, const char* key, size_t vocab_size) {
@@ -97,8 +97,8 @@ Status BuildVocab(const GgufVocab& vocab, json* model_vocab_out, json* added_out
       return InvalidArgument("tokenizer.ggml.tokens[" + std::to_string(i) + "] '" + token +
                              "' repeats token " + std::to_string(it.value().get<int32_t>()));
     }
-    const GgufTokenType type = vocab.token_types.empty() ? GgufTokenType::kNormal
-                                                         : vocab.token_types[i];
+    const GgufTokenType type =
+        vocab.token_types.empty() ? GgufTokenType::kNormal : vocab.token_types[i];
     switch (type) {
       case GgufTokenType::kUndefined:
       case GgufTokenType::kNormal:
@@ -134,8 +134,7 @@ Status BuildMerges(const GgufVocab& vocab, json* merges_out) {
                              "' is not two tokens separated by one space");
     }
     if (!unicode::IsValidUtf8(merge)) {
-      return InvalidArgument("tokenizer.ggml.merges[" + std::to_string(i) +
-                             "] is not valid UTF-8");
+      return InvalidArgument("tokenizer.ggml.merges[" + std::to_string(i) + "] is not valid UTF-8");
     }
     merges.push_back(merge);
   }
@@ -153,8 +152,9 @@ Status BuildPostProcessor(const GgufVocab& vocab, json* post_processor_out) {
     json single = json::array();
     json specials = json::object();
     auto special = [&](const std::optional<int32_t>& id, const char* key) -> Status {
-      if (!id) return InvalidArgument(std::string("tokenizer.ggml.") + key + " is true but the " +
-                                      "token id is not given");
+      if (!id)
+        return InvalidArgument(std::string("tokenizer.ggml.") + key + " is true but the " +
+                               "token id is not given");
       const std::string& content = vocab.tokens[*id];
       single.push_back({{"SpecialToken", {{"id", content}, {"type_id", 0}}}});
       specials[content] = {{"id", content}, {"ids", {*id}}, {"tokens", {content}}};

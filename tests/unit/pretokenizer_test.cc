@@ -3,17 +3,16 @@
 // built from GGUF metadata. The expected pieces are the examples of the Hugging Face `tokenizers`
 // documentation; tests/python/test_tokenizer_hf.py and test_tokenizer_gguf_hf.py compare the same
 // code with `tokenizers` itself on many strings.
-#include <catch2/catch.hpp>
+#include "common/text/pretokenizer.h"
 
 #include <algorithm>
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "common/text/bpe.h"
 #include "common/text/gguf_vocab.h"
-#include "common/text/pretokenizer.h"
 #include "common/text/tokenizer.h"
 
 namespace tandem {
@@ -71,8 +70,10 @@ TEST_CASE("ICU regexes split as the hand-coded patterns", "[tokenizer][pretokeni
   auto icu = SplitRegex::Compile(wrapped);
   REQUIRE(icu.ok());
   CHECK_FALSE(icu->hand_coded());
-  for (const char* text : {"I'LL pay 12345!!\n\n  ok", "x  \n y", "ſ'S naïve 😀 ١٢٣٤ \t\r\n",
-                           "don't\u00a0stop  ", "\xff\xfe" "ab 12"}) {
+  for (const char* text :
+       {"I'LL pay 12345!!\n\n  ok", "x  \n y", "ſ'S naïve 😀 ١٢٣٤ \t\r\n", "don't\u00a0stop  ",
+        "\xff\xfe"
+        "ab 12"}) {
     INFO(text);
     CHECK(Run({SplitOp(wrapped, SplitBehavior::kIsolated)}, text) ==
           Run({SplitOp(kLlama3SplitRegex, SplitBehavior::kIsolated)}, text));
@@ -104,10 +105,8 @@ TEST_CASE("Metaspace replaces spaces and prepends by scheme", "[tokenizer][preto
         Words{"▁Hey", "▁friend"});
   CHECK(Run({PreTokenizerOp::Metaspace(bar, Scheme::kNever, false)}, "Hey  friend") ==
         Words{"Hey▁▁friend"});
-  CHECK(Run({PreTokenizerOp::Metaspace(bar, Scheme::kFirst, false)}, "Hey", true) ==
-        Words{"▁Hey"});
-  CHECK(Run({PreTokenizerOp::Metaspace(bar, Scheme::kFirst, false)}, "Hey", false) ==
-        Words{"Hey"});
+  CHECK(Run({PreTokenizerOp::Metaspace(bar, Scheme::kFirst, false)}, "Hey", true) == Words{"▁Hey"});
+  CHECK(Run({PreTokenizerOp::Metaspace(bar, Scheme::kFirst, false)}, "Hey", false) == Words{"Hey"});
   CHECK(Run({PreTokenizerOp::Metaspace(bar, Scheme::kAlways, true)}, " a  b") ==
         Words{"▁a", "▁", "▁b"});
 }
@@ -144,7 +143,10 @@ TEST_CASE("A byte without its byte-level symbol becomes the unknown token",
   auto tok = Tokenizer::FromJson(ByteLevelJson({4, 0x80}, pre, true), "", "test");
   INFO((tok.ok() ? std::string("ok") : tok.status().ToString()));
   REQUIRE(tok.ok());
-  const auto ids = tok->Encode("a\x04" "b\xc2\x80", false);
+  const auto ids = tok->Encode(
+      "a\x04"
+      "b\xc2\x80",
+      false);
   // "\xc2\x80" is one character of two bytes: only its second byte lacks a symbol.
   std::vector<std::string> pieces;
   for (int32_t id : ids) pieces.push_back(*tok->IdToToken(id));
@@ -152,17 +154,22 @@ TEST_CASE("A byte without its byte-level symbol becomes the unknown token",
   // Without an unknown token the byte is dropped, as tokenizers does.
   auto no_unk = Tokenizer::FromJson(ByteLevelJson({4}, pre, false), "", "test");
   REQUIRE(no_unk.ok());
-  CHECK(no_unk->Decode(no_unk->Encode("a\x04" "b", false), false) == "ab");
+  CHECK(no_unk->Decode(no_unk->Encode("a\x04"
+                                      "b",
+                                      false),
+                       false) == "ab");
 }
 
 TEST_CASE("Byte fallback without byte tokens gives the unknown token",
           "[tokenizer][pretokenizer]") {
   json vocab = {{"<unk>", 0}, {"a", 1}, {"<0xC3>", 2}, {"<0xA9>", 3}};
-  const json root = {
-      {"model",
-       {{"type", "BPE"}, {"unk_token", "<unk>"}, {"byte_fallback", true}, {"vocab", vocab},
-        {"merges", json::array()}}},
-      {"decoder", {{"type", "ByteFallback"}}}};
+  const json root = {{"model",
+                      {{"type", "BPE"},
+                       {"unk_token", "<unk>"},
+                       {"byte_fallback", true},
+                       {"vocab", vocab},
+                       {"merges", json::array()}}},
+                     {"decoder", {{"type", "ByteFallback"}}}};
   auto tok = Tokenizer::FromJson(root.dump(), "", "test");
   INFO((tok.ok() ? std::string("ok") : tok.status().ToString()));
   REQUIRE(tok.ok());
@@ -172,20 +179,23 @@ TEST_CASE("Byte fallback without byte tokens gives the unknown token",
 
 TEST_CASE("Unsupported or broken pre-tokenizers are refused by name", "[tokenizer][pretokenizer]") {
   auto error = [](const json& pre) {
-    const json root = {{"pre_tokenizer", pre},
-                       {"model", {{"type", "BPE"}, {"vocab", {{"a", 0}}}, {"merges", json::array()}}}};
+    const json root = {
+        {"pre_tokenizer", pre},
+        {"model", {{"type", "BPE"}, {"vocab", {{"a", 0}}}, {"merges", json::array()}}}};
     auto tok = Tokenizer::FromJson(root.dump(), "", "dir/tokenizer.json");
     REQUIRE_FALSE(tok.ok());
     CHECK(tok.status().code() == StatusCode::kInvalidArgument);
     return tok.status().message();
   };
-  std::string message = error({{"type", "Split"}, {"pattern", {{"Regex", "(a"}}}, {"behavior", "Isolated"}});
+  std::string message =
+      error({{"type", "Split"}, {"pattern", {{"Regex", "(a"}}}, {"behavior", "Isolated"}});
   CHECK(message.find("dir/tokenizer.json: pre_tokenizer: Split: regex '(a' does not compile") !=
         std::string::npos);
-  message = error({{"type", "Sequence"},
-                   {"pretokenizers",
-                    {{{"type", "Digits"}},
-                     {{"type", "Split"}, {"pattern", {{"String", "x"}}}, {"behavior", "Sideways"}}}}});
+  message =
+      error({{"type", "Sequence"},
+             {"pretokenizers",
+              {{{"type", "Digits"}},
+               {{"type", "Split"}, {"pattern", {{"String", "x"}}}, {"behavior", "Sideways"}}}}});
   CHECK(message.find("pretokenizers[1]: Split: unknown behavior 'Sideways'") != std::string::npos);
   message = error({{"type", "BertPreTokenizer"}});
   CHECK(message.find("type 'BertPreTokenizer' is not supported") != std::string::npos);
