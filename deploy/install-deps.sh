@@ -10,7 +10,7 @@ debian_packages=(
   clang                                   # thread-safety analysis (tests/lint)
   libboost-dev libboost-system-dev       # Asio + Beast (header-only) and Boost.System
   libyaml-cpp-dev                         # config
-  libicu-dev                              # tokenizer: Unicode categories, NFC
+  libicu-dev                              # tokenizer: Unicode categories, NFC, regex
   nlohmann-json3-dev                      # JSON for HTTP bodies and HF files
   libssl-dev                              # libcrypto: control-plane HMAC, API key digests
   libucx-dev ucx-utils                    # kvtransfer (ucp), ucx_perftest for benchmarks

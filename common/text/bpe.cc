@@ -79,16 +79,13 @@ StatusOr<BpeModel> BpeModel::Create(std::unordered_map<std::string, int32_t> voc
     model.merges_[PairKey(a->second, b->second)] = {static_cast<int32_t>(rank), merged->second};
   }
   if (options.byte_fallback) {
-    model.byte_tokens_.resize(256);
+    // Missing <0xNN> tokens are allowed: a character with such a byte becomes unk (tokenizers).
+    model.byte_tokens_.assign(256, -1);
     for (int byte = 0; byte < 256; ++byte) {
       char name[8];
       std::snprintf(name, sizeof(name), "<0x%02X>", byte);
       const auto it = model.vocab_.find(name);
-      if (it == model.vocab_.end()) {
-        return InvalidArgument(std::string("byte_fallback is set but byte token ") + name +
-                               " is not in the vocabulary");
-      }
-      model.byte_tokens_[byte] = it->second;
+      if (it != model.vocab_.end()) model.byte_tokens_[byte] = it->second;
     }
   }
   return model;
@@ -111,7 +108,9 @@ void BpeModel::EncodeWord(std::string_view word, std::vector<int32_t>* ids) cons
   };
   std::vector<Symbol> symbols;
   symbols.reserve(word.size());
-  bool last_was_unk = false;
+  // tokenizers' merge_word: an unknown character leaves a pending unk that is emitted before the
+  // next character found in the vocabulary (or at the end), not before byte-fallback tokens.
+  bool unk_pending = false;
   auto push = [&](int32_t id) {
     const auto index = static_cast<int32_t>(symbols.size());
     symbols.push_back({id, index - 1, index + 1, true});
@@ -126,21 +125,26 @@ void BpeModel::EncodeWord(std::string_view word, std::vector<int32_t>* ids) cons
     i += len;
     const auto it = vocab_.find(piece);
     if (it != vocab_.end()) {
+      if (unk_pending) push(*options_.unk_id);
+      unk_pending = false;
       push(it->second);
-      last_was_unk = false;
       continue;
     }
     if (!byte_tokens_.empty()) {
-      for (char c : piece) push(byte_tokens_[static_cast<uint8_t>(c)]);
-      last_was_unk = false;
-      continue;
+      bool all_bytes = true;
+      for (char c : piece) all_bytes = all_bytes && byte_tokens_[static_cast<uint8_t>(c)] >= 0;
+      if (all_bytes) {
+        for (char c : piece) push(byte_tokens_[static_cast<uint8_t>(c)]);
+        continue;
+      }
     }
     if (options_.unk_id) {
-      if (!(options_.fuse_unk && last_was_unk)) push(*options_.unk_id);
-      last_was_unk = true;
+      if (unk_pending && !options_.fuse_unk) push(*options_.unk_id);
+      unk_pending = true;
     }
-    // Without an unk token tokenizers fails the whole encode; we drop the character instead.
+    // Without an unk token the character is dropped, as tokenizers does.
   }
+  if (unk_pending) push(*options_.unk_id);
   if (symbols.empty()) return;
   symbols.back().next = -1;
 

@@ -24,7 +24,9 @@ std::optional<uint8_t> ByteLevelByte(uint32_t code_point);
 std::string ByteLevelEncode(std::string_view bytes);
 
 struct BpeOptions {
-  bool byte_fallback = false;  // unknown characters become <0xNN> tokens (SentencePiece style)
+  // Unknown characters become <0xNN> tokens (SentencePiece style); a character with a byte that
+  // has no such token becomes unk instead.
+  bool byte_fallback = false;
   bool ignore_merges = false;  // a word that is itself in the vocabulary is one token (Llama 3)
   bool fuse_unk = false;
   std::optional<int32_t> unk_id;
@@ -54,7 +56,7 @@ class BpeModel {
 
   std::unordered_map<std::string, int32_t> vocab_;
   std::unordered_map<uint64_t, MergeTarget> merges_;
-  std::vector<int32_t> byte_tokens_;  // <0xNN> ids when byte_fallback, else empty
+  std::vector<int32_t> byte_tokens_;  // <0xNN> ids (-1: absent) when byte_fallback, else empty
   BpeOptions options_;
 };
 

@@ -33,7 +33,6 @@ namespace {
 using tokenizer_internal::AddedToken;
 using tokenizer_internal::DecoderSpec;
 using tokenizer_internal::NormalizerOp;
-using tokenizer_internal::PreTokenizerOp;
 using tokenizer_internal::ReplaceAll;
 
 bool IsUnicodeWhitespace(uint32_t cp) {
@@ -160,29 +159,17 @@ void TokenizerState::EncodeWord(const std::string& word, std::vector<int32_t>* i
   cache.emplace(word, std::move(word_ids));
 }
 
-void TokenizerState::EncodePiece(std::string_view piece, std::vector<int32_t>* ids) const {
-  std::vector<std::string> words{std::string(piece)};
+void TokenizerState::EncodePiece(std::string_view piece, bool at_start,
+                                 std::vector<int32_t>* ids) const {
+  std::vector<PreTokenizedWord> words{{std::string(piece), at_start}};
+  std::vector<PreTokenizedWord> next;
   for (const PreTokenizerOp& op : pre_tokenizers) {
-    std::vector<std::string> next;
-    for (std::string& word : words) {
-      if (op.kind == PreTokenizerOp::Kind::kByteLevel && op.add_prefix_space &&
-          (word.empty() || word[0] != ' ')) {
-        word.insert(word.begin(), ' ');
-      }
-      const bool split = op.kind == PreTokenizerOp::Kind::kSplit || op.use_regex;
-      if (!split) {
-        next.push_back(std::move(word));
-        continue;
-      }
-      for (const auto& [begin, end] : SplitText(word, op.pattern)) {
-        next.emplace_back(word.substr(begin, end - begin));
-      }
-    }
-    words = std::move(next);
+    next.clear();
+    ApplyPreTokenizer(op, &words, &next);
+    words.swap(next);
   }
-  for (const std::string& word : words) {
-    if (word.empty()) continue;
-    EncodeWord(byte_level ? ByteLevelEncode(word) : word, ids);
+  for (const PreTokenizedWord& word : words) {
+    if (!word.text.empty()) EncodeWord(word.text, ids);
   }
 }
 
@@ -196,12 +183,13 @@ std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_special_t
       ids.push_back(id);
       return;
     }
+    const bool segment_at_start = segment.data() == text.data();
     const std::string normalized = s.Normalize(segment);
     s.SplitAdded(normalized, /*normalized_pass=*/true, [&](std::string_view piece, int32_t id2) {
       if (id2 >= 0) {
         ids.push_back(id2);
       } else {
-        s.EncodePiece(piece, &ids);
+        s.EncodePiece(piece, segment_at_start && piece.data() == normalized.data(), &ids);
       }
     });
   });
@@ -304,6 +292,9 @@ std::optional<int32_t> Tokenizer::bos_id() const {
 }
 std::optional<int32_t> Tokenizer::eos_id() const {
   return state_->eos_id;
+}
+std::optional<int32_t> Tokenizer::pad_id() const {
+  return state_->pad_id;
 }
 const std::string& Tokenizer::bos_token() const {
   return state_->bos_token;

@@ -1,11 +1,14 @@
 // Tokenizer: loads a Hugging Face `tokenizer.json` (+ optional `tokenizer_config.json`) and
 // encodes / decodes exactly as the `tokenizers` library does for the configurations LLM
 // checkpoints use:
-//   - byte-level BPE (GPT-2, Llama 3, Qwen2): normalizer NFC or none; pre-tokenizer ByteLevel
-//     (use_regex, add_prefix_space) alone or after a Split with one of the known regexes
-//     (see common/text/pretokenizer.h); ByteLevel decoder;
+//   - byte-level BPE (GPT-2, Llama 3, Qwen2, SmolLM2): normalizer NFC or none; ByteLevel
+//     decoder; a vocabulary may lack some byte symbols (such a byte becomes the unknown token);
 //   - SentencePiece-style BPE (Llama 2, Mistral): normalizer Prepend("▁") + Replace(" ", "▁"),
-//     byte_fallback <0xNN> tokens, decoder Replace / ByteFallback / Fuse / Strip.
+//     byte_fallback <0xNN> tokens (a character whose byte tokens are missing becomes unk),
+//     decoder Replace / ByteFallback / Fuse / Strip;
+//   - pre-tokenizers ByteLevel, Split (String or Regex, every behavior, invert), Digits,
+//     Punctuation, Whitespace, WhitespaceSplit, Metaspace and Sequences of them
+//     (common/text/pretokenizer.h).
 // Added tokens are matched before anything else (leftmost, longest; lstrip / rstrip /
 // single_word / normalized honoured). Any other component is rejected by Load with an error that
 // names the file and the component, never accepted and then silently mis-encoded.
@@ -56,6 +59,8 @@ class Tokenizer {
   // From tokenizer_config.json (bos_token / eos_token); nullopt when not configured.
   std::optional<int32_t> bos_id() const;
   std::optional<int32_t> eos_id() const;
+  // From tokenizer_config.json pad_token (a GGUF file's tokenizer.ggml.padding_token_id).
+  std::optional<int32_t> pad_id() const;
   const std::string& bos_token() const;  // "" when none
   const std::string& eos_token() const;
   // tokenizer_config.json "chat_template" ("" when absent).

@@ -18,7 +18,6 @@ namespace {
 using tokenizer_internal::AddedToken;
 using tokenizer_internal::DecoderSpec;
 using tokenizer_internal::NormalizerOp;
-using tokenizer_internal::PreTokenizerOp;
 using tokenizer_internal::ReplaceAll;
 
 // The byte value of a "<0xNN>" token, or -1.
@@ -98,50 +97,112 @@ Status ParseNormalizer(const json& node, std::vector<NormalizerOp>* ops) {
   return Status::Ok();
 }
 
+// A SplitDelimiterBehavior field ("behavior"), `fallback` when absent.
+StatusOr<SplitBehavior> BehaviorField(const json& node, const std::string& type,
+                                      SplitBehavior fallback) {
+  if (!node.contains("behavior")) return fallback;
+  const std::string name = node.at("behavior").get<std::string>();
+  const auto behavior = ParseSplitBehavior(name);
+  if (!behavior) {
+    return InvalidArgument(type + ": unknown behavior '" + name +
+                           "' (Removed, Isolated, MergedWithPrevious, MergedWithNext, Contiguous)");
+  }
+  return *behavior;
+}
+
 Status ParsePreTokenizer(const json& node, std::vector<PreTokenizerOp>* ops) {
   if (node.is_null()) return Status::Ok();
   const std::string type = node.value("type", "");
   if (type == "Sequence") {
-    for (const json& child : node.at("pretokenizers")) {
-      TANDEM_RETURN_IF_ERROR(ParsePreTokenizer(child, ops));
+    const json& children = node.at("pretokenizers");
+    for (size_t i = 0; i < children.size(); ++i) {
+      const Status s = ParsePreTokenizer(children[i], ops);
+      if (!s.ok()) return s.WithContext("pretokenizers[" + std::to_string(i) + "]");
     }
     return Status::Ok();
   }
-  if (!ops->empty() && ops->back().kind == PreTokenizerOp::Kind::kByteLevel) {
-    return InvalidArgument("pre_tokenizer: nothing may follow ByteLevel");
-  }
   if (type == "ByteLevel") {
-    PreTokenizerOp op;
-    op.kind = PreTokenizerOp::Kind::kByteLevel;
-    op.add_prefix_space = node.value("add_prefix_space", true);
-    op.use_regex = node.value("use_regex", true);
-    op.pattern = SplitPattern::kGpt2;
-    ops->push_back(op);
+    ops->push_back(PreTokenizerOp::ByteLevel(node.value("add_prefix_space", true),
+                                             node.value("use_regex", true)));
     return Status::Ok();
   }
   if (type == "Split") {
+    if (!node.contains("pattern") || !node.at("pattern").is_object()) {
+      return InvalidArgument("Split: pattern must be {\"String\": ...} or {\"Regex\": ...}");
+    }
     const json& pattern = node.at("pattern");
-    if (!pattern.contains("Regex")) {
-      return InvalidArgument("pre_tokenizer Split: only Regex patterns are supported");
+    StatusOr<SplitRegex> regex = InvalidArgument("Split: pattern must be String or Regex");
+    if (pattern.contains("Regex")) {
+      regex = SplitRegex::Compile(pattern.at("Regex").get<std::string>());
+      if (!regex.ok()) return regex.status().WithContext("Split");
+    } else if (pattern.contains("String")) {
+      regex = SplitRegex::Literal(pattern.at("String").get<std::string>());
+    } else {
+      return regex.status();
     }
-    const std::string regex = pattern.at("Regex").get<std::string>();
-    const auto known = RecognizeSplitRegex(regex);
-    if (!known) {
-      return InvalidArgument("pre_tokenizer Split: unknown regex '" + regex +
-                             "' (supported: the GPT-2, Llama 3 and Qwen2 patterns)");
-    }
-    const std::string behavior = node.value("behavior", "Isolated");
-    if (behavior != "Isolated" || node.value("invert", false)) {
-      return InvalidArgument(
-          "pre_tokenizer Split: only behavior Isolated without invert is supported");
-    }
-    PreTokenizerOp op;
-    op.kind = PreTokenizerOp::Kind::kSplit;
-    op.pattern = *known;
-    ops->push_back(op);
+    if (!node.contains("behavior")) return InvalidArgument("Split: behavior is missing");
+    TANDEM_ASSIGN_OR_RETURN(const SplitBehavior behavior,
+                            BehaviorField(node, type, SplitBehavior::kIsolated));
+    ops->push_back(PreTokenizerOp::Split(std::move(regex).value(), behavior,
+                                         node.value("invert", false)));
     return Status::Ok();
   }
-  return InvalidArgument("pre_tokenizer type '" + type + "' is not supported");
+  if (type == "Digits") {
+    ops->push_back(PreTokenizerOp::Digits(node.value("individual_digits", false)));
+    return Status::Ok();
+  }
+  if (type == "Punctuation") {
+    TANDEM_ASSIGN_OR_RETURN(const SplitBehavior behavior,
+                            BehaviorField(node, type, SplitBehavior::kIsolated));
+    ops->push_back(PreTokenizerOp::Punctuation(behavior));
+    return Status::Ok();
+  }
+  if (type == "Whitespace") {
+    ops->push_back(PreTokenizerOp::Whitespace());
+    return Status::Ok();
+  }
+  if (type == "WhitespaceSplit") {
+    ops->push_back(PreTokenizerOp::WhitespaceSplit());
+    return Status::Ok();
+  }
+  if (type == "Metaspace") {
+    const std::string replacement = node.value("replacement", "\u2581");
+    if (unicode::Decode(replacement).size() != 1 || !unicode::IsValidUtf8(replacement)) {
+      return InvalidArgument("Metaspace: replacement '" + replacement +
+                             "' is not exactly one character");
+    }
+    // tokenizers 0.19: prepend_scheme "always" unless given; the older add_prefix_space=false
+    // means "never".
+    auto scheme = PreTokenizerOp::PrependScheme::kAlways;
+    if (node.contains("prepend_scheme") && !node.at("prepend_scheme").is_null()) {
+      const std::string name = node.at("prepend_scheme").get<std::string>();
+      if (name == "always") {
+        scheme = PreTokenizerOp::PrependScheme::kAlways;
+      } else if (name == "first") {
+        scheme = PreTokenizerOp::PrependScheme::kFirst;
+      } else if (name == "never") {
+        scheme = PreTokenizerOp::PrependScheme::kNever;
+      } else {
+        return InvalidArgument("Metaspace: unknown prepend_scheme '" + name +
+                               "' (always, first, never)");
+      }
+      if (node.contains("add_prefix_space") && node.at("add_prefix_space").is_boolean() &&
+          !node.at("add_prefix_space").get<bool>() &&
+          scheme != PreTokenizerOp::PrependScheme::kNever) {
+        return InvalidArgument("Metaspace: add_prefix_space false contradicts prepend_scheme '" +
+                               name + "'");
+      }
+    } else if (node.contains("add_prefix_space") && node.at("add_prefix_space").is_boolean() &&
+               !node.at("add_prefix_space").get<bool>()) {
+      scheme = PreTokenizerOp::PrependScheme::kNever;
+    }
+    ops->push_back(PreTokenizerOp::Metaspace(replacement, scheme, node.value("split", true)));
+    return Status::Ok();
+  }
+  return InvalidArgument(
+      "type '" + type +
+      "' is not supported (supported: ByteLevel, Split, Digits, Punctuation, Whitespace, "
+      "WhitespaceSplit, Metaspace, Sequence)");
 }
 
 Status ParseDecoder(const json& node, DecoderSpec* spec) {
@@ -385,6 +446,7 @@ Status ReadConfig(const json* config, TokenizerState* state) {
     if (!config->is_object()) return InvalidArgument("tokenizer_config.json is not a JSON object");
     state->bos_token = TokenField(*config, "bos_token");
     state->eos_token = TokenField(*config, "eos_token");
+    state->pad_token = TokenField(*config, "pad_token");
     if (config->contains("chat_template")) {
       const json& tmpl = config->at("chat_template");
       if (tmpl.is_string()) {
@@ -409,6 +471,7 @@ Status ReadConfig(const json* config, TokenizerState* state) {
   };
   TANDEM_ASSIGN_OR_RETURN(state->bos_id, lookup(state->bos_token, "bos_token"));
   TANDEM_ASSIGN_OR_RETURN(state->eos_id, lookup(state->eos_token, "eos_token"));
+  TANDEM_ASSIGN_OR_RETURN(state->pad_id, lookup(state->pad_token, "pad_token"));
   return Status::Ok();
 }
 
@@ -424,8 +487,6 @@ Status Build(const json& root, const json* config, TokenizerState* state) {
     auto s = ParsePreTokenizer(root.at("pre_tokenizer"), &state->pre_tokenizers);
     if (!s.ok()) return s.WithContext("pre_tokenizer");
   }
-  state->byte_level = !state->pre_tokenizers.empty() &&
-                      state->pre_tokenizers.back().kind == PreTokenizerOp::Kind::kByteLevel;
   if (root.contains("decoder")) {
     auto s = ParseDecoder(root.at("decoder"), &state->decoder);
     if (!s.ok()) return s.WithContext("decoder");
@@ -434,15 +495,8 @@ Status Build(const json& root, const json* config, TokenizerState* state) {
     auto s = ParsePostProcessor(root.at("post_processor"), json(), state);
     if (!s.ok()) return s.WithContext("post_processor");
   }
-  if (state->byte_level) {
-    for (int b = 0; b < 256; ++b) {
-      if (!state->model.vocab().count(ByteLevelChar(static_cast<uint8_t>(b)))) {
-        return InvalidArgument("byte-level tokenizer lacks the token for byte " +
-                               std::to_string(b) + " ('" + ByteLevelChar(static_cast<uint8_t>(b)) +
-                               "')");
-      }
-    }
-  }
+  // A byte-level vocabulary may lack some byte characters (SmolLM2 lacks 21): as in tokenizers,
+  // such a byte becomes the unknown token, or is dropped when there is none.
   TANDEM_ASSIGN_OR_RETURN(std::vector<uint8_t> present, BuildVocabulary(root, state));
   const int32_t size = static_cast<int32_t>(state->id_to_token.size());
   for (int32_t id : state->prefix_ids) {

@@ -39,12 +39,6 @@ struct NormalizerOp {
   std::string b;  // replace content
 };
 
-struct PreTokenizerOp {
-  enum class Kind { kSplit, kByteLevel } kind = Kind::kSplit;
-  SplitPattern pattern = SplitPattern::kGpt2;
-  bool add_prefix_space = false;
-  bool use_regex = false;
-};
 
 struct DecoderSpec {
   enum class Kind { kNone, kByteLevel, kPieces } kind = Kind::kNone;
@@ -70,8 +64,7 @@ struct TokenizerState {
   std::vector<std::vector<int>> raw_index = std::vector<std::vector<int>>(256);
   std::vector<std::vector<int>> normalized_index = std::vector<std::vector<int>>(256);
   std::vector<tokenizer_internal::NormalizerOp> normalizers;
-  std::vector<tokenizer_internal::PreTokenizerOp> pre_tokenizers;
-  bool byte_level = false;  // words are byte-mapped before BPE
+  std::vector<PreTokenizerOp> pre_tokenizers;
   tokenizer_internal::DecoderSpec decoder;
   std::vector<std::string> decoded;  // per id: bytes (byte-level) or replaced text (pieces)
   std::vector<int16_t> byte_of;      // per id: <0xNN> byte value for ByteFallback, or -1
@@ -79,8 +72,10 @@ struct TokenizerState {
   std::vector<int32_t> suffix_ids;
   std::optional<int32_t> bos_id;
   std::optional<int32_t> eos_id;
+  std::optional<int32_t> pad_id;
   std::string bos_token;
   std::string eos_token;
+  std::string pad_token;
   std::string chat_template;
 
   // Encoded words, shared by the threads that encode with this tokenizer.
@@ -90,7 +85,8 @@ struct TokenizerState {
   std::string Normalize(std::string_view text) const;
   void SplitAdded(std::string_view text, bool normalized_pass,
                   const std::function<void(std::string_view, int32_t)>& emit) const;
-  void EncodePiece(std::string_view piece, std::vector<int32_t>* ids) const;
+  // Pre-tokenizes and encodes text between added tokens; `at_start`: it begins the input.
+  void EncodePiece(std::string_view piece, bool at_start, std::vector<int32_t>* ids) const;
   void EncodeWord(const std::string& word, std::vector<int32_t>* ids) const;
 };
 

@@ -17,6 +17,7 @@
 
 #include "common/text/bpe.h"
 #include "common/text/bpe_trainer.h"
+#include "common/text/gguf_vocab.h"
 #include "common/text/pretokenizer.h"
 #include "common/text/tokenizer.h"
 #include "common/text/unicode.h"
@@ -240,10 +241,10 @@ TEST_CASE("Malformed tokenizer.json gives a clear error", "[tokenizer]") {
   CHECK(load_error().find("Unigram") != std::string::npos);
 
   json root = json::parse(TinyTokenizerJson({}, json::array(), ByteLevelPreTokenizer()));
-  root["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "\\w+"}}}, {"behavior", "Isolated"}};
+  root["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "\\w+("}}}, {"behavior", "Isolated"}};
   write(root.dump());
   message = load_error();
-  CHECK(message.find("unknown regex '\\w+'") != std::string::npos);
+  CHECK(message.find("regex '\\w+(' does not compile") != std::string::npos);
   CHECK(message.find("pre_tokenizer") != std::string::npos);
 
   root = json::parse(TinyTokenizerJson({}, json::array(), ByteLevelPreTokenizer()));
@@ -335,6 +336,36 @@ TEST_CASE("Trained tokenizers written for transformers", "[.write_trained_tokeni
   }
 }
 
+// A GgufVocab written as JSON by tests/python/test_tokenizer_gguf_hf.py from a GGUF file's
+// metadata (the GGUF reader is not needed to test the tokenizer built from it).
+StatusOr<Tokenizer> TokenizerFromGgufJson(const std::string& path) {
+  const json v = json::parse(ReadAll(path));
+  GgufVocab vocab;
+  vocab.model = v.at("model").get<std::string>();
+  vocab.pre = v.at("pre").get<std::string>();
+  vocab.tokens = v.at("tokens").get<std::vector<std::string>>();
+  for (const json& type : v.at("token_types")) {
+    vocab.token_types.push_back(static_cast<GgufTokenType>(type.get<int32_t>()));
+  }
+  vocab.merges = v.at("merges").get<std::vector<std::string>>();
+  auto id = [&](const char* key) -> std::optional<int32_t> {
+    if (!v.contains(key) || v.at(key).is_null()) return std::nullopt;
+    return v.at(key).get<int32_t>();
+  };
+  auto flag = [&](const char* key) -> std::optional<bool> {
+    if (!v.contains(key) || v.at(key).is_null()) return std::nullopt;
+    return v.at(key).get<bool>();
+  };
+  vocab.bos_id = id("bos_id");
+  vocab.eos_id = id("eos_id");
+  vocab.unk_id = id("unk_id");
+  vocab.pad_id = id("pad_id");
+  vocab.add_bos = flag("add_bos");
+  vocab.add_eos = flag("add_eos");
+  vocab.chat_template = v.value("chat_template", "");
+  return TokenizerFromGguf(vocab, path);
+}
+
 TEST_CASE("Encodings match Hugging Face tokenizers", "[.hf_tokenizer_cases]") {
   if (TestDir() == nullptr) {
     WARN("TANDEM_TEST_DIR is not set; skipping (run through tests/python/test_tokenizer_hf.py)");
@@ -344,8 +375,10 @@ TEST_CASE("Encodings match Hugging Face tokenizers", "[.hf_tokenizer_cases]") {
   const json cases = json::parse(ReadAll(root / "cases.json"));
   size_t compared = 0, failures = 0;
   for (const json& entry : cases.at("tokenizers")) {
-    const std::string dir = entry.at("dir").get<std::string>();
-    auto loaded = Tokenizer::Load(dir);
+    // "dir": a tokenizer.json directory; "gguf": a GgufVocab as JSON.
+    const bool gguf = entry.contains("gguf");
+    const std::string dir = entry.at(gguf ? "gguf" : "dir").get<std::string>();
+    auto loaded = gguf ? TokenizerFromGgufJson(dir) : Tokenizer::Load(dir);
     INFO(dir << ": " << (loaded.ok() ? "ok" : loaded.status().ToString()));
     REQUIRE(loaded.ok());
     const Tokenizer& tok = *loaded;
