@@ -8,6 +8,7 @@
 #include "common/base/flags.h"
 #include "common/engine/forward.h"
 #include "common/engine/kv_cache.h"
+#include "common/model/checkpoint.h"
 #include "common/model/model.h"
 #include "common/text/tokenizer.h"
 
@@ -62,13 +63,13 @@ struct GenerateOptions {
 // InvalidArgument for a bad flag (the exit code is kExitUsage).
 StatusOr<GenerateOptions> ParseGenerateArgs(const std::vector<std::string>& args) {
   FlagParser flags(
-      "tandem generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3) [flags]",
+      "tandem generate --model DIR|FILE.gguf (--prompt TEXT | --prompt-ids 1,2,3) [flags]",
       "Runs the engine alone, greedily (argmax), and prints the generated ids (and text when the "
       "model has a tokenizer).\n--dump-logits writes raw little-endian float32 rows of vocab_size "
       "values: the prompt's last position (every prompt position with --all-positions), then one "
       "row per decode step.");
-  flags.AddString("model", "", "checkpoint directory (config.json, *.safetensors)");
-  flags.AddString("prompt", "", "prompt text (needs tokenizer.json)");
+  flags.AddString("model", "", "checkpoint directory (config.json, *.safetensors) or .gguf file");
+  flags.AddString("prompt", "", "prompt text (needs the checkpoint's tokenizer)");
   flags.AddString("prompt-ids", "", "prompt as comma-separated token ids");
   flags.AddInt("max-tokens", 16, "tokens to generate");
   flags.AddInt("threads", 1, "compute threads (attention pool and OpenBLAS)");
@@ -235,10 +236,14 @@ int GenerateMain(const std::vector<std::string>& args) {
     return kExitOk;
   }
   const GenerateOptions& o = *options;
+  const auto load_start = std::chrono::steady_clock::now();
   StatusOr<std::unique_ptr<Model>> model = Model::Load(o.model_dir);
   if (!model.ok()) return Fail(model.status());
+  std::fprintf(stderr, "model: loaded %s in %.0f ms\n", o.model_dir.c_str(),
+               std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
+                                                         load_start).count());
   std::optional<Tokenizer> tokenizer;
-  if (StatusOr<Tokenizer> t = Tokenizer::Load(o.model_dir); t.ok()) {
+  if (StatusOr<Tokenizer> t = LoadCheckpointTokenizer(o.model_dir); t.ok()) {
     tokenizer = std::move(*t);
   } else if (o.prompt_text) {
     return Fail(t.status().WithContext("--prompt needs a tokenizer"));

@@ -14,6 +14,7 @@
 #include "common/config/serving_config.h"
 #include "common/base/flags.h"
 #include "cluster/generate_cli.h"
+#include "cluster/gguf_cli.h"
 #include "cluster/make_model_cli.h"
 #include "common/model/make_model.h"
 #include "decode/colocated_server.h"
@@ -84,6 +85,7 @@ const Command kCommands[] = {
     {"router", "run the OpenAI-compatible router in front of the instances", RouterCommand},
     {"make-model", "write a small HF checkpoint with seeded random weights", MakeModelMain},
     {"generate", "run the engine alone, greedily, on one prompt", GenerateMain},
+    {"gguf", "print a GGUF file's metadata and tensors, and whether Tandem can serve it", GgufMain},
     {"check-config", "validate a cluster config and print the effective values", CheckConfigMain},
     {"prefill", "run a prefill instance (batches prompts, hands KV to decode)", PrefillMain},
     {"decode", "run a decode instance (pulls KV, continuous batching of decode)", DecodeMain},

@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/model/checkpoint.h"
 #include "common/model/model_config.h"
 
 namespace tandem {
@@ -469,7 +470,7 @@ std::string Dump(const json& value) {
 
 StatusOr<ServedModel> LoadServedModel(const std::string& model_dir, std::string name,
                                       const std::string& chat_template_name, int max_model_len) {
-  TANDEM_ASSIGN_OR_RETURN(Tokenizer tokenizer, Tokenizer::Load(model_dir));
+  TANDEM_ASSIGN_OR_RETURN(Tokenizer tokenizer, LoadCheckpointTokenizer(model_dir));
   TANDEM_ASSIGN_OR_RETURN(
       ChatTemplate chat_template,
       ChatTemplate::Create(tokenizer.chat_template(), chat_template_name, tokenizer.bos_token(),

@@ -4,6 +4,7 @@
 #include <span>
 #include <vector>
 
+#include "common/model/checkpoint.h"
 #include "common/model/safetensors.h"
 
 namespace tandem {
@@ -29,13 +30,14 @@ size_t Model::step_weight_bytes() const {
 }
 
 StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir) {
-  TANDEM_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir));
-  TANDEM_ASSIGN_OR_RETURN(SafetensorsReader reader, SafetensorsReader::OpenDir(dir));
+  TANDEM_ASSIGN_OR_RETURN(Checkpoint checkpoint, OpenCheckpoint(dir));
+  const ModelConfig& config = checkpoint.config;
+  const TensorSource& reader = *checkpoint.tensors;
 
   const int64_t h = config.hidden_size, q = config.q_dim(), kv = config.kv_dim(),
                 inter = config.intermediate_size, vocab = config.vocab_size;
   // Tied models may still ship lm_head.weight (some exports do); untied ones must.
-  const bool has_lm_head = reader.Find("lm_head.weight") != nullptr;
+  const bool has_lm_head = reader.Has("lm_head.weight");
   if (!config.tie_word_embeddings && !has_lm_head)
     return NotFound("tensor 'lm_head.weight' (expected shape " +
                     ShapeToString(std::vector<int64_t>{vocab, h}) +

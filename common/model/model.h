@@ -1,5 +1,6 @@
 // The fp32 weights of a Llama-family decoder (Llama 2/3, Qwen2, Mistral), loaded from a
-// Hugging Face checkpoint directory (config.json + model.safetensors or a sharded index).
+// Hugging Face checkpoint directory (config.json + model.safetensors or a sharded index) or a
+// GGUF file (dequantized on load; common/model/gguf_checkpoint.h).
 //
 // All weights live in ONE 64-byte-aligned allocation owned by the Model (RAII); the per-layer
 // pointers below point into it. Matrices keep the HF layout [out_features, in_features], row
@@ -32,7 +33,8 @@ struct LayerWeights {
 
 class Model {
  public:
-  // Loads DIR. Errors: NotFound (no config/weights), InvalidArgument (unsupported config, a
+  // Loads DIR, or a .gguf file. Errors: NotFound (no config/weights), InvalidArgument
+  // (unsupported config or tensor type, a
   // tensor of the wrong shape: the message names the tensor, its shape and the expected one),
   // NotFound naming a missing tensor, DataLoss (corrupt file). Nothing is returned on error.
   static StatusOr<std::unique_ptr<Model>> Load(const std::string& dir);

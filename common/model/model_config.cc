@@ -8,6 +8,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/model/gguf.h"
+#include "common/model/gguf_checkpoint.h"
+
 namespace tandem {
 namespace {
 
@@ -276,6 +279,10 @@ Status WriteStringToFile(const std::string& path, std::string_view contents) {
 }
 
 StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir) {
+  if (IsGgufPath(model_dir)) {
+    TANDEM_ASSIGN_OR_RETURN(GgufFile file, GgufFile::Open(model_dir));
+    return ModelConfigFromGguf(file);
+  }
   std::string path = model_dir + "/config.json";
   TANDEM_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
   TANDEM_ASSIGN_OR_RETURN(ModelConfig config, ParseModelConfig(text, path));
@@ -293,7 +300,9 @@ StatusOr<GenerationConfig> LoadGenerationConfig(const std::string& model_dir,
                                                 const ModelConfig& config) {
   std::string gen_path = model_dir + "/generation_config.json";
   GenerationConfig gen;
-  StatusOr<std::string> gen_text = ReadFileToString(gen_path);
+  // A GGUF file carries no sampling defaults: the config's bos/eos ids only.
+  StatusOr<std::string> gen_text =
+      IsGgufPath(model_dir) ? StatusOr<std::string>(NotFound("")) : ReadFileToString(gen_path);
   if (gen_text.ok()) {
     TANDEM_ASSIGN_OR_RETURN(gen, ParseGenerationConfig(*gen_text, gen_path));
   }

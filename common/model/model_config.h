@@ -77,8 +77,10 @@ StatusOr<GenerationConfig> ParseGenerationConfig(std::string_view json_text,
 
 // Reads DIR/config.json, and DIR/generation_config.json when present: its eos ids, when given,
 // replace the config's (HF generate does the same). NotFound when config.json is missing.
+// A .gguf file instead of DIR: the config from its metadata (common/model/gguf_checkpoint.h).
 StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir);
-// Reads DIR/generation_config.json; defaults (with the config's bos/eos) when it is absent.
+// Reads DIR/generation_config.json; defaults (with the config's bos/eos) when it is absent, and
+// for a .gguf file.
 StatusOr<GenerationConfig> LoadGenerationConfig(const std::string& model_dir,
                                                 const ModelConfig& config);
 

@@ -2,12 +2,15 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <filesystem>
 #include <random>
 #include <system_error>
 
 #include "common/base/log.h"
+#include "common/model/gguf_checkpoint.h"
 #include "common/model/make_model.h"
 #include "common/model/packaged_model.h"
 
@@ -30,6 +33,15 @@ StatusOr<fs::path> CacheDir() {
 StatusOr<std::string> ResolveModelDir(const ModelSection& model) {
   if (!model.path.empty()) {
     std::error_code ec;
+    if (IsGgufPath(model.path)) {
+      if (!fs::is_regular_file(model.path, ec))
+        return NotFound("model.path '" + model.path + "': no such file");
+      return model.path;
+    }
+    if (fs::is_regular_file(model.path, ec))
+      return InvalidArgument("model.path '" + model.path +
+                             "' is a file but not a .gguf file (a Hugging Face checkpoint is the "
+                             "directory holding config.json)");
     if (!fs::exists(fs::path(model.path) / "config.json", ec))
       return NotFound("model.path '" + model.path + "' has no config.json");
     return model.path;
@@ -77,6 +89,12 @@ std::string ServedModelName(const ModelSection& model) {
     return "tandem-" + model.preset;
   }
   fs::path p = fs::path(model.path).lexically_normal();
+  if (IsGgufPath(model.path)) {
+    std::string stem = p.stem().string();
+    std::transform(stem.begin(), stem.end(), stem.begin(),
+                   [](unsigned char c) { return std::tolower(c); });
+    return stem;
+  }
   if (p.filename().empty()) p = p.parent_path();
   return p.filename().string();
 }

@@ -15,15 +15,17 @@
 
 namespace tandem {
 
-// The checkpoint directory for `model`: model.path when set (NotFound if it has no
-// config.json), else the packaged preset's file (NotFound saying how to install it), else the
+// The checkpoint for `model` (a directory, or a .gguf file): model.path when set (NotFound if it
+// is a directory without config.json or a .gguf file that does not exist; InvalidArgument for
+// another file), else the packaged preset's file (NotFound saying how to install it), else the
 // cached built-in preset, created when missing (Internal when the cache
 // cannot be written; nothing partial is left under the final name).
 StatusOr<std::string> ResolveModelDir(const ModelSection& model);
 
 // The served model name: model.name if set, the packaged preset's name (smollm2-135m-instruct),
-// "tandem-<preset>" for a built-in preset, else the
-// basename of the checkpoint directory.
+// "tandem-<preset>" for a built-in preset, the file name of a .gguf checkpoint without .gguf,
+// lower-cased (SmolLM2-135M-Instruct.Q4_1.gguf: smollm2-135m-instruct.q4_1), else the basename
+// of the checkpoint directory.
 std::string ServedModelName(const ModelSection& model);
 
 }  // namespace tandem

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "common/base/status.h"
+#include "common/model/tensor_source.h"
 
 namespace tandem {
 
@@ -66,7 +67,7 @@ class MappedFile {
   std::string path_;
 };
 
-class SafetensorsReader {
+class SafetensorsReader : public TensorSource {
  public:
   // Opens DIR/model.safetensors, or the shards listed in DIR/model.safetensors.index.json.
   static StatusOr<SafetensorsReader> OpenDir(const std::string& dir);
@@ -75,12 +76,13 @@ class SafetensorsReader {
 
   // nullptr when absent.
   const TensorView* Find(const std::string& name) const;
+  bool Has(const std::string& name) const override { return Find(name) != nullptr; }
   const std::map<std::string, TensorView>& tensors() const { return tensors_; }
 
   // Converts tensor `name` to fp32 into `out` after checking that it exists and has exactly
   // `expected_shape`. Errors name the tensor, its file, and the expected and actual shapes.
   Status ReadF32(const std::string& name, std::span<const int64_t> expected_shape,
-                 std::span<float> out) const;
+                 std::span<float> out) const override;
 
  private:
   Status AddFile(const std::string& path, const std::vector<std::string>* only_names);
