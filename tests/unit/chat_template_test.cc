@@ -15,6 +15,8 @@
 
 #include "common/text/chat_template.h"
 #include "common/text/jinja/template.h"
+#include "router/openai_api.h"
+#include "tests/unit/tiny_model.h"
 
 namespace tandem {
 namespace {
@@ -145,6 +147,8 @@ TEST_CASE("jinja: limits are errors, never hangs or crashes", "[jinja]") {
   CHECK(ErrorOf("{{ 9223372036854775807 + 1 }}").find("overflow") != std::string::npos);
   // A namespace that holds itself is freed (ASan's leak check in the fuzz build).
   CHECK(Rendered("{% set ns = namespace() %}{% set ns.me = ns %}ok") == "ok");
+  CHECK(ErrorOf("{% set ns = namespace() %}{% set ns.me = ns %}{{ ns }}").find("nests too deeply") !=
+        std::string::npos);
 }
 
 TEST_CASE("chat template: options and selection", "[chat_template]") {
@@ -193,6 +197,51 @@ TEST_CASE("chat template: options and selection", "[chat_template]") {
   REQUIRE_FALSE(bad.ok());
   CHECK(bad.status().message().find("my.jinja") != std::string::npos);
   CHECK(bad.status().message().find("line 1") != std::string::npos);
+}
+
+TEST_CASE("chat template: the router's request fields", "[chat_template]") {
+  const ServedModel& model = test::TinyServedModel();
+  auto parse = [&](json extra, std::string* param) {
+    json body = {{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"max_tokens", 1}};
+    for (auto it = extra.begin(); it != extra.end(); ++it) body[it.key()] = it.value();
+    return ParseApiRequest(ApiKind::kChatCompletion, body.dump(), model, param);
+  };
+  auto prompt_of = [&](std::vector<ChatMessage> messages, bool gen) {
+    StatusOr<std::string> text = model.chat_template.Render(messages, gen);
+    REQUIRE(text.ok());
+    return model.tokenizer.Encode(*text, false);
+  };
+  std::string param;
+  StatusOr<ApiRequest> plain = parse(json::object(), &param);
+  REQUIRE(plain.ok());
+  CHECK(plain->generate.prompt_token_ids == prompt_of({{"user", "Hi"}}, true));
+  StatusOr<ApiRequest> no_gen = parse({{"add_generation_prompt", false}}, &param);
+  REQUIRE(no_gen.ok());
+  CHECK(no_gen->generate.prompt_token_ids == prompt_of({{"user", "Hi"}}, false));
+
+  StatusOr<ApiRequest> both = parse({{"continue_final_message", true}}, &param);
+  REQUIRE_FALSE(both.ok());
+  CHECK(param == "continue_final_message");
+  CHECK(both.status().message().find("add_generation_prompt") != std::string::npos);
+
+  StatusOr<ApiRequest> own = parse({{"chat_template", "{% for m in messages %}<{{ m.content }}>{% endfor %}{{ x }}"},
+                                    {"chat_template_kwargs", {{"x", "!"}}}},
+                                   &param);
+  REQUIRE(own.ok());
+  CHECK(own->generate.prompt_token_ids == model.tokenizer.Encode("<Hi>!", false));
+
+  CHECK_FALSE(parse({{"chat_template", "{% if %}"}}, &param).ok());
+  CHECK(param == "chat_template");
+  CHECK_FALSE(parse({{"chat_template", 3}}, &param).ok());
+  CHECK(param == "chat_template");
+  CHECK_FALSE(parse({{"chat_template_kwargs", json::array()}}, &param).ok());
+  CHECK(param == "chat_template_kwargs");
+  CHECK_FALSE(parse({{"chat_template_kwargs", {{"messages", 1}}}}, &param).ok());
+  CHECK(param == "chat_template_kwargs");
+  StatusOr<ApiRequest> raised = parse({{"chat_template", "{{ raise_exception('no users here') }}"}}, &param);
+  REQUIRE_FALSE(raised.ok());
+  CHECK(param == "messages");
+  CHECK(raised.status().message() == "no users here");
 }
 
 TEST_CASE("Jinja templates match jinja2", "[.jinja_cases]") {

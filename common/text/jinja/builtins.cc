@@ -50,6 +50,7 @@ using MethodFn = std::function<Value(Interpreter&, const Value&, CallArgs&)>;
 Value BindMethod(const Value& self, const std::string& name, MethodFn fn) {
   return Value::Callable(self.TypeName() + "." + name, [self, fn](Interpreter& in, CallArgs& args) {
     in.Charge(1);
+    in.ChargeFor(self);
     return fn(in, self, args);
   });
 }

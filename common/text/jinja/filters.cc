@@ -508,6 +508,7 @@ const std::map<std::string, Filter>& Filters() {
 
 Value Interpreter::ApplyFilter(const std::string& name, const Value& subject, CallArgs& args) {
   Charge(1);
+  ChargeFor(subject);
   std::string key = name == "d" ? "default" : name == "e" || name == "forceescape" ? "escape"
                     : name == "count" ? "length" : name;
   auto it = Filters().find(key);
@@ -517,6 +518,8 @@ Value Interpreter::ApplyFilter(const std::string& name, const Value& subject, Ca
 
 bool Interpreter::ApplyTest(const std::string& name, const Value& v, CallArgs& args) {
   Charge(1);
+  ChargeFor(v);
+  for (const Value& a : args.positional) ChargeFor(a);
   auto arg = [&](const char* what) -> Value {
     auto a = BindArgs(args, {what}, name);
     if (!a[0]) Fail("test '" + name + "' needs an argument");

@@ -43,6 +43,22 @@ void Interpreter::Charge(int64_t n) {
   }
 }
 
+void Interpreter::ChargeFor(const Value& v) {
+  switch (v.kind()) {
+    case Kind::kString: Charge(static_cast<int64_t>(v.str().size() / 64)); break;
+    case Kind::kList:
+    case Kind::kTuple: Charge(static_cast<int64_t>(v.items().size())); break;
+    case Kind::kDict: Charge(static_cast<int64_t>(v.dict().items.size())); break;
+    default: break;
+  }
+}
+
+std::string Interpreter::Str(const Value& v) {
+  std::string s = v.Str(limits_.max_output_bytes);
+  Charge(static_cast<int64_t>(s.size() / 64));
+  return s;
+}
+
 void Interpreter::CheckSize(size_t bytes) const {
   if (bytes > limits_.max_output_bytes) {
     throw Error(Error::Kind::kLimit, "a string would exceed the template's size limit of " +
@@ -382,52 +398,55 @@ Value Interpreter::Eval(const Expr& e, const std::shared_ptr<Scope>& scope) {
 
 // a[start:stop:step] on strings (by code point), lists and tuples, with Python's clamping.
 Value Interpreter::EvalSlice(const Expr& e, const std::shared_ptr<Scope>& scope) {
-    Value object = Eval(*e.args[0], scope);
-    std::optional<int64_t> part[3];
-    for (int i = 0; i < 3; ++i) {
-      if (!e.args[i + 1]) continue;
-      Value v = Eval(*e.args[i + 1], scope);
-      if (v.is_none()) continue;
-      if (v.kind() != Kind::kInt && v.kind() != Kind::kBool) {
-        Fail("slice indices must be integers or None");
-      }
-      part[i] = v.int_value();
+  Value object = Eval(*e.args[0], scope);
+  ChargeFor(object);
+  std::optional<int64_t> part[3];
+  for (int i = 0; i < 3; ++i) {
+    if (!e.args[i + 1]) continue;
+    Value v = Eval(*e.args[i + 1], scope);
+    if (v.is_none()) continue;
+    if (v.kind() != Kind::kInt && v.kind() != Kind::kBool) {
+      Fail("slice indices must be integers or None");
     }
-    const int64_t step = part[2].value_or(1);
-    if (step == 0) Fail("slice step cannot be zero");
-    auto slice = [&](int64_t n, auto&& take) {
-      auto clamp = [&](std::optional<int64_t> v, int64_t dflt) {
-        if (!v) return dflt;
-        int64_t x = *v < 0 ? *v + n : *v;
-        if (step > 0) return std::clamp<int64_t>(x, 0, n);
-        return std::clamp<int64_t>(x, -1, n - 1);
-      };
-      const int64_t start = clamp(part[0], step > 0 ? 0 : n - 1);
-      const int64_t stop = clamp(part[1], step > 0 ? n : -1);
-      for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) take(i);
+    part[i] = v.int_value();
+  }
+  const int64_t step = part[2].value_or(1);
+  if (step == 0) Fail("slice step cannot be zero");
+  auto slice = [&](int64_t n, auto&& take) {
+    auto clamp = [&](std::optional<int64_t> v, int64_t dflt) {
+      if (!v) return dflt;
+      int64_t x = *v < 0 ? *v + n : *v;
+      if (step > 0) return std::clamp<int64_t>(x, 0, n);
+      return std::clamp<int64_t>(x, -1, n - 1);
     };
-    if (object.is_string()) {
-      const std::u32string cps = DecodeUtf8(object.str());
-      std::u32string out;
-      slice(static_cast<int64_t>(cps.size()), [&](int64_t i) { out.push_back(cps[i]); });
-      return Value::String(EncodeUtf8(out));
-    }
-    if (object.is_sequence()) {
-      std::vector<Value> out;
-      const auto& items = object.items();
-      slice(static_cast<int64_t>(items.size()), [&](int64_t i) { out.push_back(items[i]); });
-      Charge(static_cast<int64_t>(out.size()));
-      return object.kind() == Kind::kTuple ? Value::Tuple(std::move(out))
-                                           : Value::List(std::move(out));
-    }
-    if (object.is_undefined()) FailUndefined(object);
-    Fail("'" + object.TypeName() + "' object is not subscriptable");
+    const int64_t start = clamp(part[0], step > 0 ? 0 : n - 1);
+    const int64_t stop = clamp(part[1], step > 0 ? n : -1);
+    for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) take(i);
+  };
+  if (object.is_string()) {
+    const std::u32string cps = DecodeUtf8(object.str());
+    std::u32string out;
+    slice(static_cast<int64_t>(cps.size()), [&](int64_t i) { out.push_back(cps[i]); });
+    return Value::String(EncodeUtf8(out));
+  }
+  if (object.is_sequence()) {
+    std::vector<Value> out;
+    const auto& items = object.items();
+    slice(static_cast<int64_t>(items.size()), [&](int64_t i) { out.push_back(items[i]); });
+    Charge(static_cast<int64_t>(out.size()));
+    return object.kind() == Kind::kTuple ? Value::Tuple(std::move(out))
+                                         : Value::List(std::move(out));
+  }
+  if (object.is_undefined()) FailUndefined(object);
+  Fail("'" + object.TypeName() + "' object is not subscriptable");
 }
 
 Value Interpreter::EvalCompare(const Expr& e, const std::shared_ptr<Scope>& scope) {
   Value left = Eval(*e.args[0], scope);
   for (size_t i = 0; i < e.ops.size(); ++i) {
     Value right = Eval(*e.args[i + 1], scope);
+    ChargeFor(left);
+    ChargeFor(right);
     const std::string& op = e.ops[i];
     bool ok;
     if (op == "==") ok = Equal(left, right);
@@ -569,6 +588,7 @@ Value Interpreter::GetItem(const Value& object, const Value& key) {
       if (key.kind() != Kind::kInt && key.kind() != Kind::kBool) break;
       int64_t i = key.int_value();
       if (object.is_string()) {
+        ChargeFor(object);
         const std::u32string cps = DecodeUtf8(object.str());
         const int64_t n = static_cast<int64_t>(cps.size());
         if (i < 0) i += n;

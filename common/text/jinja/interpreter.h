@@ -36,6 +36,9 @@ class Interpreter {
   const Limits& limits() const { return limits_; }
   // Counts `n` steps of work against Limits::max_steps.
   void Charge(int64_t n);
+  // Charges for work proportional to `v`'s size (a string's bytes / 64, a container's items):
+  // what comparing, searching, indexing or filtering it may cost.
+  void ChargeFor(const Value& v);
   // Throws a kLimit Error when a string of `bytes` would exceed the size limit.
   void CheckSize(size_t bytes) const;
 
@@ -48,7 +51,8 @@ class Interpreter {
   // Undefined is empty; anything else throws.
   std::vector<Value> Iterate(const Value& value);
   std::shared_ptr<NamespaceData> NewNamespace();
-  std::string Str(const Value& v) const { return v.Str(limits_.max_output_bytes); }
+  // str(v), charged by its size.
+  std::string Str(const Value& v);
 
   // Built-ins (builtins.cc).
   static std::shared_ptr<Scope> BuiltinScope();

@@ -415,22 +415,24 @@ void AppendStringRepr(std::string* out, const std::string& s, size_t limit) {
   CheckSize(*out, limit);
 }
 
-void AppendRepr(std::string* out, const Value& v, size_t limit);
+void AppendRepr(std::string* out, const Value& v, size_t limit, int depth);
 
-void AppendDictRepr(std::string* out, const DictData& d, size_t limit) {
+void AppendDictRepr(std::string* out, const DictData& d, size_t limit, int depth) {
   out->push_back('{');
   bool first = true;
   for (const auto& [k, val] : d.items) {
     if (!first) *out += ", ";
     first = false;
-    AppendRepr(out, k, limit);
+    AppendRepr(out, k, limit, depth + 1);
     *out += ": ";
-    AppendRepr(out, val, limit);
+    AppendRepr(out, val, limit, depth + 1);
   }
   out->push_back('}');
 }
 
-void AppendRepr(std::string* out, const Value& v, size_t limit) {
+void AppendRepr(std::string* out, const Value& v, size_t limit, int depth) {
+  // Namespaces may hold themselves or long chains of each other: bound the recursion.
+  if (depth > kMaxValueDepth) Fail("a value nests too deeply to print");
   switch (v.kind()) {
     case Kind::kString: AppendStringRepr(out, v.str(), limit); break;
     case Kind::kList:
@@ -439,17 +441,17 @@ void AppendRepr(std::string* out, const Value& v, size_t limit) {
       out->push_back(tuple ? '(' : '[');
       for (size_t i = 0; i < v.items().size(); ++i) {
         if (i > 0) *out += ", ";
-        AppendRepr(out, v.items()[i], limit);
+        AppendRepr(out, v.items()[i], limit, depth + 1);
       }
       if (tuple && v.items().size() == 1) out->push_back(',');
       out->push_back(tuple ? ')' : ']');
       break;
     }
-    case Kind::kDict: AppendDictRepr(out, v.dict(), limit); break;
+    case Kind::kDict: AppendDictRepr(out, v.dict(), limit, depth); break;
     case Kind::kUndefined: *out += "Undefined"; break;
     case Kind::kNamespace:
       *out += "<Namespace ";
-      AppendDictRepr(out, v.ns().attrs, limit);
+      AppendDictRepr(out, v.ns().attrs, limit, depth);
       *out += ">";
       break;
     case Kind::kCallable: *out += "<function " + v.callable().name + ">"; break;
@@ -478,7 +480,7 @@ std::string Value::Str(size_t limit) const {
 
 std::string Value::Repr(size_t limit) const {
   std::string out;
-  AppendRepr(&out, *this, limit);
+  AppendRepr(&out, *this, limit, 0);
   return out;
 }
 
