@@ -513,13 +513,13 @@ std::string Dump(const json& value) {
 }  // namespace
 
 StatusOr<ServedModel> LoadServedModel(const std::string& model_dir, std::string name,
-                                      const std::string& chat_template, int max_model_len) {
+                                      const std::string& chat_template_setting, int max_model_len) {
   TANDEM_ASSIGN_OR_RETURN(Tokenizer tokenizer, Tokenizer::Load(model_dir));
   ChatSpecialTokens tokens;
   tokens.bos = tokenizer.bos_token();
   tokens.eos = tokenizer.eos_token();
   TANDEM_ASSIGN_OR_RETURN(ChatTemplate chat_template,
-                          ChatTemplate::Select(chat_template, tokenizer.chat_template(), tokens));
+                          ChatTemplate::Select(chat_template_setting, tokenizer.chat_template(), tokens));
   std::vector<int32_t> eos;
   StatusOr<ModelConfig> config = LoadModelConfig(model_dir);
   if (config.ok()) {
