@@ -71,6 +71,7 @@ class Lexer {
       const size_t tag = FindTagStart(pos_);
       if (tag == std::string::npos) {
         AddData(std::string_view(src_).substr(pos_));
+        line_ += CountNewlines(std::string_view(src_).substr(pos_));
         pos_ = src_.size();
         break;
       }
