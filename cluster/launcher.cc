@@ -294,7 +294,7 @@ bool Prepare(const LaunchOptions& options, Prepared* out) {
   // The router refuses a tokenizer or chat template it cannot use: say why now, before any
   // child starts, rather than only that the router exited.
   if (StatusOr<ServedModel> served =
-          LoadServedModel(*model_dir, ServedModelName(config->model), config->model.chat_template,
+          LoadServedModel(*model_dir, ServedModelName(config->model), ChatTemplateSetting(*config),
                           config->model.max_model_len);
       !served.ok()) {
     return fail(served.status().WithContext("model " + *model_dir));

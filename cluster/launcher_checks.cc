@@ -196,6 +196,7 @@ ClusterConfig SnapshotConfig(const ClusterConfig& config) {
   out.control.secret_file = ConfigRelativePath(config, config.control.secret_file);
   out.router.latency_model = ConfigRelativePath(config, config.router.latency_model);
   out.router.api_keys_file = ConfigRelativePath(config, config.router.api_keys_file);
+  out.model.chat_template = ChatTemplateSetting(config);
   return out;
 }
 

@@ -324,14 +324,59 @@ Status ParseLogprobs(Parser& p, ApiKind kind, SamplingParams* sp) {
   return Status::Ok();
 }
 
+// The chat template fields (as vLLM): add_generation_prompt (default true),
+// continue_final_message, chat_template (a Jinja source for this request only) and
+// chat_template_kwargs (extra template variables). Returns the template to render with.
+StatusOr<const ChatTemplate*> ParseChatTemplateFields(Parser& p, const ServedModel& model,
+                                                      ChatRenderOptions* options,
+                                                      ChatTemplate* request_template) {
+  TANDEM_RETURN_IF_ERROR(p.GetBool("add_generation_prompt", &options->add_generation_prompt));
+  TANDEM_RETURN_IF_ERROR(p.GetBool("continue_final_message", &options->continue_final_message));
+  if (options->add_generation_prompt && options->continue_final_message) {
+    return p.Fail("continue_final_message",
+                  "Cannot set both `continue_final_message` and `add_generation_prompt` to True.");
+  }
+  if (const json* kwargs = p.Find("chat_template_kwargs")) {
+    if (!kwargs->is_object()) {
+      return p.Fail("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+    }
+    for (auto it = kwargs->begin(); it != kwargs->end(); ++it) {
+      StatusOr<jinja::Value> value = jinja::Value::FromJson(it.value());
+      if (!value.ok()) {
+        return p.Fail("chat_template_kwargs",
+                      "'chat_template_kwargs." + it.key() + "': " + value.status().message());
+      }
+      options->kwargs.emplace_back(it.key(), std::move(value).value());
+    }
+  }
+  const json* source = p.Find("chat_template");
+  if (source == nullptr) return &model.chat_template;
+  if (!source->is_string()) return p.Fail("chat_template", "'chat_template' must be a string");
+  StatusOr<ChatTemplate> parsed = ChatTemplate::Create(
+      source->get<std::string>(), "the request's chat_template", model.chat_template.special_tokens());
+  if (!parsed.ok()) return p.Fail("chat_template", parsed.status().message());
+  *request_template = std::move(parsed).value();
+  return request_template;
+}
+
 // The prompt, templated and tokenized here: the router knows every prompt's length.
 Status ParsePromptTokens(Parser& p, ApiKind kind, const ServedModel& model,
                          std::vector<int32_t>* ids) {
   if (kind != ApiKind::kChatCompletion) return ParsePrompt(p, model, ids);
+  ChatTemplate request_template;
   std::vector<ChatMessage> messages;
   TANDEM_RETURN_IF_ERROR(ParseMessages(p, &messages));
-  StatusOr<std::string> text = model.chat_template.Render(messages, true);
-  if (!text.ok()) return p.Fail("messages", text.status().message());
+  ChatRenderOptions options;
+  TANDEM_ASSIGN_OR_RETURN(const ChatTemplate* chat_template,
+                          ParseChatTemplateFields(p, model, &options, &request_template));
+  StatusOr<std::string> text =
+      chat_template->Render(ChatTemplate::MessagesValue(messages), options);
+  if (!text.ok()) {
+    const char* field = text.status().message().find("chat_template_kwargs") != std::string::npos
+                            ? "chat_template_kwargs"
+                            : "messages";
+    return p.Fail(field, text.status().message());
+  }
   // The templates write their own bos token.
   *ids = model.tokenizer.Encode(*text, /*add_special_tokens=*/false);
   if (ids->empty()) return p.Fail("messages", "the rendered prompt is empty");
@@ -469,12 +514,13 @@ std::string Dump(const json& value) {
 }  // namespace
 
 StatusOr<ServedModel> LoadServedModel(const std::string& model_dir, std::string name,
-                                      const std::string& chat_template_name, int max_model_len) {
+                                      const std::string& chat_template_setting, int max_model_len) {
   TANDEM_ASSIGN_OR_RETURN(Tokenizer tokenizer, LoadCheckpointTokenizer(model_dir));
-  TANDEM_ASSIGN_OR_RETURN(
-      ChatTemplate chat_template,
-      ChatTemplate::Create(tokenizer.chat_template(), chat_template_name, tokenizer.bos_token(),
-                           tokenizer.eos_token()));
+  ChatSpecialTokens tokens;
+  tokens.bos = tokenizer.bos_token();
+  tokens.eos = tokenizer.eos_token();
+  TANDEM_ASSIGN_OR_RETURN(ChatTemplate chat_template,
+                          ChatTemplate::Select(chat_template_setting, tokenizer.chat_template(), tokens));
   std::vector<int32_t> eos;
   StatusOr<ModelConfig> config = LoadModelConfig(model_dir);
   if (config.ok()) {

@@ -31,10 +31,11 @@ struct ServedModel {
   int64_t created = 0;  // unix seconds, shown by /v1/models
 };
 
-// Loads the tokenizer, chat template (`chat_template_name`: auto|llama3|chatml|mistral|none)
-// and eos ids of a Hugging Face checkpoint directory. `name` "" = the directory's base name.
+// Loads the tokenizer, chat template (`chat_template_setting`: model.chat_template as
+// ChatTemplateSetting resolves it: auto, none or a file path; see ChatTemplate::Select) and eos
+// ids of a Hugging Face checkpoint directory. `name` "" = the directory's base name.
 StatusOr<ServedModel> LoadServedModel(const std::string& model_dir, std::string name,
-                                      const std::string& chat_template_name, int max_model_len);
+                                      const std::string& chat_template_setting, int max_model_len);
 
 enum class ApiKind { kCompletion, kChatCompletion };
 

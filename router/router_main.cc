@@ -7,6 +7,7 @@
 #include "common/base/log.h"
 #include "common/base/metrics.h"
 #include "common/config/config.h"
+#include "common/config/serving_config.h"
 #include "common/model/model_store.h"
 #include "common/serving/role_main.h"
 #include "router/api_keys.h"
@@ -27,7 +28,7 @@ class RouterProcess : public RoleProcess {
     TANDEM_ASSIGN_OR_RETURN(std::string model_dir, ResolveModelDir(config.model));
     const std::string served_name = ServedModelName(config.model);
     StatusOr<ServedModel> model = LoadServedModel(model_dir, served_name,
-                                                  config.model.chat_template,
+                                                  ChatTemplateSetting(config),
                                                   config.model.max_model_len);
     if (!model.ok()) return model.status().WithContext("model " + model_dir);
     // Keys before anything listens: a bad key file stops the router, never opens it.

@@ -116,8 +116,8 @@ void ReadModelAndRouter(YamlErrors* v, YamlFields& top, ClusterConfig* c) {
     // Made random-weight presets, then the packaged real ones (common/model/packaged_model.cc).
     sec.String("preset", &c->model.preset, {"tiny", "small", "medium", "smollm2-135m-instruct"});
     sec.String("name", &c->model.name);
-    sec.String("chat_template", &c->model.chat_template,
-               {"auto", "llama3", "chatml", "mistral", "none"});
+    // auto, none, or a Jinja file (relative to the config file; read by the router).
+    sec.String("chat_template", &c->model.chat_template);
     sec.Int("max_model_len", &c->model.max_model_len, 16, 1 << 20);
   }
   YAML::Node router = top.Child("router");

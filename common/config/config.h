@@ -27,7 +27,9 @@ struct ModelSection {
   std::string path;            // HF checkpoint directory; empty = the built-in model
   std::string preset = "medium";  // built-in model preset when path is empty
   std::string name;            // served model name (/v1/models); empty = derived from path
-  std::string chat_template = "auto";  // auto|llama3|chatml|mistral|none
+  // auto (the checkpoint's own template), none, or the path of a Jinja template file (relative
+  // to the config file).
+  std::string chat_template = "auto";
   int max_model_len = 4096;    // prompt + output tokens per request
 };
 

@@ -109,6 +109,12 @@ std::string ConfigRelativePath(const ClusterConfig& config, const std::string& p
   return (base / path).lexically_normal().string();
 }
 
+std::string ChatTemplateSetting(const ClusterConfig& config) {
+  const std::string& setting = config.model.chat_template;
+  if (setting == "auto" || setting == "none" || setting.empty()) return setting;
+  return ConfigRelativePath(config, setting);
+}
+
 bool IsMultiHost(const ClusterConfig& config) {
   for (const InstanceSection* s : {&config.prefill, &config.decode, &config.colocated}) {
     if (!s->dns_name.empty()) return true;  // instances found by name: anywhere

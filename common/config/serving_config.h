@@ -59,6 +59,9 @@ StatusOr<std::string> AdvertiseHost(const ClusterConfig& config, const InstanceS
 // `path` as the config file names it: relative paths are relative to the file's directory (or
 // the working directory for a config without a file).
 std::string ConfigRelativePath(const ClusterConfig& config, const std::string& path);
+// model.chat_template with a file path resolved as ConfigRelativePath does (auto and none as
+// they are).
+std::string ChatTemplateSetting(const ClusterConfig& config);
 
 // Bytes of memory this process may use: physical memory, or the cgroup's limit when that is
 // lower (a container). 0 when neither can be read.

@@ -1,6 +1,7 @@
 #include "common/text/chat_template.h"
 
-#include "common/text/unicode.h"
+#include <fstream>
+#include <sstream>
 
 namespace tandem {
 
@@ -18,133 +19,122 @@ const char kChatmlChatTemplate[] =
     "+ message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if "
     "add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 
-const char kMistralChatTemplate[] =
-    "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != "
-    "(loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate "
-    "user/assistant/user/assistant/...') }}{% endif %}{% if message['role'] == 'user' %}{{ '[INST] "
-    "' + message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ "
-    "message['content'] + eos_token}}{% else %}{{ raise_exception('Only user and assistant roles "
-    "are supported!') }}{% endif %}{% endfor %}";
-
 namespace {
 
-// Checkpoints differ in surrounding whitespace only; inside the template every byte counts.
-std::string_view TrimOuter(std::string_view text) {
-  const size_t begin = text.find_first_not_of(" \t\r\n");
-  if (begin == std::string_view::npos) return {};
-  const size_t end = text.find_last_not_of(" \t\r\n");
-  return text.substr(begin, end - begin + 1);
+// Python's str.strip().
+std::string PythonStrip(const std::string& s) {
+  std::u32string cps = jinja::DecodeUtf8(s);
+  size_t b = 0, e = cps.size();
+  while (b < e && jinja::IsPythonSpace(cps[b])) ++b;
+  while (e > b && jinja::IsPythonSpace(cps[e - 1])) --e;
+  return jinja::EncodeUtf8(std::u32string_view(cps).substr(b, e - b));
 }
 
 }  // namespace
 
-StatusOr<ChatTemplateFamily> ParseChatTemplateName(std::string_view name, bool* is_auto) {
-  *is_auto = false;
-  if (name == "auto" || name.empty()) {
-    *is_auto = true;
-    return ChatTemplateFamily::kNone;
+StatusOr<ChatTemplate> ChatTemplate::Create(std::string_view jinja_source, std::string origin,
+                                            ChatSpecialTokens tokens) {
+  StatusOr<jinja::Template> parsed = jinja::Template::Parse(jinja_source);
+  if (!parsed.ok()) {
+    return InvalidArgument("chat template (" + origin + "): " + parsed.status().message());
   }
-  if (name == "llama3") return ChatTemplateFamily::kLlama3;
-  if (name == "chatml") return ChatTemplateFamily::kChatml;
-  if (name == "mistral") return ChatTemplateFamily::kMistral;
-  if (name == "none") return ChatTemplateFamily::kNone;
-  return InvalidArgument("unknown chat template '" + std::string(name) +
-                         "' (expected auto, llama3, chatml, mistral or none)");
+  ChatTemplate t;
+  t.template_ = std::make_shared<const jinja::Template>(std::move(parsed).value());
+  t.origin_ = std::move(origin);
+  t.tokens_ = std::move(tokens);
+  return t;
 }
 
-std::string_view ChatTemplateFamilyName(ChatTemplateFamily family) {
-  switch (family) {
-    case ChatTemplateFamily::kLlama3: return "llama3";
-    case ChatTemplateFamily::kChatml: return "chatml";
-    case ChatTemplateFamily::kMistral: return "mistral";
-    case ChatTemplateFamily::kNone: return "none";
+StatusOr<ChatTemplate> ChatTemplate::Select(std::string_view setting,
+                                            std::string_view checkpoint_template,
+                                            ChatSpecialTokens tokens) {
+  if (setting == "none") return ChatTemplate();
+  if (setting == "auto" || setting.empty()) {
+    if (checkpoint_template.empty()) return ChatTemplate();
+    return Create(checkpoint_template, "the checkpoint's chat_template", std::move(tokens));
   }
-  return "none";
+  const std::string path(setting);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return NotFound("model.chat_template: cannot read '" + path +
+                    "' (expected auto, none or the path of a Jinja template file)");
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  return Create(text.str(), path, std::move(tokens));
 }
 
-std::string_view ChatTemplateSource(ChatTemplateFamily family) {
-  switch (family) {
-    case ChatTemplateFamily::kLlama3: return kLlama3ChatTemplate;
-    case ChatTemplateFamily::kChatml: return kChatmlChatTemplate;
-    case ChatTemplateFamily::kMistral: return kMistralChatTemplate;
-    case ChatTemplateFamily::kNone: return "";
+jinja::Value ChatTemplate::MessagesValue(const std::vector<ChatMessage>& messages) {
+  std::vector<jinja::Value> list;
+  for (const ChatMessage& m : messages) {
+    list.push_back(jinja::Value::Dict({{jinja::Value::String("role"), jinja::Value::String(m.role)},
+                                       {jinja::Value::String("content"), jinja::Value::String(m.content)}}));
   }
-  return "";
-}
-
-StatusOr<ChatTemplate> ChatTemplate::Create(std::string_view jinja_template,
-                                            std::string_view override_name, std::string bos_token,
-                                            std::string eos_token) {
-  bool is_auto = false;
-  TANDEM_ASSIGN_OR_RETURN(ChatTemplateFamily family, ParseChatTemplateName(override_name, &is_auto));
-  if (is_auto && !jinja_template.empty()) {
-    const std::string_view trimmed = TrimOuter(jinja_template);
-    for (ChatTemplateFamily known : {ChatTemplateFamily::kLlama3, ChatTemplateFamily::kChatml,
-                                     ChatTemplateFamily::kMistral}) {
-      if (trimmed == ChatTemplateSource(known)) family = known;
-    }
-    if (family == ChatTemplateFamily::kNone) {
-      // Say what it resembles, but do not guess: a near-miss renders different text.
-      std::string hint;
-      if (jinja_template.find("<|start_header_id|>") != std::string_view::npos) hint = "llama3";
-      else if (jinja_template.find("<|im_start|>") != std::string_view::npos) hint = "chatml";
-      else if (jinja_template.find("[INST]") != std::string_view::npos) hint = "mistral";
-      std::string message =
-          "the checkpoint's chat_template (tokenizer_config.json) is not one Tandem knows; set "
-          "model.chat_template to llama3, chatml, mistral or none";
-      if (!hint.empty()) message += " (it looks like " + hint + ", but differs from the known template)";
-      return InvalidArgument(message);
-    }
-  }
-  return ChatTemplate(family, std::move(bos_token), std::move(eos_token));
+  return jinja::Value::List(std::move(list));
 }
 
 StatusOr<std::string> ChatTemplate::Render(const std::vector<ChatMessage>& messages,
                                            bool add_generation_prompt) const {
-  std::string out;
-  switch (family_) {
-    case ChatTemplateFamily::kNone:
-      return FailedPrecondition(
-          "this model has no chat template; set model.chat_template or use /v1/completions");
-    case ChatTemplateFamily::kLlama3:
-      for (size_t i = 0; i < messages.size(); ++i) {
-        if (i == 0) out += bos_;
-        out += "<|start_header_id|>" + messages[i].role + "<|end_header_id|>\n\n" +
-               unicode::PythonStrip(messages[i].content) + "<|eot_id|>";
-      }
-      if (add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
-      return out;
-    case ChatTemplateFamily::kChatml:
-      for (size_t i = 0; i < messages.size(); ++i) {
-        if (i == 0 && messages[0].role != "system") {
-          out += "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n";
-        }
-        out += "<|im_start|>" + messages[i].role + "\n" + messages[i].content + "<|im_end|>\n";
-      }
-      if (add_generation_prompt) out += "<|im_start|>assistant\n";
-      return out;
-    case ChatTemplateFamily::kMistral:
-      // The template has no generation prompt: "[/INST]" already asks for the answer.
-      out += bos_;
-      for (size_t i = 0; i < messages.size(); ++i) {
-        const ChatMessage& m = messages[i];
-        if ((m.role == "user") != (i % 2 == 0)) {
-          return InvalidArgument(
-              "Conversation roles must alternate user/assistant/user/assistant/... (mistral "
-              "template; message " + std::to_string(i) + " has role '" + m.role + "')");
-        }
-        if (m.role == "user") {
-          out += "[INST] " + m.content + " [/INST]";
-        } else if (m.role == "assistant") {
-          out += m.content + eos_;
-        } else {
-          return InvalidArgument("Only user and assistant roles are supported! (mistral template; message " +
-                                 std::to_string(i) + " has role '" + m.role + "')");
-        }
-      }
-      return out;
+  ChatRenderOptions options;
+  options.add_generation_prompt = add_generation_prompt;
+  return Render(MessagesValue(messages), options);
+}
+
+StatusOr<std::string> ChatTemplate::Render(const jinja::Value& messages,
+                                           const ChatRenderOptions& options) const {
+  if (!template_) {
+    return FailedPrecondition(
+        "this model has no chat template; set model.chat_template, send chat_template, or use "
+        "/v1/completions");
   }
-  return Internal("unknown chat template family");
+  if (options.continue_final_message && options.add_generation_prompt) {
+    return InvalidArgument(
+        "Cannot set both `continue_final_message` and `add_generation_prompt` to True.");
+  }
+  std::vector<std::pair<std::string, jinja::Value>> globals;
+  auto add_token = [&globals](const char* name, const std::string& value) {
+    if (!value.empty()) globals.emplace_back(name, jinja::Value::String(value));
+  };
+  add_token("bos_token", tokens_.bos);
+  add_token("eos_token", tokens_.eos);
+  add_token("unk_token", tokens_.unk);
+  add_token("pad_token", tokens_.pad);
+  for (const auto& [name, value] : options.kwargs) {
+    if (name == "messages" || name == "tools" || name == "documents" ||
+        name == "add_generation_prompt") {
+      return InvalidArgument("chat_template_kwargs may not set '" + name + "'");
+    }
+    globals.emplace_back(name, value);  // later entries win: kwargs override the tokens
+  }
+  globals.emplace_back("messages", messages);
+  globals.emplace_back("tools", options.tools);
+  globals.emplace_back("documents", jinja::Value::None());
+  globals.emplace_back("add_generation_prompt", jinja::Value::Bool(options.add_generation_prompt));
+  StatusOr<std::string> text = template_->Render(globals, options.limits);
+  if (!text.ok()) return text.status();
+  if (!options.continue_final_message) return text;
+
+  // As transformers: the prompt ends where the final message's (stripped) text last appears.
+  if (!messages.is_sequence() || messages.items().empty() || !messages.items().back().is_dict()) {
+    return InvalidArgument("continue_final_message needs a final message");
+  }
+  const jinja::Value* content = messages.items().back().dict().Find(jinja::Value::String("content"));
+  std::string final_text;
+  if (content != nullptr && content->is_string()) {
+    final_text = content->str();
+  } else if (content != nullptr && content->is_sequence() && !content->items().empty() &&
+             content->items().back().is_dict()) {
+    const jinja::Value* part = content->items().back().dict().Find(jinja::Value::String("text"));
+    if (part != nullptr && part->is_string()) final_text = part->str();
+  }
+  final_text = PythonStrip(final_text);
+  const size_t at = text->rfind(final_text);
+  if (at == std::string::npos) {
+    return InvalidArgument(
+        "continue_final_message is set but the final message does not appear in the chat after "
+        "applying the chat template");
+  }
+  return text->substr(0, at + final_text.size());
 }
 
 }  // namespace tandem

@@ -11,7 +11,8 @@ seconds=${2:-20}
 shift $(( $# >= 2 ? 2 : 1 ))
 targets=("$@")
 if (( ${#targets[@]} == 0 )); then
-  targets=(openai_request http_request control_wire kv_wire config_yaml model_config safetensors_header gguf_file)
+  targets=(openai_request http_request control_wire kv_wire config_yaml model_config safetensors_header
+           gguf_file jinja_template)
 fi
 artifacts=$build/fuzz-artifacts
 scratch=$(mktemp -d)
