@@ -50,7 +50,7 @@ struct ApiRequest {
   int n = 1;
   bool stream = false;
   bool include_usage = false;           // stream_options.include_usage: a last usage chunk
-  bool continuous_usage_stats = false;  // stream_options.continuous_usage_stats: usage in every chunk
+  bool continuous_usage_stats = false;  // stream_options.continuous_usage_stats: usage per chunk
   bool skip_special_tokens = true;      // special tokens' text left out of the output text
   std::optional<std::string> echo;      // completions "echo": the prompt's text, before each choice
   std::string user;                     // the client's end-user id; logged, not interpreted

@@ -191,7 +191,8 @@ void Sampler::ApplyPenalties(std::span<const float> logits, std::span<const int3
   std::copy(logits.begin(), logits.end(), scores);
 
   for (const TokenBias& b : params_.logit_bias) {
-    TANDEM_CHECK(b.token_id < vocab_size_, "logit_bias id out of range: " + std::to_string(b.token_id));
+    TANDEM_CHECK(b.token_id < vocab_size_,
+                 "logit_bias id out of range: " + std::to_string(b.token_id));
     scores[b.token_id] += b.bias;
   }
   if (!min_tokens_masked_.empty() &&

@@ -261,7 +261,8 @@ TEST_CASE("request fields: n choices and stream options", "[router]") {
   Parsed p = Chat({{"n", 3},
                    {"seed", 10},
                    {"stream", true},
-                   {"stream_options", {{"include_usage", false}, {"continuous_usage_stats", true}}}});
+                   {"stream_options",
+                    {{"include_usage", false}, {"continuous_usage_stats", true}}}});
   REQUIRE(p.request.ok());
   const ApiRequest& r = *p.request;
   CHECK(r.n == 3);

@@ -687,7 +687,9 @@ TEST_CASE("HTTP: n choices, each its own backend request, usage counts the promp
     const json& choice = events[i]["choices"][0];
     int index = choice["index"];
     if (choice["delta"].contains("role")) ++roles[index];
-    if (choice["delta"].contains("content")) text[index] += choice["delta"]["content"].get<std::string>();
+    if (choice["delta"].contains("content")) {
+      text[index] += choice["delta"]["content"].get<std::string>();
+    }
     if (!choice["finish_reason"].is_null()) finish[index] = choice["finish_reason"];
     // continuous_usage_stats: every chunk carries the running usage, never decreasing.
     REQUIRE(events[i]["usage"].is_object());
