@@ -116,7 +116,7 @@ void BatchEngine::AddNew(const std::string& id, std::vector<int32_t> prompt,
   r->prompt_len = static_cast<int32_t>(prompt.size());
   r->tokens = std::move(prompt);
   r->tokens.reserve(r->tokens.size() + sampling.max_tokens);
-  r->sampler = std::make_unique<Sampler>(sampling, &workspace_, r->prompt_len);
+  r->sampler = std::make_unique<Sampler>(sampling, &workspace_, r->prompt_len, eos_ids_);
   r->stop = std::make_unique<StopChecker>(sampling, eos_ids_);
   waiting_.push_back(std::move(r));
 }
@@ -134,7 +134,7 @@ void BatchEngine::AddPulled(const std::string& id, std::vector<int32_t> prompt,
   r->tokens.push_back(first_token);
   r->blocks = std::move(blocks);
   r->arrival = std::move(arrival);
-  r->sampler = std::make_unique<Sampler>(sampling, &workspace_, r->prompt_len);
+  r->sampler = std::make_unique<Sampler>(sampling, &workspace_, r->prompt_len, eos_ids_);
   r->stop = std::make_unique<StopChecker>(sampling, eos_ids_);
   StopUpdate first = r->stop->Append(first_token, "");
   TANDEM_CHECK(!first.finished(), "prefill hands off only requests that continue");

@@ -106,7 +106,7 @@ int64_t PrefillEngine::PrepareBatch(const std::vector<PrefillChunk>& batch) {
 
 void PrefillEngine::Complete(PrefillRequest& r, std::span<const float> logits,
                              PrefillObserver& observer) {
-  Sampler sampler(r.sampling, workspace_.get(), r.prompt.size());
+  Sampler sampler(r.sampling, workspace_.get(), r.prompt.size(), eos_ids_);
   SampleResult sample = sampler.Sample(logits, r.prompt);
   Prefilled done;
   done.first.token_id = sample.token_id;

@@ -12,12 +12,15 @@
 
 #include "common/model/checkpoint.h"
 #include "common/model/model_config.h"
+#include "router/request_fields.h"
 
 namespace tandem {
 
 using json = nlohmann::json;
 
 namespace {
+
+constexpr size_t kMaxUserBytes = 256;
 
 // Tracks which field a parse error is about, so that the caller can name it in the 400 body.
 struct Parser {
@@ -135,8 +138,11 @@ Status CheckTokenIds(Parser& p, const char* field, const json& ids, int32_t voca
 }
 
 // The completions prompt: a string, a list with one string, a list of token ids, or a list
-// with one list of token ids. Several prompts (batch) are not supported (n must be 1 too).
-Status ParsePrompt(Parser& p, const ServedModel& model, std::vector<int32_t>* ids) {
+// with one list of token ids. Several prompts (batch) are not supported. A text prompt is
+// encoded with the tokenizer's special tokens (bos) when add_special_tokens, and copied to
+// *text; token ids are taken as they are.
+Status ParsePrompt(Parser& p, const ServedModel& model, bool add_special_tokens,
+                   std::vector<int32_t>* ids, std::optional<std::string>* text) {
   const json* v = p.Find("prompt");
   if (!v) return p.Fail("prompt", "'prompt' is required");
   const json* prompt = v;
@@ -144,7 +150,8 @@ Status ParsePrompt(Parser& p, const ServedModel& model, std::vector<int32_t>* id
     prompt = &(*v)[0];
   }
   if (prompt->is_string()) {
-    *ids = model.tokenizer.Encode(prompt->get<std::string>(), /*add_special_tokens=*/true);
+    *text = prompt->get<std::string>();
+    *ids = model.tokenizer.Encode(**text, add_special_tokens);
   } else if (prompt->is_array()) {
     if (!prompt->empty() && (*prompt)[0].is_string()) {
       return p.Fail("prompt", "'prompt' with several prompts is not supported; send one");
@@ -168,6 +175,7 @@ Status ParseMessages(Parser& p, std::vector<ChatMessage>* messages) {
     const json& m = (*v)[i];
     std::string where = "'messages[" + std::to_string(i) + "]";
     if (!m.is_object()) return p.Fail("messages", where + "' must be an object");
+    TANDEM_RETURN_IF_ERROR(CheckMessageFields(m, i, p.param));
     auto role_it = m.find("role");
     if (role_it == m.end() || !role_it->is_string()) {
       return p.Fail("messages", where + ".role' must be a string");
@@ -204,42 +212,32 @@ Status ParseMessages(Parser& p, std::vector<ChatMessage>* messages) {
   return Status::Ok();
 }
 
-// Fields whose non-default values this router does not implement: rejected, never ignored.
-Status RejectUnsupported(Parser& p, ApiKind kind) {
-  std::optional<int64_t> n;
-  TANDEM_RETURN_IF_ERROR(p.GetInt("n", &n));
-  if (n && *n != 1) return p.Fail("n", "'n' must be 1, got " + std::to_string(*n));
-  if (kind == ApiKind::kCompletion) {
-    std::optional<int64_t> best_of;
-    TANDEM_RETURN_IF_ERROR(p.GetInt("best_of", &best_of));
-    if (best_of && *best_of != 1) {
-      return p.Fail("best_of", "'best_of' must be 1, got " + std::to_string(*best_of));
-    }
-    bool echo = false;
-    TANDEM_RETURN_IF_ERROR(p.GetBool("echo", &echo));
-    if (echo) return p.Fail("echo", "'echo' is not supported");
-    if (const json* suffix = p.Find("suffix")) {
-      if (!suffix->is_string() || !suffix->get<std::string>().empty()) {
-        return p.Fail("suffix", "'suffix' is not supported");
-      }
-    }
-  } else {
-    for (const char* field : {"tools", "functions"}) {
-      const json* v = p.Find(field);
-      if (v && !(v->is_array() && v->empty())) {
-        return p.Fail(field, std::string("'") + field + "' is not supported");
-      }
-    }
-    if (const json* format = p.Find("response_format")) {
-      if (!format->is_object() || format->value("type", "") != "text") {
-        return p.Fail("response_format", "'response_format' must be {\"type\": \"text\"}");
-      }
-    }
+// n: choices from the one prompt. best_of other than n is refused by the allowlist.
+Status ParseChoices(Parser& p, ApiRequest* request) {
+  std::optional<int32_t> n;
+  TANDEM_RETURN_IF_ERROR(p.GetInt32("n", 1, kMaxChoices, &n));
+  if (n) request->n = *n;
+  return Status::Ok();
+}
+
+// How output tokens become text, and who the end user is.
+Status ParseOutputText(Parser& p, ApiRequest* request) {
+  TANDEM_RETURN_IF_ERROR(p.GetBool("skip_special_tokens", &request->skip_special_tokens));
+  // The decoder writes special tokens' text as it is, with no spaces around it (as Hugging
+  // Face's fast tokenizers, and vLLM with them, do): true cannot be honoured.
+  bool spaces = false;
+  TANDEM_RETURN_IF_ERROR(p.GetBool("spaces_between_special_tokens", &spaces));
+  if (spaces) {
+    return p.Fail("spaces_between_special_tokens",
+                  "'spaces_between_special_tokens' true is not supported: special tokens are "
+                  "decoded without added spaces (as a fast tokenizer does); send false or omit it");
   }
-  if (const json* bias = p.Find("logit_bias")) {
-    if (!(bias->is_object() && bias->empty())) {
-      return p.Fail("logit_bias", "'logit_bias' is not supported");
+  if (const json* user = p.Find("user")) {
+    if (!user->is_string()) return p.Fail("user", "'user' must be a string");
+    if (user->get<std::string>().size() > kMaxUserBytes) {
+      return p.Fail("user", "'user' may be at most " + std::to_string(kMaxUserBytes) + " bytes");
     }
+    request->user = user->get<std::string>();
   }
   return Status::Ok();
 }
@@ -266,12 +264,56 @@ Status ParseStreaming(Parser& p, ApiRequest* request) {
     return p.Fail("stream_options", "'stream_options' is only allowed when 'stream' is true");
   }
   if (!options->is_object()) return p.Fail("stream_options", "'stream_options' must be an object");
-  auto it = options->find("include_usage");
-  if (it != options->end() && !it->is_null()) {
-    if (!it->is_boolean()) {
-      return p.Fail("stream_options", "'stream_options.include_usage' must be a boolean");
+  for (const auto& [key, value] : options->items()) {
+    bool* out = key == "include_usage"            ? &request->include_usage
+                : key == "continuous_usage_stats" ? &request->continuous_usage_stats
+                                                  : nullptr;
+    if (out == nullptr) {
+      return p.Fail("stream_options",
+                    "Unrecognized request argument supplied: stream_options." + key);
     }
-    request->include_usage = it->get<bool>();
+    if (value.is_null()) continue;
+    if (!value.is_boolean()) {
+      return p.Fail("stream_options", "'stream_options." + key + "' must be a boolean");
+    }
+    *out = value.get<bool>();
+  }
+  return Status::Ok();
+}
+
+// logit_bias: {"<token id>": bias in [-100, 100]}, as OpenAI's (keys are decimal strings).
+Status ParseLogitBias(Parser& p, const ServedModel& model, std::vector<TokenBias>* out) {
+  const json* v = p.Find("logit_bias");
+  if (!v) return Status::Ok();
+  if (!v->is_object()) {
+    return p.Fail("logit_bias", "'logit_bias' must be an object of token id -> bias");
+  }
+  if (v->size() > kMaxLogitBiasEntries) {
+    return p.Fail("logit_bias", "'logit_bias' may hold at most " +
+                                    std::to_string(kMaxLogitBiasEntries) + " entries, got " +
+                                    std::to_string(v->size()));
+  }
+  const int32_t vocab_size = model.tokenizer.vocab_size();
+  for (const auto& [key, bias] : v->items()) {
+    const bool digits = !key.empty() && key.size() <= 10 &&
+                        key.find_first_not_of("0123456789") == std::string::npos;
+    const int64_t id = digits ? std::stoll(key) : -1;
+    if (!digits || id >= vocab_size) {
+      return p.Fail("logit_bias", "'logit_bias' key '" + key +
+                                      "' is not a token id in the vocabulary [0, " +
+                                      std::to_string(vocab_size) + ")");
+    }
+    if (!bias.is_number() || !(bias.get<double>() >= -kMaxLogitBias &&
+                               bias.get<double>() <= kMaxLogitBias)) {
+      return p.Fail("logit_bias", "'logit_bias' for token " + key +
+                                      " must be a number in [-100, 100]");
+    }
+    for (const TokenBias& seen : *out) {
+      if (seen.token_id == id) {
+        return p.Fail("logit_bias", "'logit_bias' lists token " + std::to_string(id) + " twice");
+      }
+    }
+    out->push_back(TokenBias{static_cast<int32_t>(id), static_cast<float>(bias.get<double>())});
   }
   return Status::Ok();
 }
@@ -291,6 +333,13 @@ Status ParseSampling(Parser& p, const ServedModel& model, SamplingParams* sp) {
   TANDEM_RETURN_IF_ERROR(p.GetInt("seed", &seed));
   if (seed) sp->seed = static_cast<uint64_t>(*seed);
   TANDEM_RETURN_IF_ERROR(p.GetBool("ignore_eos", &sp->ignore_eos));
+  TANDEM_RETURN_IF_ERROR(
+      p.GetBool("include_stop_str_in_output", &sp->include_stop_str_in_output));
+  std::optional<int32_t> min_tokens;
+  TANDEM_RETURN_IF_ERROR(
+      p.GetInt32("min_tokens", 0, std::numeric_limits<int32_t>::max(), &min_tokens));
+  if (min_tokens) sp->min_tokens = *min_tokens;
+  TANDEM_RETURN_IF_ERROR(ParseLogitBias(p, model, &sp->logit_bias));
   TANDEM_RETURN_IF_ERROR(ParseStop(p, &sp->stop));
   if (const json* ids = p.Find("stop_token_ids")) {
     if (!ids->is_array()) return p.Fail("stop_token_ids", "'stop_token_ids' must be a list");
@@ -361,8 +410,11 @@ StatusOr<const ChatTemplate*> ParseChatTemplateFields(Parser& p, const ServedMod
 
 // The prompt, templated and tokenized here: the router knows every prompt's length.
 Status ParsePromptTokens(Parser& p, ApiKind kind, const ServedModel& model,
-                         std::vector<int32_t>* ids) {
-  if (kind != ApiKind::kChatCompletion) return ParsePrompt(p, model, ids);
+                         bool add_special_tokens, std::vector<int32_t>* ids,
+                         std::optional<std::string>* prompt_text) {
+  if (kind != ApiKind::kChatCompletion) {
+    return ParsePrompt(p, model, add_special_tokens, ids, prompt_text);
+  }
   ChatTemplate request_template;
   std::vector<ChatMessage> messages;
   TANDEM_RETURN_IF_ERROR(ParseMessages(p, &messages));
@@ -377,8 +429,8 @@ Status ParsePromptTokens(Parser& p, ApiKind kind, const ServedModel& model,
                             : "messages";
     return p.Fail(field, text.status().message());
   }
-  // The templates write their own bos token.
-  *ids = model.tokenizer.Encode(*text, /*add_special_tokens=*/false);
+  // The templates write their own bos token: add_special_tokens is false unless asked.
+  *ids = model.tokenizer.Encode(*text, add_special_tokens);
   if (ids->empty()) return p.Fail("messages", "the rendered prompt is empty");
   return Status::Ok();
 }
@@ -415,6 +467,7 @@ StatusOr<ApiRequest> Parse(ApiKind kind, const json& body, const ServedModel& mo
                            std::string* param) {
   Parser p{body, param};
   if (!body.is_object()) return p.Fail("", "the request body must be a JSON object");
+  TANDEM_RETURN_IF_ERROR(CheckRequestFields(kind, body, param));
 
   ApiRequest request;
   request.kind = kind;
@@ -425,8 +478,9 @@ StatusOr<ApiRequest> Parse(ApiKind kind, const json& body, const ServedModel& mo
   SamplingParams& sp = gen.sampling;
   TANDEM_RETURN_IF_ERROR(ParseModel(p, model, param));
   gen.model = model.name;
-  TANDEM_RETURN_IF_ERROR(RejectUnsupported(p, kind));
+  TANDEM_RETURN_IF_ERROR(ParseChoices(p, &request));
   TANDEM_RETURN_IF_ERROR(ParseStreaming(p, &request));
+  TANDEM_RETURN_IF_ERROR(ParseOutputText(p, &request));
   TANDEM_RETURN_IF_ERROR(ParseSampling(p, model, &sp));
   // max_tokens is read before the prompt, so that a wrongly typed one is named before any
   // prompt error; its bound needs the prompt's length, checked after.
@@ -437,7 +491,33 @@ StatusOr<ApiRequest> Parse(ApiKind kind, const json& body, const ServedModel& mo
   TANDEM_RETURN_IF_ERROR(
       p.GetInt32(max_tokens_field, 1, std::numeric_limits<int32_t>::max(), &max_tokens));
   TANDEM_RETURN_IF_ERROR(ParseLogprobs(p, kind, &sp));
-  TANDEM_RETURN_IF_ERROR(ParsePromptTokens(p, kind, model, &gen.prompt_token_ids));
+  bool echo = false;
+  if (kind == ApiKind::kCompletion) {
+    TANDEM_RETURN_IF_ERROR(p.GetBool("echo", &echo));
+    if (echo && sp.logprobs) {
+      return p.Fail("echo", "'echo' with 'logprobs' needs prompt logprobs, which this server "
+                            "does not compute");
+    }
+  }
+  // Chat templates write their own bos token; a text prompt gets the tokenizer's.
+  bool add_special_tokens = kind == ApiKind::kCompletion;
+  TANDEM_RETURN_IF_ERROR(p.GetBool("add_special_tokens", &add_special_tokens));
+  std::optional<int32_t> truncate;
+  TANDEM_RETURN_IF_ERROR(p.GetInt32("truncate_prompt_tokens", 1,
+                                    std::numeric_limits<int32_t>::max(), &truncate));
+  std::optional<std::string> prompt_text;
+  TANDEM_RETURN_IF_ERROR(ParsePromptTokens(p, kind, model, add_special_tokens,
+                                           &gen.prompt_token_ids, &prompt_text));
+  std::vector<int32_t>& prompt_ids = gen.prompt_token_ids;
+  if (truncate && prompt_ids.size() > static_cast<size_t>(*truncate)) {
+    // Keeps the last k tokens, as vLLM does (the end of a prompt matters most).
+    prompt_ids.erase(prompt_ids.begin(), prompt_ids.end() - *truncate);
+    prompt_text.reset();
+  }
+  if (echo) {
+    request.echo = prompt_text ? *prompt_text
+                               : model.tokenizer.Decode(prompt_ids, request.skip_special_tokens);
+  }
   TANDEM_RETURN_IF_ERROR(FitMaxTokens(p, kind, model,
                                       static_cast<int64_t>(gen.prompt_token_ids.size()),
                                       max_tokens, max_tokens_field, &sp));
@@ -585,30 +665,47 @@ std::vector<LogprobToken> MakeLogprobTokens(const Tokenizer& tokenizer,
   return out;
 }
 
+GenerateRequest ChoiceRequest(const ApiRequest& request, int index) {
+  GenerateRequest choice = request.generate;
+  if (request.n == 1) return choice;
+  choice.request_id += "-" + std::to_string(index);
+  if (choice.sampling.seed) *choice.sampling.seed += static_cast<uint64_t>(index);
+  return choice;
+}
+
+std::string RenderResponse(const ApiRequest& request, const std::vector<ChoiceOutput>& choices,
+                           Usage usage) {
+  bool chat = request.kind == ApiKind::kChatCompletion;
+  json out = Envelope(request, chat ? "chat.completion" : "text_completion");
+  out["choices"] = json::array();
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const ChoiceOutput& c = choices[i];
+    json choice;
+    choice["index"] = i;
+    if (chat) {
+      choice["message"] = {{"role", "assistant"}, {"content", c.text}, {"refusal", nullptr}};
+    } else {
+      choice["text"] = c.text;
+    }
+    choice["logprobs"] = LogprobsJson(request, c.logprobs);
+    choice["finish_reason"] = c.finish_reason;
+    out["choices"].push_back(std::move(choice));
+  }
+  out["usage"] = UsageJson(usage);
+  return Dump(out);
+}
+
 std::string RenderResponse(const ApiRequest& request, const std::string& text,
                            const std::string& finish_reason,
                            const std::vector<LogprobToken>& logprobs, Usage usage) {
-  bool chat = request.kind == ApiKind::kChatCompletion;
-  json out = Envelope(request, chat ? "chat.completion" : "text_completion");
-  json choice;
-  choice["index"] = 0;
-  if (chat) {
-    choice["message"] = {{"role", "assistant"}, {"content", text}, {"refusal", nullptr}};
-  } else {
-    choice["text"] = text;
-  }
-  choice["logprobs"] = LogprobsJson(request, logprobs);
-  choice["finish_reason"] = finish_reason;
-  out["choices"] = json::array({choice});
-  out["usage"] = UsageJson(usage);
-  return Dump(out);
+  return RenderResponse(request, {ChoiceOutput{text, finish_reason, logprobs}}, usage);
 }
 
 std::string RenderChunk(const ApiRequest& request, const StreamDelta& delta) {
   bool chat = request.kind == ApiKind::kChatCompletion;
   json out = Envelope(request, chat ? "chat.completion.chunk" : "text_completion");
   json choice;
-  choice["index"] = 0;
+  choice["index"] = delta.index;
   if (chat) {
     json d = json::object();
     if (delta.role_chunk) {
@@ -624,7 +721,11 @@ std::string RenderChunk(const ApiRequest& request, const StreamDelta& delta) {
   choice["logprobs"] = delta.logprobs.empty() ? json(nullptr) : LogprobsJson(request, delta.logprobs);
   choice["finish_reason"] = delta.finish_reason ? json(*delta.finish_reason) : json(nullptr);
   out["choices"] = json::array({choice});
-  if (request.include_usage) out["usage"] = nullptr;
+  if (delta.usage) {
+    out["usage"] = UsageJson(*delta.usage);
+  } else if (request.include_usage) {
+    out["usage"] = nullptr;
+  }
   return Dump(out);
 }
 

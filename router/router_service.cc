@@ -124,32 +124,45 @@ HttpHandler RequireApiKey(const std::shared_ptr<RouterShared>& shared, HttpHandl
   };
 }
 
-// One admitted request, from Submit to its end. Shared by the backend callback (strong) and
-// the HTTP abort callback (weak).
+// One admitted request, from Submit to its end: its n choices, each a backend request of its
+// own (ChoiceRequest), detokenized and stop-checked here. The response ends when every choice
+// has finished; an error in one choice fails the request and cancels the others. Shared by the
+// backend callbacks (strong) and the HTTP abort callback (weak).
 class RequestContext : public std::enable_shared_from_this<RequestContext> {
  public:
   RequestContext(std::shared_ptr<RouterShared> shared, std::shared_ptr<HttpExchange> exchange,
                  ApiRequest request)
-      : shared_(std::move(shared)), exchange_(std::move(exchange)), request_(std::move(request)),
-        decoder_(shared_->model.tokenizer, /*skip_special_tokens=*/true),
-        stop_(request_.generate.sampling, shared_->model.eos_token_ids) {}
+      : shared_(std::move(shared)),
+        exchange_(std::move(exchange)),
+        request_(std::move(request)),
+        choice_requests_(MakeChoiceRequests(request_)) {
+    choices_.reserve(choice_requests_.size());
+    for (const GenerateRequest& r : choice_requests_) {
+      choices_.emplace_back(r.sampling, shared_->model, request_.skip_special_tokens);
+    }
+  }
 
   const ApiRequest& request() const { return request_; }
   const std::string& id() const { return request_.generate.request_id; }
+  int num_choices() const { return request_.n; }
+  // Choice i's backend request, in [0, num_choices()).
+  const GenerateRequest& choice_request(int i) const { return choice_requests_[i]; }
 
-  // Called once Submit accepted the request: sends the stream headers promptly.
+  // Called once Submit accepted every choice: sends the stream headers promptly.
   void OnSubmitted() {
     MutexLock lock(&mutex_);
     if (!done_) EnsureStreamStartedLocked();
   }
 
-  // Submit rejected it: no callback will come.
-  void OnRejected(const Status& status) {
+  // Submit rejected a choice: choices [0, submitted) were accepted and are cancelled; no
+  // other callback will come.
+  void OnRejected(const Status& status, int submitted) {
     {
       MutexLock lock(&mutex_);
       if (done_) return;
       MarkDoneLocked();
     }
+    for (int i = 0; i < submitted; ++i) shared_->backend->Cancel(choice_requests_[i].request_id);
     shared_->RecordFailure(HttpStatusFor(status.code()));
     shared_->RecordSlo(request_.generate.slo_class, "rejected");
     TANDEM_LOG_REQ(kInfo, id()) << "rejected: " << status.ToString();
@@ -165,7 +178,8 @@ class RequestContext : public std::enable_shared_from_this<RequestContext> {
     }
     shared_->RecordFailure(499);
     TANDEM_LOG_REQ(kInfo, id()) << "client gone; cancelling";
-    shared_->backend->Cancel(id());  // never under mutex_: it may call OnEvent inline
+    // Never under mutex_: Cancel may call OnEvent inline.
+    for (const GenerateRequest& r : choice_requests_) shared_->backend->Cancel(r.request_id);
   }
 
   // True once the request ended (answered, failed or aborted).
@@ -174,35 +188,75 @@ class RequestContext : public std::enable_shared_from_this<RequestContext> {
     return done_;
   }
 
-  void OnEvent(BackendEvent event) {
-    bool cancel_backend = false;
+  // True once the request ended without completing (aborted, rejected or failed): its choices
+  // still running are of no use. A request that completed needs no cancel.
+  bool gave_up() {
+    MutexLock lock(&mutex_);
+    return done_ && !completed_;
+  }
+
+  void OnEvent(int index, BackendEvent event) {
+    std::vector<std::string> cancel;
     {
       MutexLock lock(&mutex_);
       if (done_) return;
       if (!event.error.ok()) {
         FailLocked(event.error);
-        return;
+        // The other choices are of no use any more.
+        for (int i = 0; i < request_.n; ++i) {
+          if (!choices_[i].finish) cancel.push_back(choice_requests_[i].request_id);
+        }
+      } else if (HandleTokensLocked(index, event)) {
+        cancel.push_back(choice_requests_[index].request_id);
       }
-      cancel_backend = HandleTokensLocked(event);
     }
-    if (cancel_backend) shared_->backend->Cancel(id());
+    for (const std::string& backend_id : cancel) shared_->backend->Cancel(backend_id);
   }
 
  private:
+  // One choice's generation state.
+  struct Choice {
+    Choice(const SamplingParams& sampling, const ServedModel& model, bool skip_special_tokens)
+        : decoder(model.tokenizer, skip_special_tokens), stop(sampling, model.eos_token_ids) {}
+    IncrementalDecoder decoder;
+    StopChecker stop;
+    std::string all_text;  // every decoded delta
+    std::string output;    // non-streaming: the answer so far
+    std::vector<LogprobToken> logprobs;
+    size_t text_offset = 0;
+    int num_tokens = 0;
+    std::optional<std::string> finish;  // set once this choice has finished
+  };
+
+  static std::vector<GenerateRequest> MakeChoiceRequests(const ApiRequest& request) {
+    std::vector<GenerateRequest> out;
+    for (int i = 0; i < request.n; ++i) out.push_back(ChoiceRequest(request, i));
+    return out;
+  }
+
   void MarkDoneLocked() TANDEM_REQUIRES(mutex_) {
     done_ = true;
-    shared_->running.fetch_sub(1);
-    shared_->running_gauge->Dec();
+    shared_->running.fetch_sub(request_.n);
+    shared_->running_gauge->Dec(request_.n);
   }
 
   void EnsureStreamStartedLocked() TANDEM_REQUIRES(mutex_) {
     if (!request_.stream || stream_started_) return;
     stream_started_ = true;
     exchange_->StartStream();
-    if (request_.kind == ApiKind::kChatCompletion) {
-      StreamDelta role;
-      role.role_chunk = true;
-      exchange_->Write(SseEvent(RenderChunk(request_, role)));
+    for (int i = 0; i < request_.n; ++i) {
+      // Chat: each choice opens with its role; completions with echo: with the prompt.
+      StreamDelta first;
+      first.index = i;
+      if (request_.kind == ApiKind::kChatCompletion) {
+        first.role_chunk = true;
+      } else if (request_.echo) {
+        first.text = *request_.echo;
+      } else {
+        continue;
+      }
+      if (request_.continuous_usage_stats) first.usage = usage();
+      exchange_->Write(SseEvent(RenderChunk(request_, first)));
     }
   }
 
@@ -222,8 +276,11 @@ class RequestContext : public std::enable_shared_from_this<RequestContext> {
     }
   }
 
-  // Returns true when the backend must be cancelled (the router finished the request first).
-  bool HandleTokensLocked(const BackendEvent& event) TANDEM_REQUIRES(mutex_) {
+  // Returns true when choice `index`'s backend request must be cancelled (the router finished
+  // it first).
+  bool HandleTokensLocked(int index, const BackendEvent& event) TANDEM_REQUIRES(mutex_) {
+    Choice& c = choices_[index];
+    if (c.finish) return false;  // a finished choice's late tokens
     Clock::time_point now = Clock::now();
     std::string text;
     std::optional<std::string> finish;
@@ -233,14 +290,15 @@ class RequestContext : public std::enable_shared_from_this<RequestContext> {
       if (num_tokens_ == 0) first_token_time_ = now;
       last_token_time_ = now;
       ++num_tokens_;
+      ++c.num_tokens;
       ++used;
-      std::string piece = decoder_.Add(token.token_id);
-      all_text_ += piece;
-      StopUpdate update = stop_.Append(token.token_id, piece);
+      std::string piece = c.decoder.Add(token.token_id);
+      c.all_text += piece;
+      StopUpdate update = c.stop.Append(token.token_id, piece);
       text += update.text;
       if (update.finished()) {
         finish = std::string(FinishReasonName(update.finish_reason));
-        matched_stop = stop_.matched_stop().has_value();
+        matched_stop = c.stop.matched_stop().has_value();
         break;
       }
     }
@@ -252,31 +310,44 @@ class RequestContext : public std::enable_shared_from_this<RequestContext> {
       if (!checker_finished) {
         // The backend finished first (its own eos/length): text the checker held back as a
         // possible stop string was not one.
-        text += all_text_.substr(std::min(stop_.text().size(), all_text_.size()));
+        text += c.all_text.substr(std::min(c.stop.text().size(), c.all_text.size()));
       }
-      text += decoder_.Finish();  // bytes of an incomplete character, as U+FFFD
+      text += c.decoder.Finish();  // bytes of an incomplete character, as U+FFFD
     }
 
     std::vector<LogprobToken> logprobs;
     if (request_.generate.sampling.logprobs && used > 0) {
       logprobs = MakeLogprobTokens(shared_->model.tokenizer,
                                    std::span<const GeneratedToken>(event.tokens.data(), used),
-                                   text_offset_);
-      if (!logprobs.empty()) text_offset_ = logprobs.back().text_offset + logprobs.back().token.size();
+                                   c.text_offset);
+      if (!logprobs.empty()) {
+        c.text_offset = logprobs.back().text_offset + logprobs.back().token.size();
+      }
     }
+    if (finish) {
+      c.finish = finish;
+      ++num_finished_;
+    }
+    const bool all_finished = num_finished_ == request_.n;
 
     if (request_.stream) {
       EnsureStreamStartedLocked();
       if (!text.empty() || !logprobs.empty()) {
         StreamDelta delta;
+        delta.index = index;
         delta.text = std::move(text);
         delta.logprobs = std::move(logprobs);
+        if (request_.continuous_usage_stats) delta.usage = usage();
         exchange_->Write(SseEvent(RenderChunk(request_, delta)));
       }
       if (finish) {
         StreamDelta last;
+        last.index = index;
         last.finish_reason = finish;
+        if (request_.continuous_usage_stats) last.usage = usage();
         exchange_->Write(SseEvent(RenderChunk(request_, last)));
+      }
+      if (all_finished) {
         if (request_.include_usage) {
           exchange_->Write(SseEvent(RenderUsageChunk(request_, usage())));
         }
@@ -284,63 +355,71 @@ class RequestContext : public std::enable_shared_from_this<RequestContext> {
         exchange_->End();
       }
     } else {
-      output_ += text;
-      for (auto& entry : logprobs) output_logprobs_.push_back(std::move(entry));
-      if (finish) {
-        exchange_->Respond(HttpResponse{
-            200, "application/json",
-            RenderResponse(request_, output_, *finish, output_logprobs_, usage()), {}});
+      c.output += text;
+      for (auto& entry : logprobs) c.logprobs.push_back(std::move(entry));
+      if (all_finished) {
+        std::vector<ChoiceOutput> outputs;
+        for (Choice& each : choices_) {
+          outputs.push_back(ChoiceOutput{request_.echo.value_or("") + each.output,
+                                         *each.finish, std::move(each.logprobs)});
+        }
+        exchange_->Respond(
+            HttpResponse{200, "application/json", RenderResponse(request_, outputs, usage()), {}});
       }
     }
-    if (finish) FinishLocked(*finish);
+    if (all_finished) FinishLocked();
     return finished_by_router;
   }
 
+  // The prompt counts once, however many choices share it.
   Usage usage() const TANDEM_REQUIRES(mutex_) {
     return Usage{static_cast<int>(request_.generate.prompt_token_ids.size()), num_tokens_};
   }
 
-  void FinishLocked(const std::string& finish_reason) TANDEM_REQUIRES(mutex_) {
+  void FinishLocked() TANDEM_REQUIRES(mutex_) {
     MarkDoneLocked();
+    completed_ = true;
     Clock::time_point now = Clock::now();
     auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
     const Clock::time_point arrival = request_.generate.arrival_time;
     const std::vector<std::string> slo_class{
         RouterShared::SloClassLabel(request_.generate.slo_class)};
     shared_->e2e->WithLabels(slo_class).Observe(seconds(now - arrival));
+    // Choices run side by side: the time per output token is per choice, over the longest.
+    int longest = 0;
+    for (const Choice& c : choices_) longest = std::max(longest, c.num_tokens);
     const double ttft = num_tokens_ > 0 ? seconds(first_token_time_ - arrival) : 0;
     const double tpot =
-        num_tokens_ > 1 ? seconds(last_token_time_ - first_token_time_) / (num_tokens_ - 1) : 0;
+        longest > 1 ? seconds(last_token_time_ - first_token_time_) / (longest - 1) : 0;
     if (num_tokens_ > 0) shared_->ttft->WithLabels(slo_class).Observe(ttft);
-    if (num_tokens_ > 1) shared_->tpot->WithLabels(slo_class).Observe(tpot);
-    shared_->success->WithLabels({finish_reason}).Inc();
+    if (longest > 1) shared_->tpot->WithLabels(slo_class).Observe(tpot);
+    // One request, however many choices: labelled with the first choice's finish reason.
+    shared_->success->WithLabels({*choices_[0].finish}).Inc();
     if (shared_->options.traffic != nullptr)
       shared_->options.traffic->RecordFinish(
           arrival, static_cast<int32_t>(request_.generate.prompt_token_ids.size()), num_tokens_);
     if (std::optional<SloTarget> slo = shared_->backend->SloOf(request_.generate.slo_class)) {
       const bool attained = (slo->ttft_s <= 0 || ttft <= slo->ttft_s) &&
-                            (slo->tpot_s <= 0 || num_tokens_ <= 1 || tpot <= slo->tpot_s);
+                            (slo->tpot_s <= 0 || longest <= 1 || tpot <= slo->tpot_s);
       shared_->RecordSlo(request_.generate.slo_class, attained ? "attained" : "missed");
     }
-    TANDEM_LOG_REQ(kDebug, id()) << "finished (" << finish_reason << ") after " << num_tokens_
-                                 << " tokens";
+    TANDEM_LOG_REQ(kDebug, id()) << "finished (" << *choices_[0].finish << ") after "
+                                 << num_tokens_ << " tokens in " << request_.n << " choice(s)";
   }
 
  private:
   std::shared_ptr<RouterShared> shared_;
   std::shared_ptr<HttpExchange> exchange_;
   ApiRequest request_;
+  const std::vector<GenerateRequest> choice_requests_;  // choice i's backend request
 
   Mutex mutex_;
-  IncrementalDecoder decoder_ TANDEM_GUARDED_BY(mutex_);
-  StopChecker stop_ TANDEM_GUARDED_BY(mutex_);
+  std::vector<Choice> choices_ TANDEM_GUARDED_BY(mutex_);
   bool done_ TANDEM_GUARDED_BY(mutex_) = false;
+  bool completed_ TANDEM_GUARDED_BY(mutex_) = false;  // every choice finished, answer sent
   bool stream_started_ TANDEM_GUARDED_BY(mutex_) = false;
-  std::string all_text_ TANDEM_GUARDED_BY(mutex_);  // every decoded delta
-  std::string output_ TANDEM_GUARDED_BY(mutex_);    // non-streaming: the answer so far
-  std::vector<LogprobToken> output_logprobs_ TANDEM_GUARDED_BY(mutex_);
-  size_t text_offset_ TANDEM_GUARDED_BY(mutex_) = 0;
-  int num_tokens_ TANDEM_GUARDED_BY(mutex_) = 0;
+  int num_finished_ TANDEM_GUARDED_BY(mutex_) = 0;  // choices with finish set
+  int num_tokens_ TANDEM_GUARDED_BY(mutex_) = 0;    // over all choices
   Clock::time_point first_token_time_ TANDEM_GUARDED_BY(mutex_);
   Clock::time_point last_token_time_ TANDEM_GUARDED_BY(mutex_);
 };
@@ -359,6 +438,14 @@ void HandleGenerate(const std::shared_ptr<RouterShared>& shared, ApiKind kind,
     RespondError(*exchange, parsed.status(), param);
     return;
   }
+  if (!parsed->user.empty()) {
+    // The client's text: control bytes are shown as '?' so that it cannot forge log lines.
+    std::string user = parsed->user;
+    for (char& c : user) {
+      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+    }
+    TANDEM_LOG_REQ(kInfo, parsed->generate.request_id) << "user '" << user << "'";
+  }
   parsed->generate.slo_class = exchange->request().Header(kSloClassHeader);
   if (Status s = shared->backend->CheckSloClass(parsed->generate.slo_class); !s.ok()) {
     HttpError error = ErrorResponse(s, kSloClassHeader);
@@ -372,16 +459,18 @@ void HandleGenerate(const std::shared_ptr<RouterShared>& shared, ApiKind kind,
         parsed->generate.arrival_time,
         static_cast<int32_t>(parsed->generate.prompt_token_ids.size()),
         parsed->generate.sampling.max_tokens);
-  // Admission: a bound on what the router holds, whatever the backend can take.
-  if (shared->running.fetch_add(1) >= shared->options.max_concurrent_requests) {
-    shared->running.fetch_sub(1);
+  // Admission: a bound on what the router holds, whatever the backend can take; each choice
+  // is a backend request and counts as one.
+  const int n = parsed->n;
+  if (shared->running.fetch_add(n) + n > shared->options.max_concurrent_requests) {
+    shared->running.fetch_sub(n);
     Status status = ResourceExhausted("the server is overloaded; retry later");
     shared->RecordFailure(HttpStatusFor(status.code()));
     shared->RecordSlo(parsed->generate.slo_class, "rejected");
     RespondError(*exchange, status, "");
     return;
   }
-  shared->running_gauge->Inc();
+  shared->running_gauge->Inc(n);
   shared->prompt_tokens->Inc(static_cast<double>(parsed->generate.prompt_token_ids.size()));
 
   auto context = std::make_shared<RequestContext>(shared, exchange, std::move(parsed).value());
@@ -391,17 +480,21 @@ void HandleGenerate(const std::shared_ptr<RouterShared>& shared, ApiKind kind,
   });
   if (context->done()) return;  // the client left already
 
-  const GenerateRequest& request = context->request().generate;
-  Status submitted = shared->backend->Submit(
-      request, [context](BackendEvent event) { context->OnEvent(std::move(event)); });
-  if (!submitted.ok()) {
-    context->OnRejected(submitted);
-    return;
+  for (int i = 0; i < context->num_choices(); ++i) {
+    const GenerateRequest& request = context->choice_request(i);
+    Status submitted = shared->backend->Submit(
+        request, [context, i](BackendEvent event) { context->OnEvent(i, std::move(event)); });
+    if (!submitted.ok()) {
+      context->OnRejected(submitted, i);
+      return;
+    }
   }
-  // A client that left between the check above and Submit found nothing to cancel: cancel now
-  // (Backend::Cancel follows the Submit it cancels).
-  if (context->done()) {
-    shared->backend->Cancel(request.request_id);
+  // A client that left (or a choice that failed) between the check above and Submit found
+  // nothing to cancel: cancel now (Backend::Cancel follows the Submit it cancels).
+  if (context->gave_up()) {
+    for (int i = 0; i < context->num_choices(); ++i) {
+      shared->backend->Cancel(context->choice_request(i).request_id);
+    }
     return;
   }
   context->OnSubmitted();

@@ -70,6 +70,34 @@ Status SamplingParams::Validate() const {
   if (max_tokens < 1) {
     return InvalidArgument("max_tokens must be at least 1, got " + std::to_string(max_tokens));
   }
+  if (min_tokens < 0 || min_tokens > max_tokens) {
+    return InvalidArgument("min_tokens must be in [0, max_tokens] = [0, " +
+                           std::to_string(max_tokens) + "], got " + std::to_string(min_tokens));
+  }
+  if (logit_bias.size() > kMaxLogitBiasEntries) {
+    return InvalidArgument("logit_bias may hold at most " + std::to_string(kMaxLogitBiasEntries) +
+                           " entries, got " + std::to_string(logit_bias.size()));
+  }
+  for (const TokenBias& b : logit_bias) {
+    if (b.token_id < 0) {
+      return InvalidArgument("logit_bias token ids must be non-negative, got " +
+                             std::to_string(b.token_id));
+    }
+    if (!(b.bias >= -kMaxLogitBias && b.bias <= kMaxLogitBias)) {
+      return InvalidArgument("logit_bias for token " + std::to_string(b.token_id) +
+                             " must be in [-100, 100], got " + FormatFloat(b.bias));
+    }
+  }
+  if (logit_bias.size() > 1) {
+    std::vector<int32_t> ids;
+    ids.reserve(logit_bias.size());
+    for (const TokenBias& b : logit_bias) ids.push_back(b.token_id);
+    std::sort(ids.begin(), ids.end());
+    auto dup = std::adjacent_find(ids.begin(), ids.end());
+    if (dup != ids.end()) {
+      return InvalidArgument("logit_bias lists token " + std::to_string(*dup) + " twice");
+    }
+  }
   for (int32_t id : stop_token_ids) {
     if (id < 0) {
       return InvalidArgument("stop_token_ids must be non-negative, got " + std::to_string(id));
@@ -94,6 +122,12 @@ Status SamplingParams::Validate() const {
 
 Status SamplingParams::ValidateForVocab(int32_t vocab_size) const {
   TANDEM_RETURN_IF_ERROR(Validate());
+  for (const TokenBias& b : logit_bias) {
+    if (b.token_id >= vocab_size) {
+      return InvalidArgument("logit_bias token id " + std::to_string(b.token_id) +
+                             " is outside the vocabulary [0, " + std::to_string(vocab_size) + ")");
+    }
+  }
   for (int32_t id : stop_token_ids) {
     if (id >= vocab_size) {
       return InvalidArgument("stop_token_ids must be below the vocabulary size " +
@@ -116,21 +150,29 @@ SamplerWorkspace::SamplerWorkspace(int32_t vocab_size)
   TANDEM_CHECK(vocab_size > 0, "vocab_size must be positive");
 }
 
-Sampler::Sampler(const SamplingParams& params, int32_t vocab_size, size_t num_prompt_tokens)
-    : Sampler(params, nullptr, num_prompt_tokens) {
+Sampler::Sampler(const SamplingParams& params, int32_t vocab_size, size_t num_prompt_tokens,
+                 std::span<const int32_t> eos_token_ids)
+    : Sampler(params, nullptr, num_prompt_tokens, eos_token_ids) {
   owned_workspace_ = std::make_unique<SamplerWorkspace>(vocab_size);
   ws_ = owned_workspace_.get();
   vocab_size_ = vocab_size;
 }
 
 Sampler::Sampler(const SamplingParams& params, SamplerWorkspace* workspace,
-                 size_t num_prompt_tokens)
+                 size_t num_prompt_tokens, std::span<const int32_t> eos_token_ids)
     : params_(params),
       ws_(workspace),
       vocab_size_(workspace ? workspace->vocab_size() : 0),
       num_prompt_tokens_(num_prompt_tokens) {
   Status status = params_.Validate();
   TANDEM_CHECK(status.ok(), "Sampler given invalid params: " + status.message());
+  if (params_.min_tokens > 0) {
+    min_tokens_masked_ = params_.stop_token_ids;
+    if (!params_.ignore_eos) {
+      min_tokens_masked_.insert(min_tokens_masked_.end(), eos_token_ids.begin(),
+                                eos_token_ids.end());
+    }
+  }
   if (params_.seed) {
     seed_ = *params_.seed;
   } else {
@@ -147,6 +189,16 @@ double Sampler::Uniform(uint64_t step) const {
 void Sampler::ApplyPenalties(std::span<const float> logits, std::span<const int32_t> tokens) {
   float* scores = ws_->scores.data();
   std::copy(logits.begin(), logits.end(), scores);
+
+  for (const TokenBias& b : params_.logit_bias) {
+    TANDEM_CHECK(b.token_id < vocab_size_,
+                 "logit_bias id out of range: " + std::to_string(b.token_id));
+    scores[b.token_id] += b.bias;
+  }
+  if (!min_tokens_masked_.empty() &&
+      tokens.size() - num_prompt_tokens_ < static_cast<size_t>(params_.min_tokens)) {
+    MaskStopTokens(scores);
+  }
 
   const float rep = params_.repetition_penalty;
   if (rep != 1.0f) {
@@ -174,6 +226,23 @@ void Sampler::ApplyPenalties(std::span<const float> logits, std::span<const int3
       scores[t] -= frequency * static_cast<float>(count) + presence;
       ws_->counts[t] = 0;
     }
+  }
+}
+
+void Sampler::MaskStopTokens(float* scores) {
+  // Masks only while another token stays usable: a request whose stop ids cover every usable
+  // token must still get a token, not abort the engine.
+  for (int32_t t : min_tokens_masked_) {
+    if (t < vocab_size_) ws_->seen[t] = 1;
+  }
+  bool other_usable = false;
+  for (int32_t i = 0; i < vocab_size_ && !other_usable; ++i) {
+    other_usable = !ws_->seen[i] && Usable(scores[i]);
+  }
+  for (int32_t t : min_tokens_masked_) {
+    if (t >= vocab_size_) continue;
+    ws_->seen[t] = 0;
+    if (other_usable) scores[t] = kNegInf;
   }
 }
 
@@ -338,7 +407,11 @@ std::string_view FinishReasonName(FinishReason reason) {
 }
 
 StopChecker::StopChecker(const SamplingParams& params, std::vector<int32_t> eos_token_ids)
-    : stop_ids_(params.stop_token_ids), stop_strings_(params.stop), max_tokens_(params.max_tokens) {
+    : stop_ids_(params.stop_token_ids),
+      stop_strings_(params.stop),
+      max_tokens_(params.max_tokens),
+      min_tokens_(params.min_tokens),
+      include_stop_(params.include_stop_str_in_output) {
   if (!params.ignore_eos) {
     stop_ids_.insert(stop_ids_.end(), eos_token_ids.begin(), eos_token_ids.end());
   }
@@ -358,14 +431,23 @@ StopUpdate StopChecker::Append(int32_t token_id, std::string_view text_delta) {
   TANDEM_CHECK(finish_reason_ == FinishReason::kNone, "StopChecker::Append after finish");
   StopUpdate update;
   ++num_tokens_;
+  // Before min_tokens, a stop token is an ordinary token and no stop string matches: the
+  // min_tokens-th token is the first that may stop the output.
+  const bool may_stop = num_tokens_ >= min_tokens_;
 
-  if (IsStopToken(token_id)) {
+  if (may_stop && IsStopToken(token_id)) {
+    if (include_stop_) held_.append(text_delta);
     Flush(&update);
     finish_reason_ = update.finish_reason = FinishReason::kStop;
     return update;
   }
 
   held_.append(text_delta);
+  if (!may_stop) {
+    Flush(&update);
+    if (num_tokens_ >= max_tokens_) finish_reason_ = update.finish_reason = FinishReason::kLength;
+    return update;
+  }
   // The earliest stop string wins (on the same start, the first listed).
   size_t cut = std::string::npos;
   const std::string* matched = nullptr;
@@ -377,7 +459,7 @@ StopUpdate StopChecker::Append(int32_t token_id, std::string_view text_delta) {
     }
   }
   if (matched != nullptr) {
-    update.text = held_.substr(0, cut);
+    update.text = held_.substr(0, include_stop_ ? cut + matched->size() : cut);
     text_ += update.text;
     held_.clear();
     matched_stop_ = *matched;

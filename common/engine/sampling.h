@@ -2,6 +2,9 @@
 //
 // Processing order (the same as Hugging Face transformers' `generate`, with OpenAI's
 // presence/frequency penalties slotted in after the repetition penalty, as vLLM does):
+//   0. logit_bias added to the raw logits; while fewer than min_tokens tokens were generated,
+//      eos (unless ignore_eos) and stop_token_ids are masked to -inf (as vLLM's min_tokens
+//      processor; skipped if that would leave no usable token)
 //   1. repetition penalty (HF semantics: for every token seen in prompt or output, a positive
 //      logit is divided by the penalty and a negative one multiplied by it)
 //   2. presence and frequency penalties (OpenAI semantics, output tokens only:
@@ -78,10 +81,13 @@ class Sampler {
  public:
   // params must be valid (Validate() OK; checked). num_prompt_tokens says how many leading
   // entries of the token lists passed to Sample() are prompt (presence/frequency penalties
-  // apply only to what follows). This one owns its workspace.
-  Sampler(const SamplingParams& params, int32_t vocab_size, size_t num_prompt_tokens);
+  // apply only to what follows). eos_token_ids: the model's, masked with stop_token_ids until
+  // params.min_tokens (ignored when min_tokens is 0). This one owns its workspace.
+  Sampler(const SamplingParams& params, int32_t vocab_size, size_t num_prompt_tokens,
+          std::span<const int32_t> eos_token_ids = {});
   // Uses a shared workspace, which must outlive the sampler and not be used concurrently.
-  Sampler(const SamplingParams& params, SamplerWorkspace* workspace, size_t num_prompt_tokens);
+  Sampler(const SamplingParams& params, SamplerWorkspace* workspace, size_t num_prompt_tokens,
+          std::span<const int32_t> eos_token_ids = {});
 
   // Samples the next token from logits[vocab_size] given every token so far (prompt first,
   // then output; at least num_prompt_tokens of them). The draw depends only on the seed and
@@ -104,8 +110,11 @@ class Sampler {
   const SamplingParams& params() const { return params_; }
 
  private:
-  // Copies logits into scores_ and applies the penalties (steps 1-2).
+  // Copies logits into scores_ and applies logit_bias, the min_tokens mask and the penalties
+  // (steps 0-2).
   void ApplyPenalties(std::span<const float> logits, std::span<const int32_t> tokens);
+  // Sets the min_tokens_masked_ scores to -inf unless no other token is usable.
+  void MaskStopTokens(float* scores);
   // Steps 3-6 on scores_; fills candidates_ (sorted) and probs_.
   void Warp();
   // A uniform double in [0, 1) for output position `step`.
@@ -117,6 +126,7 @@ class Sampler {
   SamplerWorkspace* ws_;
   int32_t vocab_size_;
   size_t num_prompt_tokens_;
+  std::vector<int32_t> min_tokens_masked_;  // stop ids masked before min_tokens; empty: none
   uint64_t seed_;
   size_t num_candidates_ = 0;
 };
@@ -142,8 +152,11 @@ struct StopUpdate {
 // Feed it each sampled token with the text that detokenizing it added (complete UTF-8).
 // Text that could be the start of a stop string is held back until it is known not to be one,
 // so a stop string never reaches the client; on a stop string the output is cut right before
-// it. An eos or stop token's own text is never emitted. On finish, held text that turned out
-// not to be a stop string is released. After finishing, Append() must not be called (checked).
+// it. An eos or stop token's own text is never emitted. With include_stop_str_in_output, the
+// matched stop string and a stop token's text are emitted (the output ends with them). Before
+// params.min_tokens tokens, nothing stops the output (stop tokens and strings are ordinary
+// text). On finish, held text that turned out not to be a stop string is released. After
+// finishing, Append() must not be called (checked).
 // Not thread-safe.
 class StopChecker {
  public:
@@ -167,6 +180,8 @@ class StopChecker {
   std::vector<int32_t> stop_ids_;
   std::vector<std::string> stop_strings_;
   int32_t max_tokens_;
+  int32_t min_tokens_;
+  bool include_stop_;
   int32_t num_tokens_ = 0;
   std::string held_;  // text not yet emitted: a possible start of a stop string
   std::string text_;

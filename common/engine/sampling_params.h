@@ -18,6 +18,15 @@ namespace tandem {
 inline constexpr int32_t kMaxTopLogprobs = 20;
 // The most stop strings a request may give (OpenAI's limit).
 inline constexpr size_t kMaxStopStrings = 4;
+// The most logit_bias entries a request may give, and the bias range (OpenAI's).
+inline constexpr size_t kMaxLogitBiasEntries = 1024;
+inline constexpr float kMaxLogitBias = 100.0f;
+
+// One logit_bias entry: `bias` is added to the token's logit before anything else.
+struct TokenBias {
+  int32_t token_id = -1;
+  float bias = 0.0f;
+};
 
 enum class LogprobsMode {
   kRaw,        // log-softmax of the model's logits (default; OpenAI/vLLM behaviour)
@@ -36,9 +45,18 @@ struct SamplingParams {
   float frequency_penalty = 0.0f;    // [-2, 2]
   std::optional<uint64_t> seed;      // unset: the Sampler picks one at random
   int32_t max_tokens = 16;           // >= 1; output tokens, the stop token included
+  // [0, max_tokens]: before this many output tokens, eos and stop_token_ids are masked out of
+  // the sampled distribution, and no stop (token or string) ends the output.
+  int32_t min_tokens = 0;
+  // Added to the raw logits first (before penalties); unique ids, bias in [-kMaxLogitBias,
+  // kMaxLogitBias], at most kMaxLogitBiasEntries entries.
+  std::vector<TokenBias> logit_bias;
   std::vector<int32_t> stop_token_ids;  // extra stop tokens besides the model's eos
   std::vector<std::string> stop;        // stop strings, at most kMaxStopStrings, non-empty
   bool ignore_eos = false;           // keep generating past eos (stop_token_ids still stop)
+  // A matched stop string, or a stop token's text, stays at the end of the output. Like `stop`,
+  // this is the router's business (its StopChecker) and is not sent to instances.
+  bool include_stop_str_in_output = false;
   bool logprobs = false;             // report the sampled token's logprob
   int32_t top_logprobs = 0;          // [0, kMaxTopLogprobs]; needs logprobs
   LogprobsMode logprobs_mode = LogprobsMode::kRaw;
@@ -47,7 +65,8 @@ struct SamplingParams {
 
   // InvalidArgument naming the first bad field, e.g. "temperature must be in [0, 2], got 3".
   Status Validate() const;
-  // Validate() plus the checks that need the model: token ids in [0, vocab_size).
+  // Validate() plus the checks that need the model: token ids (stop_token_ids, logit_bias) in
+  // [0, vocab_size).
   Status ValidateForVocab(int32_t vocab_size) const;
 };
 

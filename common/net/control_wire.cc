@@ -26,6 +26,23 @@ void PutSampling(WireWriter& w, const SamplingParams& s) {
   w.U8(s.logprobs);
   w.I32(s.top_logprobs);
   w.U8(static_cast<uint8_t>(s.logprobs_mode));
+  w.I32(s.min_tokens);
+  TANDEM_CHECK(s.logit_bias.size() <= kMaxLogitBiasEntries, "too many logit_bias entries");
+  w.U32(static_cast<uint32_t>(s.logit_bias.size()));
+  for (const TokenBias& b : s.logit_bias) {
+    w.I32(b.token_id);
+    w.F32(b.bias);
+  }
+}
+
+// Ranges are the receiver's SamplingParams::ValidateForVocab; the codec bounds sizes only.
+bool GetLogitBias(WireReader& r, std::vector<TokenBias>* bias) {
+  uint32_t n = 0;
+  if (!r.Count(&n, kMaxLogitBiasEntries, 8)) return false;
+  bias->resize(n);
+  for (TokenBias& b : *bias)
+    if (!r.I32(&b.token_id) || !r.F32(&b.bias)) return false;
+  return true;
 }
 
 bool GetSampling(WireReader& r, SamplingParams* s) {
@@ -37,7 +54,8 @@ bool GetSampling(WireReader& r, SamplingParams* s) {
             r.F32(&s->frequency_penalty) && r.Bool(&has_seed) && r.U64(&seed) &&
             r.I32(&s->max_tokens) && r.I32Array(&s->stop_token_ids, kMaxStopTokenIds) &&
             r.Bool(&s->ignore_eos) && r.Bool(&s->logprobs) && r.I32(&s->top_logprobs) &&
-            r.U8(&mode) && mode <= static_cast<uint8_t>(LogprobsMode::kProcessed);
+            r.U8(&mode) && mode <= static_cast<uint8_t>(LogprobsMode::kProcessed) &&
+            r.I32(&s->min_tokens) && GetLogitBias(r, &s->logit_bias);
   if (!ok) return false;
   s->logprobs_mode = static_cast<LogprobsMode>(mode);
   if (has_seed) s->seed = seed;

@@ -33,8 +33,9 @@ namespace tandem {
 inline constexpr uint32_t kControlMagic = 0x4C544354;  // "TCTL" as little-endian bytes
 // 2: Submit.seq and LoadReport.last_submit_seq; 3: KvReady carries layers_ready and an optional
 // first token, KvProgress; 4: LoadReport.decode_step_batch and decode_step_context_tokens;
-// 5: router sessions (Submit.decode_session, KvReady.router_session).
-inline constexpr uint16_t kControlVersion = 5;
+// 5: router sessions (Submit.decode_session, KvReady.router_session); 6: SamplingParams
+// min_tokens and logit_bias.
+inline constexpr uint16_t kControlVersion = 6;
 inline constexpr size_t kMaxControlBodyBytes = 32u << 20;
 inline constexpr size_t kMaxPromptTokens = 1u << 20;
 inline constexpr size_t kMaxIdBytes = 256;
@@ -93,7 +94,8 @@ struct LoadReport {
 struct Submit {
   std::string request_id;
   std::vector<int32_t> prompt;
-  SamplingParams sampling;     // stop strings are the router's business and are not sent
+  SamplingParams sampling;     // stop strings and include_stop_str_in_output are the router's
+                               // business and are not sent
   std::string decode_address;  // "host:port" of the chosen decode instance; empty = colocated
   uint64_t seq = 0;            // the router's submit counter for this instance (1, 2, ...)
   // The router's session with the chosen decode instance (the instance_id of the Hello the router

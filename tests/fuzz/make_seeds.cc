@@ -35,6 +35,8 @@ SamplingParams Sampling() {
   s.stop_token_ids = {2, 7};
   s.logprobs = true;
   s.top_logprobs = 2;
+  s.min_tokens = 3;
+  s.logit_bias = {{5, 100.0f}, {9, -2.5f}};
   return s;
 }
 

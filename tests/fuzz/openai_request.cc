@@ -78,6 +78,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                  model.max_model_len,
              "prompt + max_tokens exceeds max_model_len");
   FUZZ_CHECK(request->kind == kind, "the kind changed");
+  FUZZ_CHECK(g.sampling.ValidateForVocab(model.tokenizer.vocab_size()).ok(),
+             "accepted sampling parameters an engine would refuse");
+  FUZZ_CHECK(request->n >= 1 && request->n <= kMaxChoices, "n out of range");
   FUZZ_CHECK(IsJson(RenderResponse(*request, "out", "stop", {}, Usage{1, 1})),
              "the response is not JSON");
   StreamDelta delta;

@@ -64,7 +64,7 @@ PROMPT = [5, 9, 11, 13, 17]
 # --- The control wire (common/net/wire_codec.h, control_wire.h, control_auth.h) ------------
 
 CONTROL_MAGIC = 0x4C544354  # "TCTL"
-CONTROL_VERSION = 5
+CONTROL_VERSION = 6
 HELLO, LOAD_REPORT, SUBMIT, CANCEL, TOKENS, FINISH = 1, 2, 3, 4, 5, 6
 ROLE_ROUTER, ROLE_PREFILL, ROLE_DECODE = 0, 1, 2
 AUTH_MAGIC = b"TDMC"
@@ -94,7 +94,8 @@ def hello_frame(role=ROLE_ROUTER, instance_id=None, name=b"router"):
 def submit_frame(request_id, decode_address, decode_session, max_tokens=8):
     sampling = (struct.pack("<fifffff", 0.0, 0, 1.0, 0.0, 1.0, 0.0, 0.0)  # greedy
                 + struct.pack("<BQi", 1, 7, max_tokens) + i32s([])
-                + struct.pack("<BBiB", 1, 0, 0, 0))  # ignore_eos, no logprobs, raw mode
+                + struct.pack("<BBiB", 1, 0, 0, 0)  # ignore_eos, no logprobs, raw mode
+                + struct.pack("<iI", 0, 0))  # min_tokens 0, no logit_bias
     body = (wstr(request_id.encode()) + i32s(PROMPT) + sampling + wstr(decode_address.encode())
             + struct.pack("<QQ", 1, decode_session))
     return frame(SUBMIT, body)

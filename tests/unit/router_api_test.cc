@@ -190,15 +190,16 @@ TEST_CASE("each bad completions field is a 400 naming it", "[router]") {
   ExpectBadField(ParseCompletion(Completion({{"stop", {"a", "b", "c", "d", "e"}}})), "stop");
   ExpectBadField(ParseCompletion(Completion({{"logprobs", 21}})), "logprobs");
   ExpectBadField(ParseCompletion(Completion({{"logprobs", true}})), "logprobs");
-  ExpectBadField(ParseCompletion(Completion({{"n", 2}})), "n");
+  ExpectBadField(ParseCompletion(Completion({{"n", 0}})), "n");
+  ExpectBadField(ParseCompletion(Completion({{"n", kMaxChoices + 1}})), "n");
   ExpectBadField(ParseCompletion(Completion({{"best_of", 3}})), "best_of");
-  ExpectBadField(ParseCompletion(Completion({{"echo", true}})), "echo");
+  ExpectBadField(ParseCompletion(Completion({{"echo", 1}})), "echo");
   ExpectBadField(ParseCompletion(Completion({{"stream", "yes"}})), "stream");
   ExpectBadField(ParseCompletion(Completion({{"ignore_eos", 1}})), "ignore_eos");
   ExpectBadField(ParseCompletion(Completion({{"stream_options", {{"include_usage", true}}}})),
                  "stream_options");
   ExpectBadField(ParseCompletion(Completion({{"stop_token_ids", {-4}}})), "stop_token_ids");
-  ExpectBadField(ParseCompletion(Completion({{"logit_bias", {{"5", 100}}}})), "logit_bias");
+  ExpectBadField(ParseCompletion(Completion({{"logit_bias", {{"5", 101}}}})), "logit_bias");
 }
 
 TEST_CASE("each bad chat field is a 400 naming it", "[router]") {
@@ -219,7 +220,7 @@ TEST_CASE("each bad chat field is a 400 naming it", "[router]") {
   ExpectBadField(ParseChat(Chat({{"logprobs", true}, {"top_logprobs", 21}})), "top_logprobs");
   ExpectBadField(ParseChat(Chat({{"max_completion_tokens", 0}})), "max_completion_tokens");
   ExpectBadField(ParseChat(Chat({{"max_tokens", -1}})), "max_tokens");
-  ExpectBadField(ParseChat(Chat({{"n", 3}})), "n");
+  ExpectBadField(ParseChat(Chat({{"n", -1}})), "n");
   ExpectBadField(ParseChat(Chat({{"tools", {{{"type", "function"}}}}})), "tools");
   ExpectBadField(ParseChat(Chat({{"response_format", {{"type", "json_object"}}}})),
                  "response_format");

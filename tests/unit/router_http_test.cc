@@ -646,3 +646,133 @@ TEST_CASE("HTTP: templating and tokenization never run on the io threads", "[rou
 
 }  // namespace
 }  // namespace tandem
+
+namespace tandem {
+namespace {
+
+TEST_CASE("HTTP: n choices, each its own backend request, usage counts the prompt once",
+          "[router]") {
+  RouterFixture f;
+  json body = {{"model", "tiny"}, {"prompt", "once upon a time"}, {"max_tokens", 4}, {"n", 3}};
+  Reply r = f.Curl("POST", "/v1/completions", body.dump());
+  REQUIRE(r.status == 200);
+  json out = json::parse(r.body);
+  REQUIRE(out["choices"].size() == 3);
+  std::vector<int32_t> first4(f.backend().tokens().begin(), f.backend().tokens().begin() + 4);
+  for (int i = 0; i < 3; ++i) {
+    CHECK(out["choices"][i]["index"] == i);
+    CHECK(out["choices"][i]["text"] == Decode(first4));
+    CHECK(out["choices"][i]["finish_reason"] == "length");
+  }
+  int prompt_tokens = static_cast<int>(Model().tokenizer.Encode("once upon a time", true).size());
+  CHECK(out["usage"]["prompt_tokens"] == prompt_tokens);
+  CHECK(out["usage"]["completion_tokens"] == 12);
+  CHECK(WaitFor([&] { return f.service().running() == 0; }, 2s));
+
+  // Streaming chat: each choice has its role chunk, its text and its finish, by index.
+  json chat = {{"model", "tiny"},
+               {"messages", {{{"role", "user"}, {"content", "tell me"}}}},
+               {"n", 2},
+               {"stream", true},
+               {"stream_options", {{"include_usage", true}, {"continuous_usage_stats", true}}}};
+  Reply s = f.Curl("POST", "/v1/chat/completions", chat.dump());
+  REQUIRE(s.status == 200);
+  bool done = false;
+  std::vector<json> events = SseEvents(s.body, &done);
+  CHECK(done);
+  std::map<int, std::string> text, finish;
+  std::map<int, int> roles;
+  int last_completion = -1;
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    const json& choice = events[i]["choices"][0];
+    int index = choice["index"];
+    if (choice["delta"].contains("role")) ++roles[index];
+    if (choice["delta"].contains("content")) {
+      text[index] += choice["delta"]["content"].get<std::string>();
+    }
+    if (!choice["finish_reason"].is_null()) finish[index] = choice["finish_reason"];
+    // continuous_usage_stats: every chunk carries the running usage, never decreasing.
+    REQUIRE(events[i]["usage"].is_object());
+    int completion = events[i]["usage"]["completion_tokens"];
+    CHECK(completion >= last_completion);
+    last_completion = completion;
+  }
+  const int each = static_cast<int>(f.backend().tokens().size()) + 1;  // + eos
+  for (int i = 0; i < 2; ++i) {
+    CHECK(roles[i] == 1);
+    CHECK(text[i] == Decode(f.backend().tokens()));
+    CHECK(finish[i] == "stop");
+  }
+  CHECK(events.back()["choices"] == json::array());
+  CHECK(events.back()["usage"]["completion_tokens"] == 2 * each);
+}
+
+TEST_CASE("HTTP: echo, include_stop_str_in_output and skip_special_tokens", "[router]") {
+  RouterFixture f;
+  json echo = {{"model", "tiny"}, {"prompt", "once upon"}, {"max_tokens", 2}, {"echo", true}};
+  Reply r = f.Curl("POST", "/v1/completions", echo.dump());
+  REQUIRE(r.status == 200);
+  std::vector<int32_t> first2(f.backend().tokens().begin(), f.backend().tokens().begin() + 2);
+  CHECK(json::parse(r.body)["choices"][0]["text"] == "once upon" + Decode(first2));
+
+  echo["stream"] = true;
+  Reply streamed = f.Curl("POST", "/v1/completions", echo.dump());
+  REQUIRE(streamed.status == 200);
+  bool done = false;
+  std::vector<json> events = SseEvents(streamed.body, &done);
+  REQUIRE_FALSE(events.empty());
+  CHECK(events[0]["choices"][0]["text"] == "once upon");
+
+  json stop = {{"model", "tiny"}, {"prompt", "x"}, {"max_tokens", 50}, {"stop", " fox"},
+               {"include_stop_str_in_output", true}};
+  Reply s = f.Curl("POST", "/v1/completions", stop.dump());
+  REQUIRE(s.status == 200);
+  CHECK(json::parse(s.body)["choices"][0]["text"] == " the quick brown fox");
+
+  // Ending at eos: its text shows only when kept and not skipped as special.
+  const std::string eos_text =
+      Model().tokenizer.Decode(std::vector<int32_t>{Model().eos_token_ids.at(0)}, false);
+  REQUIRE_FALSE(eos_text.empty());
+  json to_eos = {{"model", "tiny"}, {"prompt", "x"}, {"max_tokens", 50},
+                 {"include_stop_str_in_output", true}, {"skip_special_tokens", false}};
+  Reply kept = f.Curl("POST", "/v1/completions", to_eos.dump());
+  REQUIRE(kept.status == 200);
+  CHECK(json::parse(kept.body)["choices"][0]["text"] == Decode(f.backend().tokens()) + eos_text);
+  to_eos["skip_special_tokens"] = true;
+  Reply skipped = f.Curl("POST", "/v1/completions", to_eos.dump());
+  REQUIRE(skipped.status == 200);
+  const bool eos_is_special = Model().tokenizer.IsSpecial(Model().eos_token_ids.at(0));
+  CHECK(json::parse(skipped.body)["choices"][0]["text"] ==
+        Decode(f.backend().tokens()) + (eos_is_special ? "" : eos_text));
+}
+
+TEST_CASE("HTTP: min_tokens holds stop strings back until reached", "[router]") {
+  RouterFixture f;
+  // " quick" ends within the first 2 output tokens: with min_tokens 4 it does not stop them.
+  json body = {{"model", "tiny"}, {"prompt", "x"}, {"max_tokens", 50}, {"stop", " quick"},
+               {"min_tokens", 4}};
+  Reply r = f.Curl("POST", "/v1/completions", body.dump());
+  REQUIRE(r.status == 200);
+  json out = json::parse(r.body);
+  CHECK(out["choices"][0]["text"] == Decode(f.backend().tokens()));
+  CHECK(f.backend().last_request().sampling.min_tokens == 4);
+}
+
+TEST_CASE("HTTP: an unknown field is a 400 naming it, and nothing is submitted", "[router]") {
+  RouterFixture f;
+  json body = {{"model", "tiny"}, {"prompt", "x"}, {"guided_json", {{"type", "object"}}}};
+  Reply r = f.Curl("POST", "/v1/completions", body.dump());
+  CHECK(r.status == 400);
+  json out = json::parse(r.body);
+  CHECK(out["error"]["param"] == "guided_json");
+  body.erase("guided_json");
+  body["bogus"] = 1;
+  Reply u = f.Curl("POST", "/v1/completions", body.dump());
+  CHECK(u.status == 400);
+  CHECK(json::parse(u.body)["error"]["message"] ==
+        "Unrecognized request argument supplied: bogus");
+  CHECK(f.backend().last_request().request_id.empty());
+}
+
+}  // namespace
+}  // namespace tandem
