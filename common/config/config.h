@@ -29,6 +29,9 @@ struct ModelSection {
   std::string name;            // served model name (/v1/models); empty = derived from path
   std::string chat_template = "auto";  // auto|llama3|chatml|mistral|none
   int max_model_len = 4096;    // prompt + output tokens per request
+  // Storage dtype of the weight matrices on CPU (arithmetic stays fp32): auto|float32|bfloat16|
+  // float16; auto = the checkpoint's torch_dtype, float32 when it has none (Model::Load).
+  std::string dtype = "auto";
 };
 
 struct RouterSection {
