@@ -17,6 +17,40 @@ size_t RoundUp(size_t n) { return (n + kAlignBytes - 1) / kAlignBytes * kAlignBy
 // float16's largest finite value: a weight beyond it would become inf.
 constexpr float kF16Max = 65504.0f;
 
+// One tensor's place in the allocation.
+struct Slot {
+  std::string name;
+  std::vector<int64_t> shape;
+  WeightDType dtype;
+  size_t offset;  // in bytes
+  size_t count;   // elements
+  size_t bytes() const { return count * WeightDTypeSize(dtype); }
+};
+
+// Reads one tensor into base + slot.offset at the slot's dtype. A tensor stored as bf16/f16 is
+// read as fp32 into `scratch` (one tensor at a time, so loading needs the storage plus the
+// largest tensor in fp32) and rounded into place.
+Status ReadSlot(const SafetensorsReader& reader, const Slot& slot, char* base,
+                std::vector<float>& scratch, const std::string& dir) {
+  if (slot.dtype == WeightDType::kF32) {
+    Status s = reader.ReadF32(slot.name, slot.shape,
+                              std::span<float>(reinterpret_cast<float*>(base + slot.offset), slot.count));
+    return s.ok() ? s : s.WithContext(dir);
+  }
+  scratch.resize(slot.count);
+  Status s = reader.ReadF32(slot.name, slot.shape, std::span<float>(scratch.data(), slot.count));
+  if (!s.ok()) return s.WithContext(dir);
+  if (slot.dtype == WeightDType::kF16) {
+    for (float v : scratch) {
+      if (std::isfinite(v) && std::fabs(v) > kF16Max)
+        return InvalidArgument(dir + ": tensor '" + slot.name + "' holds " + std::to_string(v) +
+                               ", outside float16's range: set model.dtype to bfloat16 or float32");
+    }
+  }
+  ConvertFromF32(scratch.data(), slot.count, slot.dtype, base + slot.offset);
+  return Status::Ok();
+}
+
 }  // namespace
 
 WeightDType ResolveWeightDType(std::optional<WeightDType> requested,
@@ -56,14 +90,6 @@ StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
   const bool own_lm_head = !config.tie_word_embeddings;
 
   // Plan the single allocation: matrices at the storage dtype, norms and biases in fp32.
-  struct Slot {
-    std::string name;
-    std::vector<int64_t> shape;
-    WeightDType dtype;
-    size_t offset;  // in bytes
-    size_t count;   // elements
-    size_t bytes() const { return count * WeightDTypeSize(dtype); }
-  };
   std::vector<Slot> slots;
   size_t total = 0;
   auto plan_as = [&](std::string name, std::vector<int64_t> shape, WeightDType slot_dtype) {
@@ -124,29 +150,8 @@ StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
     return ResourceExhausted("cannot allocate " + std::to_string(total) + " bytes of weights");
   model->storage_.reset(base);
 
-  // A tensor to be stored as bf16/f16 is read as fp32 into `scratch` (one tensor at a time, so
-  // loading needs the storage plus the largest tensor in fp32) and rounded into place.
   std::vector<float> scratch;
-  for (const Slot& slot : slots) {
-    if (slot.dtype == WeightDType::kF32) {
-      Status s = reader.ReadF32(slot.name, slot.shape,
-                                std::span<float>(reinterpret_cast<float*>(base + slot.offset), slot.count));
-      if (!s.ok()) return s.WithContext(dir);
-      continue;
-    }
-    scratch.resize(slot.count);
-    Status s = reader.ReadF32(slot.name, slot.shape, std::span<float>(scratch.data(), slot.count));
-    if (!s.ok()) return s.WithContext(dir);
-    if (slot.dtype == WeightDType::kF16) {
-      for (float v : scratch) {
-        if (std::isfinite(v) && std::fabs(v) > kF16Max)
-          return InvalidArgument(dir + ": tensor '" + slot.name + "' holds " + std::to_string(v) +
-                                 ", outside float16's range: set model.dtype to bfloat16 or "
-                                 "float32");
-      }
-    }
-    ConvertFromF32(scratch.data(), slot.count, slot.dtype, base + slot.offset);
-  }
+  for (const Slot& slot : slots) TANDEM_RETURN_IF_ERROR(ReadSlot(reader, slot, base, scratch, dir));
 
   auto f32 = [&](size_t slot) { return reinterpret_cast<const float*>(base + slots[slot].offset); };
   auto matrix = [&](size_t slot, int64_t rows, int64_t cols) {

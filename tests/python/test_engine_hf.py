@@ -13,7 +13,8 @@ Mistral config (sliding window shorter than the prompt) over the tiny Llama's we
 window mask. A small model stored in bf16 is a smoke test (upcast to fp32 on both sides); medium runs when
 TANDEM_TEST_MEDIUM=1.
 Weight storage (model.dtype): the tiny Llama's fp32 checkpoint run with --dtype bfloat16 and
---dtype float16 against HF with the same weights rounded (model.to(bf16/f16).float()): the same
+--dtype float16 against HF with the same matrices rounded (Linear and Embedding weights
+through bf16/f16 and back; norms stay fp32 on both sides): the same
 1e-4 tolerance and identical greedy tokens, since only the storage is rounded and the arithmetic
 stays fp32 on both sides. The error against HF's unrounded fp32 model is printed beside it.
 
@@ -80,7 +81,12 @@ def compare(name, model_dir, prompt, steps, variants=(), ours_extra=(), hf_round
     if hf_round is not None:  # the weights our storage holds: rounded, then fp32 arithmetic
         with torch.no_grad():
             unrounded = model(torch.tensor([prompt])).logits[0, -1].float().numpy()
-        model = model.to(hf_round).to(torch.float32)
+        # Our storage rounds the matrices (projections, embedding, LM head); norms and biases
+        # stay fp32.
+        with torch.no_grad():
+            for module in model.modules():
+                if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+                    module.weight.copy_(module.weight.to(hf_round).to(torch.float32))
     vocab = model.config.vocab_size
     model.generation_config.eos_token_id = None  # run all steps, as --ignore-eos does
     with torch.no_grad():
