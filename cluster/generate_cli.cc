@@ -58,6 +58,7 @@ struct GenerateOptions {
   std::string dump_logits;  // empty = none
   bool all_positions = false;
   bool ignore_eos = false;
+  std::optional<WeightDType> dtype;  // nullopt = auto
 };
 
 // InvalidArgument for a bad flag (the exit code is kExitUsage).
@@ -78,6 +79,8 @@ StatusOr<GenerateOptions> ParseGenerateArgs(const std::vector<std::string>& args
   flags.AddBool("ignore-eos", "keep generating after an end-of-sequence token");
   flags.AddInt("prefill-chunk", 0, "prefill the prompt in chunks of this many tokens (0 = whole)");
   flags.AddInt("block-size", kDefaultBlockSize, "KV cache block size in tokens");
+  flags.AddString("dtype", "auto",
+                  "weight storage: auto (the checkpoint's torch_dtype), float32, bfloat16, float16");
   TANDEM_RETURN_IF_ERROR(flags.Parse(args));
   GenerateOptions o;
   if (flags.help_requested()) {
@@ -104,6 +107,12 @@ StatusOr<GenerateOptions> ParseGenerateArgs(const std::vector<std::string>& args
   if (flags.IsSet("dump-logits")) o.dump_logits = flags.GetString("dump-logits");
   o.all_positions = flags.GetBool("all-positions");
   o.ignore_eos = flags.GetBool("ignore-eos");
+  const std::string& dtype = flags.GetString("dtype");
+  if (dtype != "auto") {
+    o.dtype = ParseWeightDType(dtype);
+    if (!o.dtype)
+      return InvalidArgument("--dtype must be auto, float32, bfloat16 or float16, not '" + dtype + "'");
+  }
   return o;
 }
 
@@ -237,7 +246,7 @@ int GenerateMain(const std::vector<std::string>& args) {
   }
   const GenerateOptions& o = *options;
   const auto load_start = std::chrono::steady_clock::now();
-  StatusOr<std::unique_ptr<Model>> model = Model::Load(o.model_dir);
+  StatusOr<std::unique_ptr<Model>> model = Model::Load(o.model_dir, {o.dtype});
   if (!model.ok()) return Fail(model.status());
   std::fprintf(stderr, "model: loaded %s in %.0f ms\n", o.model_dir.c_str(),
                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -

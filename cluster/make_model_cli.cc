@@ -11,7 +11,8 @@ int MakeModelMain(const std::vector<std::string>& args) {
   FlagParser flags("tandem make-model --out DIR [flags]",
                    "Writes a small Hugging Face checkpoint with seeded random weights and a "
                    "trained byte-level BPE tokenizer.");
-  flags.AddString("preset", "tiny", "tiny (~1M params), small (~30M), medium (~120M)");
+  flags.AddString("preset", "tiny",
+                  "tiny (~1M params), small (~30M), medium (~120M), smollm2 (SmolLM2-135M's shape)");
   flags.AddString("family", "llama", "llama (Llama 3 layout, GQA, llama3 RoPE) or qwen2 (qkv bias, tied)");
   flags.AddString("out", "", "output directory (created if needed)");
   flags.AddInt("seed", 0, "seed for weights and tokenizer corpus");

@@ -214,7 +214,7 @@ Status BatchDriver::InitTransferAndEngine(const RoleArgs& args,
                                                    const InstanceSection& section) {
   const ClusterConfig& config = args.config;
   TANDEM_ASSIGN_OR_RETURN(std::string dir, ResolveModelDir(config.model));
-  TANDEM_ASSIGN_OR_RETURN(model_, Model::Load(dir));
+  TANDEM_ASSIGN_OR_RETURN(model_, Model::Load(dir, {ParseWeightDType(config.model.dtype)}));
   BatchEngineOptions eo;
   eo.threads = section.threads;
   eo.block_size = config.kv_cache.block_size;

@@ -1,16 +1,20 @@
 // engine_bench: CPU forward-pass throughput against the machine's own roofline.
 //
-//   engine_bench [--presets small,medium] [--model DIR] [--threads N] [--json FILE] [--quick]
+//   engine_bench [--presets smollm2] [--model DIR] [--threads 1,2] [--dtypes float32,bfloat16]
+//                [--batches 1,8,16,32,64] [--prompts 512] [--runs 7] [--json FILE] [--cpu-time]
 //
-// For each model: prefill tokens/s at prompt 128/512/2048 (one sequence) and decode tokens/s at
-// batch 1/8/32/64 (context 128 per sequence). Beside each number, the fraction of its roofline:
-// roofline time = max(weight bytes / read bandwidth, flops / sgemm peak), fraction = roofline
-// time / measured time. In detail:
-//   - prefill: achieved GFLOP/s (2 * weight params * tokens + attention) as a fraction of the
-//     measured cblas_sgemm peak on this machine with the same thread count;
-//   - decode: weight bytes read per step / step time, as a fraction of the measured streaming
-//     read bandwidth (a decode step only reads weights). memcpy bandwidth (bytes read + written
-//     per second, STREAM "copy" convention) is printed beside it.
+// For each thread count, the roofline is measured first, then for each model and weight dtype:
+// prefill tokens/s (one sequence per prompt length) and decode tokens/s per batch size (context
+// 128 per sequence). Each figure is the MEDIAN of --runs timed passes (decode: steps); the
+// ceilings are the best of their runs. Beside each figure, the fraction of its roofline:
+// roofline time = max(bytes read / read bandwidth, flops / sgemm peak), fraction = roofline time
+// / measured time. In detail:
+//   - read bandwidth: a STREAM-like read (sum) of 256 MiB split over the same number of threads;
+//   - sgemm peak: cblas_sgemm on prefill-like shapes, same number of threads;
+//   - decode bytes: the weights one step reads at their storage dtype (Model::step_weight_bytes)
+//     plus the KV cache the batch's attention reads (context * layers * 2 * kv_dim * 4 bytes per
+//     sequence); flops: 2 * matrix params * batch + attention;
+//   - prefill: 2 * matrix params * tokens + attention flops, against the sgemm peak.
 // Models come from make-model presets written to a temp dir (no tokenizer) or from --model.
 #include <cblas.h>
 #include <immintrin.h>
@@ -24,10 +28,12 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <thread>
 #include <string>
 #include <vector>
 
 #include "common/base/flags.h"
+#include "common/engine/linear_kernels.h"
 #include "common/engine/forward.h"
 #include "common/engine/kv_cache.h"
 #include "common/model/make_model.h"
@@ -37,45 +43,41 @@ namespace tandem {
 namespace {
 
 // Wall time by default. With --cpu-time, process CPU time: on a machine shared with other work
-// (time slices taken away) it is the steadier measure, and equals wall time on an idle machine
-// when every thread is busy.
+// (time slices taken away) it is the steadier measure at ONE thread (it sums the threads' time,
+// so it is refused with more).
 bool g_cpu_time = false;
 
-struct Clock {
-  using time_point = double;
-  static double now() {
-    if (g_cpu_time) {
-      timespec ts;
-      clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-      return ts.tv_sec + ts.tv_nsec * 1e-9;
-    }
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-        .count();
+double Now() {
+  if (g_cpu_time) {
+    timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
   }
-};
-
-double Seconds(double a, double b) {
-  return b - a;
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// Best of a few 256 MiB copies: bytes read + written per second.
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Best of a few 256 MiB copies: bytes read + written per second (one thread).
 double MeasureMemcpyBandwidth() {
   const size_t bytes = size_t{256} << 20;
   std::vector<char> a(bytes, 1), b(bytes, 2);
   double best = 1e30;
   for (int i = 0; i < 5; ++i) {
-    auto t0 = Clock::now();
+    const double t0 = Now();
     std::memcpy(b.data(), a.data(), bytes);
-    best = std::min(best, Seconds(t0, Clock::now()));
+    best = std::min(best, Now() - t0);
     a[i] = b[bytes - 1 - i];  // keep the copies observable
   }
   return 2.0 * bytes / best;
 }
 
-// Best of a few streaming reads of 256 MiB (what a memory-bound decode step does): bytes/s.
-// AVX2 loads when available, so the loop is limited by memory, not by the adds.
-// Four streams at once, as the GEMV kernels read four weight rows: one stream alone leaves the
-// prefetchers idle part of the time and understates the bandwidth.
+// Sums n floats as four streams at once, as the GEMV kernels read several weight rows: one
+// stream alone leaves the prefetchers idle part of the time and understates the bandwidth.
 [[gnu::target("avx2")]] float SumAvx2(const float* a, size_t n) {
   const size_t quarter = n / 4;
   const float* p0 = a;
@@ -94,51 +96,78 @@ double MeasureMemcpyBandwidth() {
   return out[0] + out[7];
 }
 
-double MeasureReadBandwidth() {
+float SumScalar(const float* a, size_t n) {
+  float acc[16] = {};
+  for (size_t i = 0; i + 16 <= n; i += 16)
+    for (int j = 0; j < 16; ++j) acc[j] += a[i + j];
+  return acc[0] + acc[15];
+}
+
+// Best of a few streaming reads of 256 MiB split over `threads` threads (what a memory-bound
+// decode step does): bytes/s.
+double MeasureReadBandwidth(int threads) {
   const size_t n = (size_t{256} << 20) / sizeof(float);
   std::vector<float> a(n, 1.0f);
-  double best = 1e30;
-  float sink = 0;
   const bool avx2 = __builtin_cpu_supports("avx2");
-  for (int rep = 0; rep < 5; ++rep) {
-    auto t0 = Clock::now();
-    if (avx2) {
-      sink += SumAvx2(a.data(), n);
-    } else {
-      float acc[16] = {};
-      for (size_t i = 0; i < n; i += 16)
-        for (int j = 0; j < 16; ++j) acc[j] += a[i + j];
-      sink += acc[0];
-    }
-    best = std::min(best, Seconds(t0, Clock::now()));
+  const size_t part = n / threads / 16 * 16;
+  std::vector<float> sums(threads);
+  double best = 1e30;
+  for (int rep = 0; rep < 7; ++rep) {
+    const double t0 = Now();
+    std::vector<std::thread> workers;
+    for (int t = 1; t < threads; ++t)
+      workers.emplace_back([&, t] {
+        sums[t] += avx2 ? SumAvx2(a.data() + t * part, part) : SumScalar(a.data() + t * part, part);
+      });
+    sums[0] += avx2 ? SumAvx2(a.data(), part) : SumScalar(a.data(), part);
+    for (std::thread& w : workers) w.join();
+    best = std::min(best, Now() - t0);
   }
-  if (sink == 0.5f) std::printf(" ");  // keep the sums alive
-  return n * sizeof(float) / best;
+  if (sums[0] == 0.5f) std::printf(" ");  // keep the sums alive
+  return static_cast<double>(part) * threads * sizeof(float) / best;
 }
 
 // Best cblas_sgemm rate over shapes like the model's prefill GEMMs.
 double MeasureSgemmPeak(int threads) {
   openblas_set_num_threads(threads);
   double best = 0;
-  const int shapes[][3] = {{512, 3072, 768}, {1024, 2048, 2048}, {2048, 768, 3072}};
+  const int shapes[][3] = {{512, 3072, 576}, {512, 576, 1536}, {512, 3072, 768}, {1024, 2048, 2048}};
   for (const auto& s : shapes) {
     const int m = s[0], n = s[1], k = s[2];
     std::vector<float> a(size_t{static_cast<size_t>(m)} * k, 0.01f),
         b(size_t{static_cast<size_t>(n)} * k, 0.02f), c(size_t{static_cast<size_t>(m)} * n);
-    for (int rep = 0; rep < 3; ++rep) {
-      auto t0 = Clock::now();
+    for (int rep = 0; rep < 5; ++rep) {
+      const double t0 = Now();
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, a.data(), k, b.data(), k,
                   0.0f, c.data(), n);
-      best = std::max(best, 2.0 * m * n * k / Seconds(t0, Clock::now()));
+      best = std::max(best, 2.0 * m * n * k / (Now() - t0));
     }
   }
   return best;
 }
 
+// The machine's ceilings at one thread count.
+struct Roofline {
+  int threads = 1;
+  double memcpy_bandwidth = 0;  // bytes read + written per second, one thread
+  double bandwidth = 0;         // streaming read, bytes per second, `threads` threads
+  double peak = 0;              // sgemm flops per second, `threads` threads
+};
+
+Roofline MeasureRoofline(int threads) {
+  Roofline r;
+  r.threads = threads;
+  r.memcpy_bandwidth = MeasureMemcpyBandwidth();
+  r.bandwidth = MeasureReadBandwidth(threads);
+  r.peak = MeasureSgemmPeak(threads);
+  return r;
+}
+
 struct Result {
-  std::string model, phase;
-  int tokens_or_batch;
+  std::string model, dtype, phase;
+  int threads, tokens_or_batch;
   double tokens_per_s, achieved, roofline_fraction;
+  bool memory_bound;
 };
 
 std::vector<int32_t> RandomTokens(int n, int vocab, std::mt19937& rng) {
@@ -146,21 +175,6 @@ std::vector<int32_t> RandomTokens(int n, int vocab, std::mt19937& rng) {
   std::uniform_int_distribution<int> dist(0, vocab - 1);
   for (int32_t& t : out) t = dist(rng);
   return out;
-}
-
-// The machine's ceilings, measured once.
-struct Roofline {
-  double memcpy_bandwidth = 0;  // bytes read + written per second
-  double bandwidth = 0;         // streaming read, bytes per second
-  double peak = 0;              // sgemm flops per second
-};
-
-Roofline MeasureRoofline(int threads) {
-  Roofline r;
-  r.memcpy_bandwidth = MeasureMemcpyBandwidth();
-  r.bandwidth = std::max(MeasureReadBandwidth(), r.memcpy_bandwidth / 2);
-  r.peak = MeasureSgemmPeak(threads);
-  return r;
 }
 
 // (name, dir) of each model to bench: --model, or the presets written under `tmp`.
@@ -186,118 +200,148 @@ StatusOr<std::vector<std::pair<std::string, std::string>>> PrepareModels(
   return models;
 }
 
-// One model's forward pass, and what its roofline needs.
-struct BenchedModel {
+// Parameters of the matrices one token multiplies by (the LM head included, the embedding
+// gather not): 2 flops each per token.
+double MatrixParams(const ModelConfig& c) {
+  const double h = c.hidden_size;
+  return c.num_layers * (h * (c.q_dim() + 2.0 * c.kv_dim()) + c.q_dim() * h +
+                         3.0 * h * c.intermediate_size) +
+         static_cast<double>(c.vocab_size) * h;
+}
+
+// One model's forward pass at one dtype and thread count.
+struct Bench {
   const std::string& name;
   const Model& model;
   CpuForward& engine;
   const KvLayout& layout;
-  double params;  // weight parameters read per step
+  const Roofline& roof;
+  int runs;
 };
 
+Result MakeResult(const Bench& b, const char* phase, int n, double seconds, double bytes,
+                  double flops) {
+  const double memory_s = bytes / b.roof.bandwidth, compute_s = flops / b.roof.peak;
+  const bool prefill = std::string_view(phase) == "prefill";
+  const double bound = prefill ? compute_s : std::max(memory_s, compute_s);
+  Result r{b.name, std::string(WeightDTypeName(b.model.dtype())), phase, b.roof.threads, n,
+           n / seconds, (prefill ? flops : bytes) / seconds, bound / seconds,
+           !prefill && memory_s >= compute_s};
+  if (prefill) {
+    std::printf("%-8s %-9s %2d %-8s %6d %10.1f %8.1f GFLOP/s %6.0f%%\n", r.model.c_str(),
+                r.dtype.c_str(), r.threads, phase, n, r.tokens_per_s, r.achieved / 1e9,
+                100 * r.roofline_fraction);
+  } else {
+    std::printf("%-8s %-9s %2d %-8s %6d %10.1f %8.2f GB/s    %6.0f%%  (%s-bound)\n",
+                r.model.c_str(), r.dtype.c_str(), r.threads, phase, n, r.tokens_per_s,
+                r.achieved / 1e9, 100 * r.roofline_fraction, r.memory_bound ? "memory" : "compute");
+  }
+  std::fflush(stdout);
+  return r;
+}
+
 // Prefill tokens/s of one sequence per prompt length.
-Status BenchPrefill(const BenchedModel& m, const Roofline& roof, bool quick, std::mt19937& rng,
+Status BenchPrefill(const Bench& b, const std::vector<int>& prompts, std::mt19937& rng,
                     std::vector<Result>* results) {
-  const ModelConfig& c = m.model.config();
-  std::vector<int> prompts = quick ? std::vector<int>{128, 512} : std::vector<int>{128, 512, 2048};
+  const ModelConfig& c = b.model.config();
   for (int n : prompts) {
     TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache,
-                            KvCache::Create(m.layout, n / m.layout.block_size + 1));
+                            KvCache::Create(b.layout, n / b.layout.block_size + 1));
     std::vector<int32_t> table;
     (void)cache->blocks().Allocate(cache->num_blocks(), &table);
     std::vector<int32_t> tokens = RandomTokens(n, c.vocab_size, rng);
     SequenceInput seq{tokens, 0, table};
-    double best = 1e30;
-    for (int rep = 0; rep < (n <= 512 ? 3 : 1); ++rep) {
-      auto t0 = Clock::now();
-      TANDEM_RETURN_IF_ERROR(m.engine.Forward({&seq, 1}, *cache).status());
-      best = std::min(best, Seconds(t0, Clock::now()));
+    TANDEM_RETURN_IF_ERROR(b.engine.Forward({&seq, 1}, *cache).status());  // warm-up
+    std::vector<double> times;
+    for (int rep = 0; rep < b.runs; ++rep) {
+      const double t0 = Now();
+      TANDEM_RETURN_IF_ERROR(b.engine.Forward({&seq, 1}, *cache).status());
+      times.push_back(Now() - t0);
     }
-    const double attention_flops =
-        4.0 * c.num_layers * c.num_heads * c.head_dim * n * (n + 1) / 2.0;
-    const double flops = 2.0 * m.params * n + attention_flops;
-    const double bound = std::max(flops / roof.peak, m.model.step_weight_bytes() / roof.bandwidth);
-    results->push_back({m.name, "prefill", n, n / best, flops / best, bound / best});
-    std::printf("%-8s %-8s %6d %12.1f %10.1f GFLOP/s %9.0f%%\n", m.name.c_str(), "prefill", n,
-                n / best, flops / best / 1e9, 100 * bound / best);
-    std::fflush(stdout);
+    const double attention_flops = 4.0 * c.num_layers * c.num_heads * c.head_dim * n * (n + 1) / 2.0;
+    const double flops = 2.0 * MatrixParams(c) * n + attention_flops;
+    results->push_back(MakeResult(b, "prefill", n, Median(times),
+                                  static_cast<double>(b.model.step_weight_bytes()), flops));
   }
   return Status::Ok();
 }
 
-// Decode tokens/s per batch size, context 128 per sequence.
-Status BenchDecode(const BenchedModel& m, const Roofline& roof, bool quick, std::mt19937& rng,
+// Decode tokens/s per batch size, context 128 per sequence. The cache is filled with zeros
+// rather than prefilled: the timing depends on how much KV is read, not on its values, and
+// prefilling 64 x 128 tokens would take longer than the whole benchmark.
+Status BenchDecode(const Bench& b, const std::vector<int>& batches, std::mt19937& rng,
                    std::vector<Result>* results) {
-  const ModelConfig& c = m.model.config();
-  std::vector<int> batches = quick ? std::vector<int>{1, 8} : std::vector<int>{1, 8, 32, 64};
-  const int context = 128, steps = 8;
-  for (int b : batches) {
-    const int blocks_per_seq = (context + steps) / m.layout.block_size + 1;
+  const ModelConfig& c = b.model.config();
+  const int context = 128, steps = b.runs + 1;
+  for (int batch : batches) {
+    const int blocks_per_seq = (context + steps) / b.layout.block_size + 1;
     TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache,
-                            KvCache::Create(m.layout, b * blocks_per_seq));
-    std::vector<std::vector<int32_t>> tables(b), prompts_b(b);
-    std::vector<int32_t> next(b);
-    for (int i = 0; i < b; ++i) {
-      tables[i].reserve(blocks_per_seq);
-      (void)cache->blocks().Allocate(blocks_per_seq, &tables[i]);
-      prompts_b[i] = RandomTokens(context, c.vocab_size, rng);
-      SequenceInput seq{prompts_b[i], 0, tables[i]};
-      TANDEM_RETURN_IF_ERROR(m.engine.Forward({&seq, 1}, *cache).status());
-      next[i] = prompts_b[i].back();
-    }
-    std::vector<SequenceInput> batch(b);
-    double total = 0;
+                            KvCache::Create(b.layout, batch * blocks_per_seq));
+    std::memset(cache->data(), 0, cache->total_bytes());
+    std::vector<std::vector<int32_t>> tables(batch);
+    std::vector<int32_t> next = RandomTokens(batch, c.vocab_size, rng);
+    for (int i = 0; i < batch; ++i) (void)cache->blocks().Allocate(blocks_per_seq, &tables[i]);
+    std::vector<SequenceInput> seqs(batch);
+    std::vector<double> times;
     for (int s = 0; s < steps; ++s) {
-      for (int i = 0; i < b; ++i) batch[i] = SequenceInput{{&next[i], 1}, context + s, tables[i]};
-      auto t0 = Clock::now();
-      TANDEM_RETURN_IF_ERROR(m.engine.Forward(batch, *cache).status());
-      if (s > 0) total += Seconds(t0, Clock::now());  // step 0 warms up
+      for (int i = 0; i < batch; ++i) seqs[i] = SequenceInput{{&next[i], 1}, context + s, tables[i]};
+      const double t0 = Now();
+      TANDEM_RETURN_IF_ERROR(b.engine.Forward(seqs, *cache).status());
+      if (s > 0) times.push_back(Now() - t0);  // step 0 warms up
     }
-    const double step_s = total / (steps - 1);
-    const double bytes = static_cast<double>(m.model.step_weight_bytes());
-    const double flops =
-        2.0 * m.params * b + 4.0 * c.num_layers * c.num_heads * c.head_dim * b * context;
-    const double bound = std::max(bytes / roof.bandwidth, flops / roof.peak);
-    results->push_back({m.name, "decode", b, b / step_s, bytes / step_s, bound / step_s});
-    std::printf("%-8s %-8s %6d %12.1f %10.2f GB/s    %9.0f%%  (%s-bound)\n", m.name.c_str(),
-                "decode", b, b / step_s, bytes / step_s / 1e9, 100 * bound / step_s,
-                bytes / roof.bandwidth > flops / roof.peak ? "memory" : "compute");
-    std::fflush(stdout);
+    const double kv_bytes = static_cast<double>(batch) * (context + steps / 2) * c.num_layers * 2.0 *
+                            c.kv_dim() * sizeof(float);
+    const double bytes = static_cast<double>(b.model.step_weight_bytes()) + kv_bytes;
+    const double flops = 2.0 * MatrixParams(c) * batch +
+                         4.0 * c.num_layers * c.num_heads * c.head_dim * batch * context;
+    results->push_back(MakeResult(b, "decode", batch, Median(times), bytes, flops));
   }
   return Status::Ok();
 }
 
-Status BenchModel(const std::string& name, const std::string& dir, int threads, bool quick,
+struct Plan {
+  std::vector<int> threads, batches, prompts;
+  std::vector<WeightDType> dtypes;
+  int runs = 7;
+};
+
+Status BenchModel(const std::string& name, const std::string& dir, const Plan& plan,
                   const Roofline& roof, std::mt19937& rng, std::vector<Result>* results) {
-  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Load(dir));
-  ForwardOptions options;
-  options.num_threads = threads;
-  options.max_batch_tokens = 2048;
-  options.max_batch_sequences = 64;
-  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<CpuForward> engine, CpuForward::Create(*model, options));
-  const KvLayout layout = engine->MakeKvLayout();
-  const BenchedModel m{name, *model, *engine, layout,
-                       static_cast<double>(model->step_weight_bytes()) / 4};
-  TANDEM_RETURN_IF_ERROR(BenchPrefill(m, roof, quick, rng, results));
-  return BenchDecode(m, roof, quick, rng, results);
+  for (WeightDType dtype : plan.dtypes) {
+    TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Load(dir, {dtype}));
+    ForwardOptions options;
+    options.num_threads = roof.threads;
+    options.max_batch_tokens = 2048;
+    options.max_batch_sequences = 64;
+    TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<CpuForward> engine, CpuForward::Create(*model, options));
+    const KvLayout layout = engine->MakeKvLayout();
+    const Bench b{name, *model, *engine, layout, roof, plan.runs};
+    TANDEM_RETURN_IF_ERROR(BenchDecode(b, plan.batches, rng, results));
+    TANDEM_RETURN_IF_ERROR(BenchPrefill(b, plan.prompts, rng, results));
+  }
+  return Status::Ok();
 }
 
-void WriteJson(const std::string& path, int threads, const Roofline& roof,
+void WriteJson(const std::string& path, KernelIsa isa, const std::vector<Roofline>& roofs,
                const std::vector<Result>& results) {
   nlohmann::json out;
-  out["threads"] = threads;
   out["timing"] = g_cpu_time ? "process_cpu" : "wall";
-  out["memcpy_bytes_per_s"] = roof.memcpy_bandwidth;
-  out["read_bytes_per_s"] = roof.bandwidth;
-  out["sgemm_flops_per_s"] = roof.peak;
+  out["kernel_isa"] = std::string(KernelIsaName(isa));
+  for (const Roofline& r : roofs)
+    out["rooflines"].push_back({{"threads", r.threads},
+                                {"memcpy_bytes_per_s", r.memcpy_bandwidth},
+                                {"read_bytes_per_s", r.bandwidth},
+                                {"sgemm_flops_per_s", r.peak}});
   for (const Result& r : results) {
-    out["results"].push_back(
-        {{"model", r.model},
-         {"phase", r.phase},
-         {r.phase == "prefill" ? "prompt_tokens" : "batch", r.tokens_or_batch},
-         {"tokens_per_s", r.tokens_per_s},
-         {r.phase == "prefill" ? "flops_per_s" : "weight_bytes_per_s", r.achieved},
-         {"roofline_fraction", r.roofline_fraction}});
+    const bool prefill = r.phase == "prefill";
+    out["results"].push_back({{"model", r.model},
+                              {"dtype", r.dtype},
+                              {"threads", r.threads},
+                              {"phase", r.phase},
+                              {prefill ? "prompt_tokens" : "batch", r.tokens_or_batch},
+                              {"tokens_per_s", r.tokens_per_s},
+                              {prefill ? "flops_per_s" : "bytes_per_s", r.achieved},
+                              {"roofline_fraction", r.roofline_fraction}});
   }
   std::FILE* f = std::fopen(path.c_str(), "w");
   if (f != nullptr) {
@@ -307,30 +351,94 @@ void WriteJson(const std::string& path, int threads, const Roofline& roof,
   }
 }
 
+// The table perf/README.md shows: one row per model, dtype and thread count.
+void PrintMarkdown(const Plan& plan, const std::vector<Result>& results) {
+  std::printf("\n| model | dtype | threads |");
+  for (int b : plan.batches) std::printf(" decode %d |", b);
+  for (int p : plan.prompts) std::printf(" prefill %d |", p);
+  std::printf("\n|---|---|---|");
+  for (size_t i = 0; i < plan.batches.size() + plan.prompts.size(); ++i) std::printf("---|");
+  std::printf("\n");
+  for (size_t i = 0; i < results.size();) {
+    const Result& first = results[i];
+    std::printf("| %s | %s | %d |", first.model.c_str(), first.dtype.c_str(), first.threads);
+    for (; i < results.size() && results[i].model == first.model &&
+           results[i].dtype == first.dtype && results[i].threads == first.threads;
+         ++i)
+      std::printf(" %.1f (%.0f%%) |", results[i].tokens_per_s, 100 * results[i].roofline_fraction);
+    std::printf("\n");
+  }
+}
+
+StatusOr<std::vector<int>> ParseInts(const std::string& flag, const std::string& text) {
+  std::vector<int> out;
+  for (size_t i = 0; i < text.size();) {
+    const size_t comma = std::min(text.find(',', i), text.size());
+    const std::string part = text.substr(i, comma - i);
+    char* end = nullptr;
+    const long v = std::strtol(part.c_str(), &end, 10);
+    if (part.empty() || *end != '\0' || v < 1 || v > 65536)
+      return InvalidArgument("--" + flag + ": '" + part + "' is not a positive integer");
+    out.push_back(static_cast<int>(v));
+    i = comma + 1;
+  }
+  return out;
+}
+
 int Run(const std::vector<std::string>& args) {
   FlagParser flags("engine_bench [flags]", "CPU forward-pass throughput vs roofline.");
-  flags.AddString("presets", "small,medium", "make-model presets to bench (comma-separated)");
+  flags.AddString("presets", "smollm2", "make-model presets to bench (comma-separated)");
   flags.AddString("model", "", "bench this checkpoint instead of presets");
-  flags.AddInt("threads", 2, "compute threads");
+  flags.AddString("threads", "1,2", "compute thread counts (comma-separated)");
+  flags.AddString("dtypes", "float32,bfloat16", "weight storage dtypes (float32, bfloat16, float16)");
+  flags.AddString("batches", "1,8,16,32,64", "decode batch sizes");
+  flags.AddString("prompts", "512", "prefill prompt lengths");
+  flags.AddInt("runs", 7, "timed passes per figure (the median is reported)");
   flags.AddString("json", "engine_bench.json", "raw numbers go here");
-  flags.AddBool("quick", "prompt 128/512 and batch 1/8 only");
-  flags.AddBool("cpu-time", "time with process CPU time instead of wall time (shared machines)");
-  if (Status s = flags.Parse(args); !s.ok() || flags.help_requested()) {
-    std::fputs(s.ok() ? flags.Help().c_str() : (s.message() + "\n").c_str(),
-               s.ok() ? stdout : stderr);
-    return s.ok() ? 0 : 2;
+  flags.AddBool("cpu-time", "time with process CPU time instead of wall time (one thread only)");
+  Plan plan;
+  Status parsed = flags.Parse(args);
+  if (parsed.ok() && !flags.help_requested()) {
+    auto threads = ParseInts("threads", flags.GetString("threads"));
+    auto batches = ParseInts("batches", flags.GetString("batches"));
+    auto prompts = ParseInts("prompts", flags.GetString("prompts"));
+    if (!threads.ok()) parsed = threads.status();
+    else if (!batches.ok()) parsed = batches.status();
+    else if (!prompts.ok()) parsed = prompts.status();
+    else {
+      plan.threads = *threads;
+      plan.batches = *batches;
+      plan.prompts = *prompts;
+    }
+    const std::string dtypes = flags.GetString("dtypes");
+    for (size_t i = 0; parsed.ok() && i < dtypes.size();) {
+      const size_t comma = std::min(dtypes.find(',', i), dtypes.size());
+      const std::string name = dtypes.substr(i, comma - i);
+      std::optional<WeightDType> d = ParseWeightDType(name);
+      if (!d) parsed = InvalidArgument("--dtypes: '" + name + "' is not float32, bfloat16 or float16");
+      else plan.dtypes.push_back(*d);
+      i = comma + 1;
+    }
+    plan.runs = static_cast<int>(flags.GetInt("runs"));
+    if (parsed.ok() && (plan.runs < 1 || plan.runs > 1000)) parsed = InvalidArgument("--runs must be in [1, 1000]");
+    g_cpu_time = flags.GetBool("cpu-time");
+    if (parsed.ok() && g_cpu_time &&
+        std::any_of(plan.threads.begin(), plan.threads.end(), [](int t) { return t > 1; }))
+      parsed = InvalidArgument("--cpu-time sums every thread's time: use it with --threads 1");
   }
-  const int threads = static_cast<int>(flags.GetInt("threads"));
-  const bool quick = flags.GetBool("quick");
-  g_cpu_time = flags.GetBool("cpu-time");
+  if (!parsed.ok() || flags.help_requested()) {
+    std::fputs(parsed.ok() ? flags.Help().c_str() : (parsed.message() + "\n").c_str(),
+               parsed.ok() ? stdout : stderr);
+    return parsed.ok() ? 0 : 2;
+  }
+  StatusOr<KernelIsa> isa = KernelIsaFromEnv();
+  if (!isa.ok()) {
+    std::fprintf(stderr, "%s\n", isa.status().ToString().c_str());
+    return 2;
+  }
+  std::printf("kernels: %s; timing: %s; figures: median of %d runs\n",
+              std::string(KernelIsaName(*isa)).c_str(), g_cpu_time ? "CPU" : "wall", plan.runs);
 
-  std::printf("measuring roofline (threads=%d)...\n", threads);
-  const Roofline roof = MeasureRoofline(threads);
-  std::printf(
-      "memcpy %.2f GB/s (read+write), read %.2f GB/s, sgemm peak %.1f GFLOP/s (%s time)\n"
-      "decode roofline = read bandwidth; prefill roofline = sgemm peak\n\n",
-      roof.memcpy_bandwidth / 1e9, roof.bandwidth / 1e9, roof.peak / 1e9,
-      g_cpu_time ? "CPU" : "wall");
   const std::filesystem::path tmp = std::filesystem::temp_directory_path() / "tandem-engine-bench";
   auto models = PrepareModels(flags.GetString("model"), flags.GetString("presets"), tmp);
   if (!models.ok()) {
@@ -338,16 +446,26 @@ int Run(const std::vector<std::string>& args) {
     return 1;
   }
   std::vector<Result> results;
+  std::vector<Roofline> roofs;
   std::mt19937 rng(1);
-  std::printf("%-8s %-8s %6s %12s %16s %10s\n", "model", "phase", "n", "tokens/s", "achieved",
-              "roofline");
-  for (const auto& [name, dir] : *models) {
-    if (Status s = BenchModel(name, dir, threads, quick, roof, rng, &results); !s.ok()) {
-      std::fprintf(stderr, "%s\n", s.ToString().c_str());
-      return 1;
+  for (int threads : plan.threads) {
+    const Roofline roof = MeasureRoofline(threads);
+    roofs.push_back(roof);
+    std::printf(
+        "\nthreads %d: read %.2f GB/s, sgemm peak %.1f GFLOP/s (memcpy %.2f GB/s read+write, 1 "
+        "thread)\n",
+        threads, roof.bandwidth / 1e9, roof.peak / 1e9, roof.memcpy_bandwidth / 1e9);
+    std::printf("%-8s %-9s %2s %-8s %6s %10s %16s %7s\n", "model", "dtype", "th", "phase", "n",
+                "tokens/s", "achieved", "roofline");
+    for (const auto& [name, dir] : *models) {
+      if (Status s = BenchModel(name, dir, plan, roof, rng, &results); !s.ok()) {
+        std::fprintf(stderr, "%s\n", s.ToString().c_str());
+        return 1;
+      }
     }
   }
-  WriteJson(flags.GetString("json"), threads, roof, results);
+  PrintMarkdown(plan, results);
+  WriteJson(flags.GetString("json"), *isa, roofs, results);
   std::error_code ec;
   std::filesystem::remove_all(tmp, ec);
   return 0;

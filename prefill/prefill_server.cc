@@ -109,7 +109,7 @@ Status PrefillDriver::Init(const RoleArgs& args) {
                                         "Requests whose KV could not be handed to decode.")
                            .Get();
   TANDEM_ASSIGN_OR_RETURN(std::string dir, ResolveModelDir(config.model));
-  TANDEM_ASSIGN_OR_RETURN(model_, Model::Load(dir));
+  TANDEM_ASSIGN_OR_RETURN(model_, Model::Load(dir, {ParseWeightDType(config.model.dtype)}));
   const ModelConfig& mc = model_->config();
   PrefillEngineOptions eo;
   eo.threads = section.threads;

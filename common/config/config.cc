@@ -119,6 +119,7 @@ void ReadModelAndRouter(YamlErrors* v, YamlFields& top, ClusterConfig* c) {
     // auto, none, or a Jinja file (relative to the config file; read by the router).
     sec.String("chat_template", &c->model.chat_template);
     sec.Int("max_model_len", &c->model.max_model_len, 16, 1 << 20);
+    sec.String("dtype", &c->model.dtype, {"auto", "float32", "bfloat16", "float16"});
   }
   YAML::Node router = top.Child("router");
   YamlFields sec(v, router, "router");
@@ -380,6 +381,7 @@ std::string ConfigToYaml(const ClusterConfig& c) {
   out << YAML::Key << "preset" << YAML::Value << c.model.preset;
   out << YAML::Key << "name" << YAML::Value << c.model.name;
   out << YAML::Key << "chat_template" << YAML::Value << c.model.chat_template;
+  out << YAML::Key << "dtype" << YAML::Value << c.model.dtype;
   out << YAML::Key << "max_model_len" << YAML::Value << c.model.max_model_len;
   out << YAML::EndMap;
   out << YAML::Key << "router" << YAML::Value << YAML::BeginMap;

@@ -31,6 +31,9 @@ struct ModelSection {
   // to the config file).
   std::string chat_template = "auto";
   int max_model_len = 4096;    // prompt + output tokens per request
+  // Storage dtype of the weight matrices on CPU (arithmetic stays fp32): auto|float32|bfloat16|
+  // float16; auto = the checkpoint's torch_dtype, float32 when it has none (Model::Load).
+  std::string dtype = "auto";
 };
 
 struct RouterSection {

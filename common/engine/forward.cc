@@ -16,101 +16,18 @@ constexpr int kMaxHeadDim = 256;
 constexpr int kTileRows = 8;        // query rows (token, head) processed together
 constexpr int kKeyChunk = 64;       // keys scored at once (a block is split into such chunks)
 constexpr int kTokensPerTask = 32;  // query tokens of one sequence per attention task
-// Up to this many rows, GEMMs use the streaming kernel below instead of OpenBLAS sgemm.
-constexpr int kSmallBatchRows = 16;
+// Up to this many rows (decode batches), linear layers run the streaming kernels of
+// linear_kernels.h on the pool; above, sgemm (prefill), which packs the weights first.
+constexpr int kSmallBatchRows = 64;
+// bf16/f16 weights reach sgemm widened to fp32 a panel of rows at a time, about this many
+// bytes: it stays in cache while sgemm reads it.
+constexpr size_t kPanelBytes = size_t{1} << 20;
 
-// y[m, n] = x[m, k] W[n, k]^T + beta y through OpenBLAS (large m: prefill, big batches; any m
-// on CPUs without AVX2).
-void BlasLinear(const float* x, int m, int k, const float* w, int n, float* y, float beta) {
-  if (m == 1) {
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, n, k, 1.0f, w, k, x, 1, beta, y, 1);
-    return;
-  }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, x, k, w, k, beta, y, n);
-}
-
-// The same for a few rows (decode batches): weight rows [n0, n1) are streamed from memory ONCE
-// and each is dotted with every activation row, which stays in cache. OpenBLAS' sgemm would
-// first copy (pack) the whole weight matrix, tripling the memory traffic of a memory-bound step.
-// Four weight rows and two activation rows per pass: 8 accumulators, 6 loads per 8 FMAs.
-[[gnu::target("avx2,fma")]] inline float HorizontalSum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_hadd_ps(s, s);
-  s = _mm_hadd_ps(s, s);
-  return _mm_cvtss_f32(s);
-}
-
-[[gnu::target("avx2,fma")]] void SmallGemmAvx2(const float* x, int m, int k, const float* w,
-                                               int n0, int n1, int ldy, float* y, float beta) {
-  const int k8 = k / 8 * 8;
-  auto store = [&](int row, int col, float v) {
-    float* out = y + static_cast<size_t>(row) * ldy + col;
-    *out = beta == 0.0f ? v : v + beta * *out;
-  };
-  int n = n0;
-  for (; n + 4 <= n1; n += 4) {
-    const float* w0 = w + static_cast<size_t>(n) * k;
-    const float* w1 = w0 + k;
-    const float* w2 = w1 + k;
-    const float* w3 = w2 + k;
-    int r = 0;
-    for (; r + 2 <= m; r += 2) {
-      const float* xa = x + static_cast<size_t>(r) * k;
-      const float* xb = xa + k;
-      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0,
-             b3 = a0;
-      for (int i = 0; i < k8; i += 8) {
-        const __m256 va = _mm256_loadu_ps(xa + i), vb = _mm256_loadu_ps(xb + i);
-        const __m256 v0 = _mm256_loadu_ps(w0 + i), v1 = _mm256_loadu_ps(w1 + i);
-        const __m256 v2 = _mm256_loadu_ps(w2 + i), v3 = _mm256_loadu_ps(w3 + i);
-        a0 = _mm256_fmadd_ps(v0, va, a0);
-        a1 = _mm256_fmadd_ps(v1, va, a1);
-        a2 = _mm256_fmadd_ps(v2, va, a2);
-        a3 = _mm256_fmadd_ps(v3, va, a3);
-        b0 = _mm256_fmadd_ps(v0, vb, b0);
-        b1 = _mm256_fmadd_ps(v1, vb, b1);
-        b2 = _mm256_fmadd_ps(v2, vb, b2);
-        b3 = _mm256_fmadd_ps(v3, vb, b3);
-      }
-      float sa[4] = {HorizontalSum(a0), HorizontalSum(a1), HorizontalSum(a2), HorizontalSum(a3)};
-      float sb[4] = {HorizontalSum(b0), HorizontalSum(b1), HorizontalSum(b2), HorizontalSum(b3)};
-      for (int i = k8; i < k; ++i) {
-        sa[0] += w0[i] * xa[i], sa[1] += w1[i] * xa[i], sa[2] += w2[i] * xa[i], sa[3] += w3[i] * xa[i];
-        sb[0] += w0[i] * xb[i], sb[1] += w1[i] * xb[i], sb[2] += w2[i] * xb[i], sb[3] += w3[i] * xb[i];
-      }
-      for (int j = 0; j < 4; ++j) {
-        store(r, n + j, sa[j]);
-        store(r + 1, n + j, sb[j]);
-      }
-    }
-    for (; r < m; ++r) {
-      const float* xa = x + static_cast<size_t>(r) * k;
-      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-      for (int i = 0; i < k8; i += 8) {
-        const __m256 va = _mm256_loadu_ps(xa + i);
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w0 + i), va, a0);
-        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w1 + i), va, a1);
-        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w2 + i), va, a2);
-        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w3 + i), va, a3);
-      }
-      float sa[4] = {HorizontalSum(a0), HorizontalSum(a1), HorizontalSum(a2), HorizontalSum(a3)};
-      for (int i = k8; i < k; ++i)
-        sa[0] += w0[i] * xa[i], sa[1] += w1[i] * xa[i], sa[2] += w2[i] * xa[i], sa[3] += w3[i] * xa[i];
-      for (int j = 0; j < 4; ++j) store(r, n + j, sa[j]);
-    }
-  }
-  for (; n < n1; ++n) {  // leftover weight rows
-    const float* wr = w + static_cast<size_t>(n) * k;
-    for (int r = 0; r < m; ++r) {
-      const float* xa = x + static_cast<size_t>(r) * k;
-      __m256 a = _mm256_setzero_ps();
-      for (int i = 0; i < k8; i += 8)
-        a = _mm256_fmadd_ps(_mm256_loadu_ps(wr + i), _mm256_loadu_ps(xa + i), a);
-      float s = HorizontalSum(a);
-      for (int i = k8; i < k; ++i) s += wr[i] * xa[i];
-      store(r, n, s);
-    }
-  }
+// y[m, n] = x[m, k] W[n, k]^T + beta y through OpenBLAS, W fp32 with leading dimension k and
+// y with leading dimension ldy.
+void BlasLinear(const float* x, int m, int k, const float* w, int n, float* y, int ldy,
+                float beta) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, x, k, w, k, beta, y, ldy);
 }
 
 // out = x * rsqrt(mean(x^2) + eps) * weight, in the order HF's LlamaRMSNorm computes it.
@@ -386,7 +303,13 @@ StatusOr<std::unique_ptr<CpuForward>> CpuForward::Create(const Model& model,
                            " exceeds the CPU backend's limit of " + std::to_string(kMaxHeadDim));
   auto f = std::unique_ptr<CpuForward>(new CpuForward(model, options));
   openblas_set_num_threads(options.num_threads);
-  f->use_avx2_ = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  TANDEM_ASSIGN_OR_RETURN(f->isa_, KernelIsaFromEnv());
+  f->use_avx2_ = f->isa_ != KernelIsa::kScalar;
+  if (model.dtype() != WeightDType::kF32) {
+    const int max_cols = std::max({c.hidden_size, c.q_dim(), c.intermediate_size});
+    f->panel_rows_ = std::max<int>(16, static_cast<int>(kPanelBytes / sizeof(float) / max_cols) / 16 * 16);
+    f->panel_.Resize(static_cast<size_t>(f->panel_rows_) * max_cols);
+  }
 
   // Inverse frequencies, computed in fp32 the way HF's rope init functions do.
   const int half = c.head_dim / 2;
@@ -483,17 +406,27 @@ Status CpuForward::Validate(std::span<const SequenceInput> batch, const KvCache&
   return Status::Ok();
 }
 
-void CpuForward::Linear(const float* x, int m, int k, const float* w, int n, float* y,
-                        float beta) {
-  if (!use_avx2_ || m > kSmallBatchRows) {
-    BlasLinear(x, m, k, w, n, y, beta);
+void CpuForward::Linear(const float* x, int m, const WeightMatrix& w, float* y, float beta) {
+  const int n = w.rows, k = w.cols;
+  if (m > kSmallBatchRows) {
+    if (w.dtype == WeightDType::kF32) {
+      BlasLinear(x, m, k, static_cast<const float*>(w.data), n, y, n, beta);
+      return;
+    }
+    for (int j = 0; j < n; j += panel_rows_) {
+      const int rows = std::min(panel_rows_, n - j);
+      WidenRows(isa_, w, j, j + rows, panel_.get());
+      BlasLinear(x, m, k, panel_.get(), rows, y + j, n, beta);
+    }
     return;
   }
-  // Weight rows split into chunks (multiples of 4) over the pool.
-  const int chunk = std::max(64, (n / (4 * pool_.num_threads()) + 3) / 4 * 4);
+  // Output rows split into chunks of 8 (the kernels' widest tile) over the pool: a few chunks per
+  // thread, so a thread that the OS delays leaves its work to the others.
+  const int threads = pool_.num_threads();
+  const int chunk = threads == 1 ? n : std::max(32, (n / (4 * threads) + 7) / 8 * 8);
   const int num_chunks = (n + chunk - 1) / chunk;
   auto task = [&](int i) {
-    SmallGemmAvx2(x, m, k, w, i * chunk, std::min(n, (i + 1) * chunk), n, y, beta);
+    LinearRows(isa_, x, m, w, i * chunk, std::min(n, (i + 1) * chunk), y, n, beta);
   };
   pool_.ParallelFor(num_chunks, task);
 }
@@ -552,8 +485,8 @@ StatusOr<std::span<const float>> CpuForward::Forward(std::span<const SequenceInp
       const int t = num_tokens + i;
       token_seq_[t] = s;
       token_pos_[t] = seq.start_position + i;
-      std::memcpy(x_.get() + static_cast<size_t>(t) * h,
-                  model_.embed_tokens() + static_cast<size_t>(seq.tokens[i]) * h, sizeof(float) * h);
+      WidenRows(isa_, model_.embed_tokens(), seq.tokens[i], seq.tokens[i] + 1,
+                x_.get() + static_cast<size_t>(t) * h);
       const float pos = static_cast<float>(token_pos_[t]);
       for (int j = 0; j < half; ++j) {
         const float angle = pos * inv_freq_[j];  // fp32 product, as HF's matmul does
@@ -579,7 +512,7 @@ StatusOr<std::span<const float>> CpuForward::Forward(std::span<const SequenceInp
     // Attention block.
     for (int t = 0; t < num_tokens; ++t)
       RmsNorm(x + static_cast<size_t>(t) * h, w.input_norm, h, eps, xn + static_cast<size_t>(t) * h);
-    Linear(xn, num_tokens, h, w.qkv_proj, qkv_dim, qkv, 0.0f);
+    Linear(xn, num_tokens, w.qkv_proj, qkv, 0.0f);
     for (int t = 0; t < num_tokens; ++t) {
       float* row = qkv + static_cast<size_t>(t) * qkv_dim;
       if (w.qkv_bias != nullptr)
@@ -603,7 +536,7 @@ StatusOr<std::span<const float>> CpuForward::Forward(std::span<const SequenceInp
     Attention(layer, batch, cache);
     // Every K/V of this layer is written (above) and read (Attention): the cache's layer is done.
     if (hooks != nullptr && hooks->after_layer) hooks->after_layer(layer);
-    Linear(attn_.get(), num_tokens, q_dim, w.o_proj, h, x, 1.0f);  // residual add via beta = 1
+    Linear(attn_.get(), num_tokens, w.o_proj, x, 1.0f);  // residual add via beta = 1
     if (w.o_bias != nullptr) {
       for (int t = 0; t < num_tokens; ++t)
         for (int i = 0; i < h; ++i) x[static_cast<size_t>(t) * h + i] += w.o_bias[i];
@@ -611,14 +544,14 @@ StatusOr<std::span<const float>> CpuForward::Forward(std::span<const SequenceInp
     // MLP block: down(silu(gate(x)) * up(x)).
     for (int t = 0; t < num_tokens; ++t)
       RmsNorm(x + static_cast<size_t>(t) * h, w.post_norm, h, eps, xn + static_cast<size_t>(t) * h);
-    Linear(xn, num_tokens, h, w.gate_up, 2 * inter, mlp_.get(), 0.0f);
+    Linear(xn, num_tokens, w.gate_up, mlp_.get(), 0.0f);
     for (int t = 0; t < num_tokens; ++t) {
       const float* gate = mlp_.get() + static_cast<size_t>(t) * 2 * inter;
       const float* up = gate + inter;
       float* out = act_.get() + static_cast<size_t>(t) * inter;
       for (int i = 0; i < inter; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
     }
-    Linear(act_.get(), num_tokens, inter, w.down_proj, h, x, 1.0f);
+    Linear(act_.get(), num_tokens, w.down_proj, x, 1.0f);
   }
 
   // Final norm and LM head on the rows that need logits.
@@ -639,7 +572,7 @@ StatusOr<std::span<const float>> CpuForward::Forward(std::span<const SequenceInp
     }
   }
   logits_.Resize(static_cast<size_t>(rows) * c.vocab_size);  // no-op except for kAllTokens
-  Linear(normed, rows, h, model_.lm_head(), c.vocab_size, logits_.get(), 0.0f);
+  Linear(normed, rows, model_.lm_head(), logits_.get(), 0.0f);
   return std::span<const float>(logits_.get(), static_cast<size_t>(rows) * c.vocab_size);
 }
 

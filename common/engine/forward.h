@@ -7,7 +7,10 @@
 // window when configured), and returns the logits of the last token of each sequence (or of
 // every new token, for tests).
 //
-// Compute is fp32: GEMMs through OpenBLAS cblas_sgemm/sgemv, RMSNorm, RoPE (incl. llama3 and
+// Compute is fp32 over fp32, bf16 or f16 weights (Model::dtype): decode batches (up to 64 rows)
+// through the streaming kernels of linear_kernels.h, split by output rows over the instance's
+// thread pool; prefill through OpenBLAS cblas_sgemm (bf16/f16 weights widened a panel at a
+// time). TANDEM_KERNEL_ISA forces a kernel path (linear_kernels.h). RMSNorm, RoPE (incl. llama3 and
 // linear scaling), GQA attention over paged blocks multi-threaded over (sequence, kv head, chunk
 // of tokens) on the instance's own thread pool, SwiGLU, qkv/o bias, tied embeddings.
 //
@@ -27,6 +30,7 @@
 #include <vector>
 
 #include "common/engine/kv_cache.h"
+#include "common/engine/linear_kernels.h"
 #include "common/model/model.h"
 #include "common/base/status.h"
 #include "common/base/thread_pool.h"
@@ -104,18 +108,20 @@ class CpuForward {
 
   CpuForward(const Model& model, const ForwardOptions& options);
   Status Validate(std::span<const SequenceInput> batch, const KvCache& cache) const;
-  // y[m, n] = x[m, k] w[n, k]^T + beta y, on the pool (small m) or OpenBLAS (large m).
-  void Linear(const float* x, int m, int k, const float* w, int n, float* y, float beta);
+  // y[m, w.rows] = x[m, w.cols] w^T + beta y, on the pool (small m) or OpenBLAS (large m).
+  void Linear(const float* x, int m, const WeightMatrix& w, float* y, float beta);
   void Attention(int layer, std::span<const SequenceInput> batch, KvCache& cache);
 
   const Model& model_;
   ForwardOptions options_;
   ThreadPool pool_;
-  bool use_avx2_ = false;
+  KernelIsa isa_ = KernelIsa::kScalar;
+  bool use_avx2_ = false;  // attention kernels
+  int panel_rows_ = 0;     // rows of a widened weight panel (bf16/f16 prefill)
   std::vector<float> inv_freq_;  // [head_dim / 2]
 
   // Workspace, sized for max_batch_tokens / max_batch_sequences.
-  Buffer x_, xn_, qkv_, attn_, mlp_, act_, cos_, sin_, last_, logits_;
+  Buffer x_, xn_, qkv_, attn_, mlp_, act_, cos_, sin_, last_, logits_, panel_;
   std::vector<int32_t> token_seq_;       // [T] sequence of each token
   std::vector<int32_t> token_pos_;       // [T] position of each token
   std::vector<int32_t> seq_first_token_; // [S + 1]

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <random>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -16,14 +17,17 @@ namespace {
 struct Preset {
   const char* name;
   int hidden, intermediate, layers, heads, kv_heads, vocab;
+  bool tied = false;  // Llama family: tie_word_embeddings (Qwen2 always ties)
 };
 
 // Llama layouts with GQA. Parameter counts (Llama family, untied): tiny 0.92M, small 32M,
-// medium 116M.
+// medium 116M. smollm2 has SmolLM2-135M's shape (tied embeddings, 135M) with random weights:
+// what benchmarks of that model need without its checkpoint.
 constexpr Preset kPresets[] = {
     {"tiny", 128, 384, 2, 4, 2, 2048},
     {"small", 512, 1408, 8, 8, 4, 8000},
     {"medium", 768, 3072, 12, 12, 4, 8000},
+    {"smollm2", 576, 1536, 30, 9, 3, 49152, true},
 };
 
 // Fills weights in a fixed order from one generator so a seed fixes every byte.
@@ -75,7 +79,7 @@ StatusOr<ModelConfig> PresetConfig(const std::string& preset, ModelFamily family
   for (const Preset& candidate : kPresets)
     if (preset == candidate.name) p = &candidate;
   if (p == nullptr)
-    return InvalidArgument("make-model: unknown preset '" + preset + "' (tiny, small, medium)");
+    return InvalidArgument("make-model: unknown preset '" + preset + "' (tiny, small, medium, smollm2)");
   ModelConfig c;
   c.family = family;
   c.hidden_size = p->hidden;
@@ -94,7 +98,12 @@ StatusOr<ModelConfig> PresetConfig(const std::string& preset, ModelFamily family
       c.rope_theta = 500000.0;
       c.rope_scaling = RopeScaling{RopeScalingType::kLlama3, 8.0, 1.0, 4.0, 1024};
       c.rms_norm_eps = 1e-5;
-      c.tie_word_embeddings = false;
+      c.tie_word_embeddings = p->tied;
+      if (std::string_view(p->name) == "smollm2") {  // SmolLM2's own RoPE: plain, theta 1e5
+        c.rope_theta = 100000.0;
+        c.rope_scaling = RopeScaling{};
+        c.max_position_embeddings = 8192;
+      }
       break;
     case ModelFamily::kQwen2:
       c.architecture = "Qwen2ForCausalLM";

@@ -12,6 +12,11 @@ Variants: chunked prefill and another KV block size must give the same tokens an
 Mistral config (sliding window shorter than the prompt) over the tiny Llama's weights checks the
 window mask. A small model stored in bf16 is a smoke test (upcast to fp32 on both sides); medium runs when
 TANDEM_TEST_MEDIUM=1.
+Weight storage (model.dtype): the tiny Llama's fp32 checkpoint run with --dtype bfloat16 and
+--dtype float16 against HF with the same matrices rounded (Linear and Embedding weights
+through bf16/f16 and back; norms stay fp32 on both sides): the same
+1e-4 tolerance and identical greedy tokens, since only the storage is rounded and the arithmetic
+stays fp32 on both sides. The error against HF's unrounded fp32 model is printed beside it.
 
 Run: TANDEM_BINARY=build/tandem .venv/bin/python tests/python/test_engine_hf.py
 """
@@ -71,8 +76,17 @@ def load_hf(model_dir):
     return model
 
 
-def compare(name, model_dir, prompt, steps, variants=()):
+def compare(name, model_dir, prompt, steps, variants=(), ours_extra=(), hf_round=None):
     model = load_hf(model_dir)
+    if hf_round is not None:  # the weights our storage holds: rounded, then fp32 arithmetic
+        with torch.no_grad():
+            unrounded = model(torch.tensor([prompt])).logits[0, -1].float().numpy()
+        # Our storage rounds the matrices (projections, embedding, LM head); norms and biases
+        # stay fp32.
+        with torch.no_grad():
+            for module in model.modules():
+                if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+                    module.weight.copy_(module.weight.to(hf_round).to(torch.float32))
     vocab = model.config.vocab_size
     model.generation_config.eos_token_id = None  # run all steps, as --ignore-eos does
     with torch.no_grad():
@@ -82,8 +96,11 @@ def compare(name, model_dir, prompt, steps, variants=()):
         hf_step_logits = np.stack([l[0].float().numpy() for l in gen.logits])  # cached decode
         full = model(gen.sequences[:, :-1]).logits[0].float().numpy()  # one pass, no cache
 
-    ours_tokens, ours = run_ours(model_dir, prompt, steps + 1)
+    ours_tokens, ours = run_ours(model_dir, prompt, steps + 1, ours_extra)
     ours = ours.reshape(-1, vocab)
+    if hf_round is not None:
+        print(f"      {name}: last prompt position vs HF's unrounded fp32 weights: rel err "
+              f"{rel_err(ours[len(prompt) - 1], unrounded):.2e} (the storage's rounding)")
     check(ours.shape[0] == len(prompt) + steps,
           f"{name}: {ours.shape[0]} logits rows (prompt {len(prompt)} + {steps} decode)")
     prefill_err = max(rel_err(ours[i], full[i]) for i in range(len(prompt)))
@@ -97,7 +114,7 @@ def compare(name, model_dir, prompt, steps, variants=()):
     if ours_tokens != hf_tokens:
         print("  ours", ours_tokens, "\n  hf  ", hf_tokens)
     for extra in variants:
-        tokens, logits = run_ours(model_dir, prompt, steps + 1, extra)
+        tokens, logits = run_ours(model_dir, prompt, steps + 1, (*ours_extra, *extra))
         logits = logits.reshape(-1, vocab)[-(steps + 1):]
         err = max(rel_err(logits[i], full[len(prompt) - 1 + i]) for i in range(steps + 1))
         check(tokens == hf_tokens and err < TOLERANCE,
@@ -115,6 +132,11 @@ def main():
         prompt = rng.integers(0, 2000, size=45).tolist()  # crosses two 16-token blocks
         compare("tiny llama", llama, prompt, DECODE_STEPS,
                 variants=[("--prefill-chunk", "7"), ("--block-size", "5")])
+        compare("tiny llama --dtype bfloat16", llama, prompt, DECODE_STEPS,
+                variants=[("--prefill-chunk", "7")], ours_extra=("--dtype", "bfloat16"),
+                hf_round=torch.bfloat16)
+        compare("tiny llama --dtype float16", llama, prompt, DECODE_STEPS,
+                ours_extra=("--dtype", "float16"), hf_round=torch.float16)
 
         qwen = os.path.join(tmp, "tiny-qwen2")
         make_model(qwen, "tiny", "qwen2", 2)
