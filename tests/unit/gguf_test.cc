@@ -452,10 +452,12 @@ TEST_CASE("gguf llama loads as a Model with Q/K rows in HF order", "[gguf]") {
 
   StatusOr<std::unique_ptr<Model>> model = Model::Load(path);
   REQUIRE(model.ok());
-  const float* qkv = (*model)->layer(0).qkv_proj;
+  REQUIRE((*model)->layer(0).qkv_proj.dtype == WeightDType::kF32);  // auto: GGUF stays float32
+  const auto* qkv = static_cast<const float*>((*model)->layer(0).qkv_proj.data);
   CHECK(std::equal(tiny.q.begin(), tiny.q.end(), qkv));
   CHECK(std::equal(tiny.k.begin(), tiny.k.end(), qkv + 64));
-  CHECK(std::equal(tiny.embd.begin(), tiny.embd.end(), (*model)->lm_head()));
+  CHECK(std::equal(tiny.embd.begin(), tiny.embd.end(),
+                   static_cast<const float*>((*model)->lm_head().data)));
 
   ModelSection section;
   section.path = path;
