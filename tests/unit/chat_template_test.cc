@@ -80,6 +80,11 @@ TEST_CASE("jinja: Python values print as Python prints them", "[jinja]") {
   CHECK(Rendered("{{ 'x'|tojson(ensure_ascii=true) }}{{ 'é'|tojson(ensure_ascii=true) }}") ==
         "\"x\"\"\\u00e9\"");
   CHECK(Rendered("{{ 7 // -2 }} {{ -7 % 3 }} {{ 2 ** 3 ** 2 }} {{ 'héllo'[1:3] }}") == "-4 2 64 él");
+  // Case mapping of ill-formed UTF-8 (a fuzz find: the length query under-counted and the
+  // conversion read past its buffer): each bad byte becomes U+FFFD, the same on every render.
+  const std::string bad = "{{ '\xce\xa3\xce\x91\xce\xe3'.lower() }}{{ 'a\xff" "B'|upper }}";
+  CHECK(Rendered(bad) == "\xcf\x83\xce\xb1\xef\xbf\xbd\xef\xbf\xbd" "A\xef\xbf\xbd" "B");
+  CHECK(Rendered(bad) == Rendered(bad));
 }
 
 TEST_CASE("jinja: undefined values behave as jinja2's Undefined", "[jinja]") {

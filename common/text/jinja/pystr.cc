@@ -36,11 +36,16 @@ std::string MapCase(const std::string& s, CaseMap map) {
   if (s.empty()) return s;
   UErrorCode err = U_ZERO_ERROR;
   int32_t len16 = 0;
-  u_strFromUTF8(nullptr, 0, &len16, s.data(), static_cast<int32_t>(s.size()), &err);
+  // Invalid UTF-8 becomes U+FFFD. The length query must substitute the same way as the
+  // conversion: without substitution it stops at the first bad byte and under-counts.
+  u_strFromUTF8WithSub(nullptr, 0, &len16, s.data(), static_cast<int32_t>(s.size()), 0xfffd,
+                       nullptr, &err);
+  if (err != U_BUFFER_OVERFLOW_ERROR && U_FAILURE(err)) return s;
   err = U_ZERO_ERROR;
   std::u16string in(static_cast<size_t>(len16), u'\0');
   u_strFromUTF8WithSub(in.data(), len16, &len16, s.data(), static_cast<int32_t>(s.size()), 0xfffd,
                        nullptr, &err);
+  if (U_FAILURE(err)) return s;
   std::u16string out(in.size() * 3 + 4, u'\0');
   err = U_ZERO_ERROR;
   int32_t n = 0;
@@ -63,8 +68,6 @@ std::string MapCase(const std::string& s, CaseMap map) {
   u_strToUTF8(result.data(), len8, &len8, out.data(), n, &err);
   return result;
 }
-
-
 
 // Python's str.title(): a cased character after an uncased one starts a word.
 std::string PyTitle(const std::string& s) {
