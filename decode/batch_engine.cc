@@ -64,6 +64,11 @@ BatchEngine::BatchEngine(const Model& model, const BatchEngineOptions& options)
                                         "Wall time of one engine step (forward + sampling).", {},
                                         LatencyBuckets())
                          .Get();
+    shared_tokens_ = &options.metrics
+                          ->AddCounter("tandem_prefix_shared_tokens_total",
+                                       "Tokens whose KV a request took from another request's "
+                                       "blocks (a shared prefix) instead of computing it.")
+                          .Get();
     preemptions_ = &options.metrics
                         ->AddCounter("tandem_preemptions_total",
                                      "Requests preempted (recompute) because the KV pool ran out.")
@@ -118,6 +123,7 @@ void BatchEngine::AddNew(const std::string& id, std::vector<int32_t> prompt,
   r->tokens.reserve(r->tokens.size() + sampling.max_tokens);
   r->sampler = std::make_unique<Sampler>(sampling, &workspace_, r->prompt_len, eos_ids_);
   r->stop = std::make_unique<StopChecker>(sampling, eos_ids_);
+  r->first_block_key = cache_->blocks().FirstBlockKey(r->tokens);
   waiting_.push_back(std::move(r));
 }
 
@@ -134,6 +140,7 @@ void BatchEngine::AddPulled(const std::string& id, std::vector<int32_t> prompt,
   r->tokens.push_back(first_token);
   r->blocks = std::move(blocks);
   r->arrival = std::move(arrival);
+  r->first_block_key = cache_->blocks().FirstBlockKey(r->tokens);
   r->sampler = std::make_unique<Sampler>(sampling, &workspace_, r->prompt_len, eos_ids_);
   r->stop = std::make_unique<StopChecker>(sampling, eos_ids_);
   StopUpdate first = r->stop->Append(first_token, "");
@@ -205,15 +212,87 @@ StepPlan BatchEngine::PlanStep() {
     if (r->arrival != nullptr && r->arrival->complete()) r->arrival.reset();
   running_state_.clear();
   waiting_state_.clear();
-  for (auto& r : running_)
+  const BlockManager& blocks = cache_->blocks();
+  for (auto& r : running_) {
+    const auto shared = std::count_if(r->blocks.begin(), r->blocks.end(),
+                                      [&](int32_t b) { return blocks.ref_count(b) > 1; });
     running_state_.push_back({static_cast<int32_t>(r->tokens.size()), r->num_computed,
-                              static_cast<int32_t>(r->blocks.size())});
-  for (auto& r : waiting_)
+                              static_cast<int32_t>(r->blocks.size()),
+                              static_cast<int32_t>(shared)});
+  }
+  // The first blocks still being computed: a waiting request that begins with one of them
+  // waits (and, FCFS, so does everything behind it) until it can share it.
+  computing_keys_.clear();
+  for (auto& r : running_)
+    if (r->first_block_key != 0 && !r->took_shared &&
+        r->num_computed + 1 < static_cast<int32_t>(r->tokens.size()))
+      computing_keys_.push_back(r->first_block_key);
+  for (auto& r : waiting_) {
+    const uint64_t key = r->first_block_key;
+    if (key != 0 && std::find(computing_keys_.begin(), computing_keys_.end(), key) !=
+                        computing_keys_.end())
+      break;
+    TakeSharedPrefix(*r);
+    if (key != 0 && !r->took_shared &&
+        r->num_computed + 1 < static_cast<int32_t>(r->tokens.size()))
+      computing_keys_.push_back(key);
     waiting_state_.push_back({static_cast<int32_t>(r->tokens.size()), r->num_computed,
                               static_cast<int32_t>(r->blocks.size())});
+  }
   StepLimits limits{options_.token_budget, options_.max_batch_size, options_.block_size,
                     options_.policy};
-  return ScheduleEngineStep(running_state_, waiting_state_, limits, cache_->blocks().num_free());
+  StepPlan plan =
+      ScheduleEngineStep(running_state_, waiting_state_, limits, cache_->blocks().num_free());
+  // Shared blocks are taken by requests admitted now only: a waiting request holds no blocks.
+  admitted_.assign(waiting_state_.size(), 0);
+  for (const ScheduledSeq& s : plan.scheduled)
+    if (s.from_waiting) admitted_[s.index] = 1;
+  for (size_t j = 0; j < waiting_state_.size(); ++j)
+    if (!admitted_[j] && waiting_[j]->took_shared) ReturnSharedPrefix(*waiting_[j]);
+  return plan;
+}
+
+void BatchEngine::TakeSharedPrefix(Request& r) {
+  if (r.num_computed != 0 || !r.blocks.empty()) return;
+  // At least one token is left to compute: its logits give the next token.
+  const int32_t bs = options_.block_size;
+  const int max_blocks = static_cast<int>((r.tokens.size() - 1) / bs);
+  const int matched = cache_->blocks().MatchPrefix(r.tokens, max_blocks, &r.blocks);
+  r.num_computed = matched * bs;
+  r.published = matched;
+  r.took_shared = matched > 0;
+}
+
+void BatchEngine::ReturnSharedPrefix(Request& r) {
+  cache_->blocks().Free(r.blocks);
+  r.blocks.clear();
+  r.num_computed = 0;
+  r.published = 0;
+  r.took_shared = false;
+}
+
+void BatchEngine::PublishFilled(Request& r) {
+  if (r.arrival != nullptr) return;  // pulled KV still arriving: published once it is in
+  const int32_t bs = options_.block_size;
+  const int32_t filled =
+      std::min<int32_t>(r.num_computed / bs, static_cast<int32_t>(r.blocks.size()));
+  if (r.published == 0 && filled > 0) {
+    // The same prefix may be here already (the n choices of one prompt each pulled it from
+    // prefill): keep one copy. r's own blocks are unshared until it publishes them.
+    twins_.clear();
+    const int matched = cache_->blocks().MatchPrefix(r.tokens, filled, &twins_);
+    if (matched > 0) {
+      cache_->blocks().Free(std::span<const int32_t>(r.blocks).first(matched));
+      std::copy(twins_.begin(), twins_.end(), r.blocks.begin());
+      r.published = matched;
+      TANDEM_LOG_REQ(kDebug, r.id) << "shares " << matched * bs << " tokens of KV (deduplicated)";
+      if (shared_tokens_ != nullptr) shared_tokens_->Inc(matched * bs);
+    }
+  }
+  for (int32_t k = r.published; k < filled; ++k)
+    cache_->blocks().Publish(r.blocks[k], k == 0 ? -1 : r.blocks[k - 1],
+                             std::span<const int32_t>(r.tokens).subspan(k * bs, bs));
+  r.published = std::max(r.published, filled);
 }
 
 void BatchEngine::Preempt(std::vector<size_t> victims) {
@@ -227,6 +306,8 @@ void BatchEngine::Preempt(std::vector<size_t> victims) {
     cache_->blocks().Free(r->blocks);
     r->blocks.clear();
     r->num_computed = 0;
+    r->published = 0;
+    r->took_shared = false;
     waiting_.push_front(std::move(r));
     running_.erase(running_.begin() + static_cast<long>(*it));
     if (preemptions_ != nullptr) preemptions_->Inc();
@@ -254,6 +335,10 @@ BatchEngine::StepShape BatchEngine::BuildBatch(const StepPlan& plan) {
   for (const ScheduledSeq& s : plan.scheduled) {
     Request* r = s.from_waiting ? running_[first_admitted + s.index].get()
                                 : running_[s.index].get();
+    if (s.from_waiting && r->took_shared) {
+      TANDEM_LOG_REQ(kDebug, r->id) << "shares " << r->num_computed << " tokens of KV";
+      if (shared_tokens_ != nullptr) shared_tokens_->Inc(r->num_computed);
+    }
     Status alloc = cache_->blocks().Allocate(s.new_blocks, &r->blocks);
     TANDEM_CHECK(alloc.ok(), "the scheduler only plans blocks that are free: " + alloc.message());
     const int32_t remaining = static_cast<int32_t>(r->tokens.size()) - r->num_computed;
@@ -308,6 +393,7 @@ void BatchEngine::SampleBatch(std::span<const float> logits, EngineSink& sink) {
       continue;
     }
     r.num_computed += static_cast<int32_t>(inputs_[i].tokens.size());
+    PublishFilled(r);
     if (r.num_computed < static_cast<int32_t>(r.tokens.size())) continue;  // mid-prompt chunk
     SampleResult sample = r.sampler->Sample(logits.subspan(i * vocab, vocab), r.tokens);
     r.tokens.push_back(sample.token_id);

@@ -3,6 +3,12 @@
 // tokens and finishes back through an EngineSink.
 //
 // Threads: everything here belongs to the instance's engine thread.
+// Requests that begin with the same tokens share the KV blocks of that prefix: a request whose
+// first block another request is still computing waits in the queue (FCFS: so do the ones
+// behind it) until it can take that request's blocks instead of computing them again; this is
+// how the n choices of one prompt compute it once. A request whose KV was pulled gives up its
+// copy of a prefix that another request here already holds (each choice of one prompt is
+// pulled from prefill on its own), once the pull is over.
 // Requests enter either from scratch (AddNew: prompt to prefill here, colocated) or with their
 // prompt's KV already in blocks of this pool (AddPulled: KV pulled from a prefill instance; the
 // first token was sampled and streamed by prefill). Every request added leaves through exactly
@@ -144,7 +150,16 @@ class BatchEngine {
     std::unique_ptr<Sampler> sampler;
     std::unique_ptr<StopChecker> stop;
     std::shared_ptr<KvArrival> arrival;  // set while its pulled KV is still arriving
+    int32_t published = 0;  // leading blocks published for prefix sharing (or taken shared)
+    uint64_t first_block_key = 0;  // BlockManager::FirstBlockKey of its tokens
+    bool took_shared = false;  // began with another request's blocks (computes only its tail)
   };
+  // Prefix sharing (common/engine/kv_cache.h): a request about to be admitted takes the
+  // published blocks that hold its leading tokens; after a step, every block a request filled
+  // is published.
+  void TakeSharedPrefix(Request& r);
+  void ReturnSharedPrefix(Request& r);  // a request that took them but was not admitted
+  void PublishFilled(Request& r);
   // Blocks until r's KV stopped arriving (bounded by kv_wait_timeout); then r.arrival is reset.
   void WaitArrivalEnded(Request& r);
   // One step, in the order Step runs them.
@@ -179,11 +194,15 @@ class BatchEngine {
   std::vector<SequenceInput> inputs_;
   std::vector<Request*> batch_;
   std::vector<char> landed_;  // per batch entry: every layer it used had arrived
+  std::vector<uint64_t> computing_keys_;  // PlanStep: first blocks being computed
+  std::vector<char> admitted_;            // PlanStep: per waiting request
+  std::vector<int32_t> twins_;            // PublishFilled: published blocks equal to its own
   // What LoadReport carries: decode-only steps, and seconds per prompt token of mixed steps.
   MovingAverage avg_decode_step_s_, avg_decode_forward_s_, avg_decode_batch_, avg_decode_context_;
   MovingAverage avg_prefill_s_per_token_;
   Histogram* step_seconds_ = nullptr;
   Counter* preemptions_ = nullptr;
+  Counter* shared_tokens_ = nullptr;
 };
 
 }  // namespace tandem

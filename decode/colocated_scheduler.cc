@@ -5,10 +5,6 @@
 #include "common/engine/kv_cache.h"
 
 namespace tandem {
-namespace {
-
-
-}  // namespace
 
 StepPolicy StepPolicyFromConfig(const std::string& scheduling) {
   return scheduling == "prefill_first" ? StepPolicy::kPrefillFirst : StepPolicy::kChunked;
@@ -30,11 +26,11 @@ StepPlan ScheduleStep(std::span<const SeqState> running, std::span<const SeqStat
     while (need > free_blocks && end > i + 1) {
       --end;
       plan.preempted.push_back(end);
-      free_blocks += running[end].num_blocks;
+      free_blocks += running[end].num_blocks - running[end].shared_blocks;
     }
     if (need > free_blocks) {  // nobody younger is left: it gives way itself
       plan.preempted.push_back(i);
-      free_blocks += s.num_blocks;
+      free_blocks += s.num_blocks - s.shared_blocks;
       end = i;
       break;
     }

@@ -52,6 +52,9 @@ struct SeqState {
   int32_t num_tokens = 0;
   int32_t num_computed = 0;
   int32_t num_blocks = 0;
+  // Of num_blocks, those other requests hold too (a shared prefix): preempting this one does
+  // not free them.
+  int32_t shared_blocks = 0;
 };
 
 struct ScheduledSeq {

@@ -46,6 +46,12 @@ StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(const Model& mode
                                                  "sampling).",
                                                  {}, LatencyBuckets())
                                   .Get();
+    engine->shared_tokens_ = &o.metrics
+                                  ->AddCounter("tandem_prefix_shared_tokens_total",
+                                               "Tokens whose KV a request took from another "
+                                               "request's blocks (a shared prefix) instead of "
+                                               "computing it.")
+                                  .Get();
   }
   return engine;
 }
@@ -65,6 +71,7 @@ void PrefillEngine::Add(std::string id, std::vector<int32_t> prompt, SamplingPar
   r->prompt = std::move(prompt);
   r->sampling = std::move(sampling);
   if (!r->sampling.seed) r->sampling.seed = RandomSeed();
+  r->first_block_key = cache_->blocks().FirstBlockKey(r->prompt);
   queue_.push_back(std::move(r));
 }
 
@@ -95,6 +102,9 @@ int64_t PrefillEngine::PrepareBatch(const std::vector<PrefillChunk>& batch) {
   int64_t tokens = 0;
   for (const PrefillChunk& c : batch) {
     PrefillRequest& r = *queue_[c.index];
+    if (r.took_shared && r.blocks.size() == static_cast<size_t>(r.published) &&
+        shared_tokens_ != nullptr)
+      shared_tokens_->Inc(r.num_computed);  // its first chunk: the shared part is counted once
     Status alloc = cache_->blocks().Allocate(c.new_blocks, &r.blocks);
     TANDEM_CHECK(alloc.ok(), "the scheduler only plans blocks that are free");
     inputs_.push_back({std::span<const int32_t>(r.prompt).subspan(r.num_computed, c.num_tokens),
@@ -120,15 +130,64 @@ void PrefillEngine::Complete(PrefillRequest& r, std::span<const float> logits,
   observer.OnPrefilled(std::move(done));
 }
 
+void PrefillEngine::TakeSharedPrefix(PrefillRequest& r) {
+  if (r.num_computed != 0 || !r.blocks.empty()) return;
+  // At least one prompt token is left to compute: its logits give the first token.
+  const int32_t bs = options_.block_size;
+  const int max_blocks = static_cast<int>((r.prompt.size() - 1) / bs);
+  const int matched = cache_->blocks().MatchPrefix(r.prompt, max_blocks, &r.blocks);
+  r.num_computed = matched * bs;
+  r.published = matched;
+  r.took_shared = matched > 0;
+}
+
+void PrefillEngine::ReturnSharedPrefix(PrefillRequest& r) {
+  FreeBlocks(r.blocks);
+  r.blocks.clear();
+  r.num_computed = 0;
+  r.published = 0;
+  r.took_shared = false;
+}
+
+void PrefillEngine::PublishFilled(PrefillRequest& r) {
+  const int32_t bs = options_.block_size;
+  const int32_t filled = r.num_computed / bs;
+  for (int32_t k = r.published; k < filled; ++k)
+    cache_->blocks().Publish(r.blocks[k], k == 0 ? -1 : r.blocks[k - 1],
+                             std::span<const int32_t>(r.prompt).subspan(k * bs, bs));
+  r.published = std::max(r.published, filled);
+}
+
+void PrefillEngine::CollectItems() {
+  items_.clear();
+  computing_keys_.clear();
+  for (auto& r : queue_) {
+    const uint64_t key = r->first_block_key;
+    if (key != 0 && std::find(computing_keys_.begin(), computing_keys_.end(), key) !=
+                        computing_keys_.end())
+      break;
+    TakeSharedPrefix(*r);
+    if (key != 0 && !r->took_shared) computing_keys_.push_back(key);
+    items_.push_back({static_cast<int32_t>(r->prompt.size()), r->num_computed,
+                      static_cast<int32_t>(r->blocks.size())});
+  }
+}
+
 bool PrefillEngine::Step(PrefillObserver& observer) {
   if (queue_.empty()) return false;
   const auto t0 = Clock::now();
-  items_.clear();
-  for (auto& r : queue_)
-    items_.push_back({static_cast<int32_t>(r->prompt.size()), r->num_computed,
-                      static_cast<int32_t>(r->blocks.size())});
+  CollectItems();
   PrefillLimits limits{options_.token_budget, options_.max_batch_size, options_.block_size};
   std::vector<PrefillChunk> batch = SchedulePrefill(items_, limits, cache_->blocks().num_free());
+  // Shared blocks are taken by requests scheduled now only: one that waits holds none of its own
+  // yet (its remaining tokens always start a block of their own), so it lets them go.
+  scheduled_.assign(items_.size(), 0);
+  for (const PrefillChunk& c : batch) scheduled_[c.index] = 1;
+  for (size_t j = 0; j < items_.size(); ++j) {
+    PrefillRequest& r = *queue_[j];
+    if (!scheduled_[j] && r.took_shared && r.blocks.size() == static_cast<size_t>(r.published))
+      ReturnSharedPrefix(r);
+  }
   if (batch.empty()) return false;
   const int64_t tokens = PrepareBatch(batch);
   bool observe_layers = false;
@@ -148,6 +207,7 @@ bool PrefillEngine::Step(PrefillObserver& observer) {
   for (size_t i = 0; i < batch.size(); ++i) {
     PrefillRequest& r = *queue_[batch[i].index];
     r.num_computed += batch[i].num_tokens;
+    PublishFilled(r);
     if (r.num_computed < static_cast<int32_t>(r.prompt.size())) continue;
     done.push_back(batch[i].index);
     Complete(r, logits->subspan(i * vocab, vocab), observer);

@@ -8,6 +8,11 @@
 // PrefillObserver::BeforeLastChunk sees it (its blocks are final by then); the observer may ask to
 // hear of every layer of that pass (OnLayerComputed) to announce the KV while it is computed.
 //
+// Prompts that begin with the same tokens share the KV blocks of that prefix
+// (common/engine/kv_cache.h): a request whose first block an earlier one is computing waits
+// (FCFS: so do the ones behind it) until it can take that request's blocks instead of computing
+// them; the n choices of one prompt compute it once. Blocks handed off stay shareable until freed.
+//
 // Every queued request has a sampling seed from Add on (decode continues the same sampler stream).
 // Threads: everything here belongs to the instance's engine thread.
 #pragma once
@@ -47,6 +52,9 @@ struct PrefillRequest {
   SamplingParams sampling;  // seed always set
   int32_t num_computed = 0;
   std::vector<int32_t> blocks;
+  int32_t published = 0;  // leading blocks published for prefix sharing (or taken shared)
+  uint64_t first_block_key = 0;  // BlockManager::FirstBlockKey of the prompt
+  bool took_shared = false;  // began with another request's blocks (computes only its tail)
 };
 
 // A request whose prompt is computed and whose first token is sampled.
@@ -100,6 +108,12 @@ class PrefillEngine {
   int64_t PrepareBatch(const std::vector<PrefillChunk>& batch);
   // Samples the first token of a request whose prompt is done and reports it.
   void Complete(PrefillRequest& r, std::span<const float> logits, PrefillObserver& observer);
+  // The queue's scheduling items, up to the first request that waits to share a prefix being
+  // computed; requests about to be scheduled take the published blocks of their prefix first.
+  void CollectItems();
+  void TakeSharedPrefix(PrefillRequest& r);
+  void ReturnSharedPrefix(PrefillRequest& r);  // one that took them but was not scheduled
+  void PublishFilled(PrefillRequest& r);
 
   const Model& model_;
   PrefillEngineOptions options_;
@@ -112,6 +126,9 @@ class PrefillEngine {
   std::vector<SequenceInput> inputs_;
   MovingAverage avg_s_per_token_;  // reported in LoadReport
   Histogram* batch_seconds_ = nullptr;
+  Counter* shared_tokens_ = nullptr;
+  std::vector<uint64_t> computing_keys_;  // CollectItems: first blocks being computed
+  std::vector<char> scheduled_;           // Step: per item
 };
 
 }  // namespace tandem

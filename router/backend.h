@@ -27,6 +27,10 @@ struct GenerateRequest {
   SamplingParams sampling;
   std::string slo_class;  // the "x-tandem-slo-class" header; "" = the model's default SLO
   std::chrono::steady_clock::time_point arrival_time;  // when the router received it
+  // The id of a request submitted before with the same prompt (choice 0 of the n choices of one
+  // request): a backend places this one on the same instances when they can still take it, so
+  // that the prompt's KV is computed and held once. Empty: placed on its own.
+  std::string place_with;
 };
 
 // One of: tokens (finish_reason unset, error OK), finished (finish_reason set; may carry the

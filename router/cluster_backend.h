@@ -53,6 +53,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -200,6 +201,10 @@ class ClusterBackend : public Backend {
   struct Snapshot;
   void SnapshotLocked(const GenerateRequest& request, Clock::time_point now, Snapshot* out)
       TANDEM_REQUIRES(mutex_);
+  // Where request `sibling` was placed, when it is still running there and those instances are
+  // usable (GenerateRequest::place_with); nullopt otherwise.
+  std::optional<Placement> SiblingPlacementLocked(const std::string& sibling,
+                                                  Clock::time_point now) TANDEM_REQUIRES(mutex_);
   // Records a placed request and builds its Submit; returns the instance to send it to.
   Instance& RecordPlacementLocked(const std::shared_ptr<Request>& entry, const Placement& placed,
                                   const GenerateRequest& request, tandem::Submit* message)

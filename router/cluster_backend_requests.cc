@@ -163,6 +163,31 @@ ClusterBackend::Instance& ClusterBackend::RecordPlacementLocked(
   return *first;
 }
 
+std::optional<Placement> ClusterBackend::SiblingPlacementLocked(const std::string& sibling,
+                                                                Clock::time_point now) {
+  auto it = requests_.find(sibling);
+  if (it == requests_.end()) return std::nullopt;
+  const Request& r = *it->second;
+  if (r.phase == RequestPhase::kCancelling || r.finished()) return std::nullopt;
+  // The placement's indices are into the role lists (prefill_, decode_, colocated_).
+  auto position = [&](const std::vector<int>& ids, int instance) {
+    auto at = std::find(ids.begin(), ids.end(), instance);
+    if (at == ids.end() || !UsableLocked(*instances_[instance], now)) return -1;
+    return static_cast<int>(at - ids.begin());
+  };
+  Placement placed;
+  if (r.colocated >= 0) {
+    placed.colocated = position(colocated_, r.colocated);
+    if (placed.colocated < 0) return std::nullopt;
+    return placed;
+  }
+  if (r.prefill < 0 || r.decode < 0) return std::nullopt;
+  placed.prefill = position(prefill_, r.prefill);
+  placed.decode = position(decode_, r.decode);
+  if (placed.prefill < 0 || placed.decode < 0) return std::nullopt;
+  return placed;
+}
+
 Status ClusterBackend::Submit(const GenerateRequest& request,
                               std::function<void(BackendEvent)> on_event) {
   MutexLock lock(&mutex_);
@@ -170,9 +195,12 @@ Status ClusterBackend::Submit(const GenerateRequest& request,
   if (requests_.count(request.request_id))
     return InvalidArgument("duplicate request id " + request.request_id);
   TANDEM_RETURN_IF_ERROR(CheckSloClassLocked(request.slo_class));
+  const Clock::time_point now = Clock::now();
   Snapshot snapshot;
-  SnapshotLocked(request, Clock::now(), &snapshot);
-  StatusOr<Placement> placement = Place(policy_, snapshot.input);
+  SnapshotLocked(request, now, &snapshot);
+  std::optional<Placement> sibling;
+  if (!request.place_with.empty()) sibling = SiblingPlacementLocked(request.place_with, now);
+  StatusOr<Placement> placement = sibling ? *sibling : Place(policy_, snapshot.input);
   if (!placement.ok()) {
     if (placements_) {
       bool rejected = placement.status().code() == StatusCode::kResourceExhausted;

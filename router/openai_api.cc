@@ -670,6 +670,8 @@ GenerateRequest ChoiceRequest(const ApiRequest& request, int index) {
   if (request.n == 1) return choice;
   choice.request_id += "-" + std::to_string(index);
   if (choice.sampling.seed) *choice.sampling.seed += static_cast<uint64_t>(index);
+  // Every choice goes where the first went: the instances compute the prompt's KV once.
+  if (index > 0) choice.place_with = request.generate.request_id + "-0";
   return choice;
 }
 

@@ -18,10 +18,21 @@ std::string KvLayout::ToString() const {
 
 // ---- BlockManager ----------------------------------------------------------------------------
 
-BlockManager::BlockManager(int num_blocks) : ref_counts_(num_blocks, 0) {
+BlockManager::BlockManager(int num_blocks, int block_size)
+    : ref_counts_(num_blocks, 0), block_size_(block_size) {
   free_list_.reserve(num_blocks);
   // Lowest ids come out first (pop from the back).
   for (int b = num_blocks - 1; b >= 0; --b) free_list_.push_back(b);
+  if (block_size > 0) {
+    key_.assign(num_blocks, 0);
+    parent_.assign(num_blocks, -1);
+    parent_generation_.assign(num_blocks, 0);
+    generation_.assign(num_blocks, 0);
+    tokens_.assign(static_cast<size_t>(num_blocks) * block_size, 0);
+    index_.reserve(num_blocks);
+    prev_.assign(num_blocks, -1);
+    next_.assign(num_blocks, -1);
+  }
 }
 
 Status BlockManager::Allocate(int n, std::vector<int32_t>* table) {
@@ -31,9 +42,17 @@ Status BlockManager::Allocate(int n, std::vector<int32_t>* table) {
                              std::to_string(num_free()) + " free of " +
                              std::to_string(num_blocks()));
   for (int i = 0; i < n; ++i) {
-    int32_t b = free_list_.back();
-    free_list_.pop_back();
+    int32_t b = -1;
+    if (!free_list_.empty()) {
+      b = free_list_.back();
+      free_list_.pop_back();
+    } else {  // evict the least recently freed cached block
+      b = cache_head_;
+      CacheRemove(b);
+      Unpublish(b);
+    }
     ref_counts_[b] = 1;
+    if (block_size_ > 0) ++generation_[b];
     table->push_back(b);
   }
   return Status::Ok();
@@ -49,8 +68,112 @@ void BlockManager::Free(std::span<const int32_t> blocks) {
   for (int32_t b : blocks) {
     TANDEM_CHECK(b >= 0 && b < num_blocks(), "block " + std::to_string(b));
     TANDEM_CHECK(ref_counts_[b] > 0, "double free of block " + std::to_string(b));
-    if (--ref_counts_[b] == 0) free_list_.push_back(b);
+    if (--ref_counts_[b] > 0) continue;
+    if (block_size_ > 0 && key_[b] != 0) {
+      CacheAppend(b);
+    } else {
+      free_list_.push_back(b);
+    }
   }
+}
+
+void BlockManager::CacheAppend(int32_t block) {
+  prev_[block] = cache_tail_;
+  next_[block] = -1;
+  if (cache_tail_ >= 0) {
+    next_[cache_tail_] = block;
+  } else {
+    cache_head_ = block;
+  }
+  cache_tail_ = block;
+  ++num_cached_;
+}
+
+void BlockManager::CacheRemove(int32_t block) {
+  const int32_t p = prev_[block], n = next_[block];
+  if (p >= 0) {
+    next_[p] = n;
+  } else {
+    cache_head_ = n;
+  }
+  if (n >= 0) {
+    prev_[n] = p;
+  } else {
+    cache_tail_ = p;
+  }
+  prev_[block] = next_[block] = -1;
+  --num_cached_;
+}
+
+uint64_t BlockManager::Key(int32_t parent, std::span<const int32_t> tokens) const {
+  // FNV-1a over the parent id and the tokens; 0 is reserved for "not published".
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](uint32_t v) {
+    for (int i = 0; i < 4; ++i) {
+      h ^= (v >> (8 * i)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  };
+  mix(static_cast<uint32_t>(parent));
+  mix(parent < 0 ? 0 : generation_[parent]);
+  for (int32_t t : tokens) mix(static_cast<uint32_t>(t));
+  return h == 0 ? 1 : h;
+}
+
+uint64_t BlockManager::FirstBlockKey(std::span<const int32_t> tokens) const {
+  if (block_size_ <= 0 || tokens.size() < static_cast<size_t>(block_size_)) return 0;
+  return Key(-1, tokens.first(block_size_));
+}
+
+void BlockManager::Publish(int32_t block, int32_t parent, std::span<const int32_t> tokens) {
+  if (block_size_ <= 0) return;
+  TANDEM_CHECK(block >= 0 && block < num_blocks() && ref_counts_[block] > 0,
+               "Publish of a block not in use: " + std::to_string(block));
+  TANDEM_CHECK(tokens.size() == static_cast<size_t>(block_size_), "Publish of a partial block");
+  if (key_[block] != 0) return;
+  const uint64_t key = Key(parent, tokens);
+  if (!index_.emplace(key, block).second) return;  // the same content (or a collision) is there
+  key_[block] = key;
+  parent_[block] = parent;
+  parent_generation_[block] = parent < 0 ? 0 : generation_[parent];
+  std::copy(tokens.begin(), tokens.end(), tokens_.begin() + static_cast<long>(block) * block_size_);
+}
+
+void BlockManager::Unpublish(int32_t block) {
+  if (key_[block] == 0) return;
+  auto it = index_.find(key_[block]);
+  if (it != index_.end() && it->second == block) index_.erase(it);
+  key_[block] = 0;
+}
+
+int BlockManager::MatchPrefix(std::span<const int32_t> tokens, int max_blocks,
+                              std::vector<int32_t>* table) {
+  if (block_size_ <= 0) return 0;
+  const int full = static_cast<int>(tokens.size() / block_size_);
+  int matched = 0;
+  int32_t parent = -1;
+  for (int k = 0; k < std::min(full, max_blocks); ++k) {
+    const auto chunk = tokens.subspan(static_cast<size_t>(k) * block_size_, block_size_);
+    auto it = index_.find(Key(parent, chunk));
+    if (it == index_.end()) break;
+    const int32_t b = it->second;
+    const auto held = std::span<const int32_t>(tokens_).subspan(
+        static_cast<size_t>(b) * block_size_, block_size_);
+    if (parent_[b] != parent ||
+        parent_generation_[b] != (parent < 0 ? 0 : generation_[parent]) ||
+        !std::equal(held.begin(), held.end(), chunk.begin()))
+      break;
+    if (ref_counts_[b] == 0) {  // cached: in use again
+      CacheRemove(b);
+      ref_counts_[b] = 1;
+    } else {
+      AddRef(b);
+    }
+    table->push_back(b);
+    parent = b;
+    ++matched;
+  }
+  return matched;
 }
 
 // ---- KvCache ---------------------------------------------------------------------------------
@@ -59,7 +182,7 @@ KvCache::KvCache(const KvLayout& layout, int num_blocks)
     : layout_(layout),
       num_blocks_(num_blocks),
       block_floats_(layout.block_bytes() / sizeof(float)),
-      blocks_(num_blocks) {}
+      blocks_(num_blocks, layout.block_size) {}
 
 size_t KvPoolBytes(const KvLayout& layout, int num_blocks) {
   return layout.block_bytes() * static_cast<size_t>(num_blocks) * layout.num_layers;

@@ -24,6 +24,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "common/base/status.h"
@@ -51,26 +52,72 @@ struct KvLayout {
 // blocks: a block returns to the free list when its count falls to zero. The free list is
 // preallocated: Allocate/Free allocate no memory (Allocate appends to the caller's table, which
 // allocates only when that vector lacks capacity: reserve it).
+//
+// Prefix caching (when made with a block_size): a full block whose KV is computed can be
+// published under the tokens it holds and the block before it. A request whose tokens begin
+// with the same blocks then takes them (MatchPrefix, one more reference each) instead of
+// computing them again: the n choices of one prompt, and requests with a common prefix (a
+// system prompt, the earlier turns of a chat). A published block whose last owner frees it
+// stays cached: it counts as free, and Allocate reuses the least recently freed of them (and
+// unpublishes it) only when no never-published block is left. A match compares the tokens
+// themselves (and the chain of blocks before them), never only a hash. A shared block is never written again: its owners write only
+// past the tokens they matched.
 class BlockManager {
  public:
-  explicit BlockManager(int num_blocks);
+  // block_size > 0 enables Publish/MatchPrefix.
+  explicit BlockManager(int num_blocks, int block_size = 0);
 
   // Appends n fresh blocks (ref count 1) to *table. All or nothing: ResourceExhausted leaves
   // *table unchanged when fewer than n blocks are free.
   Status Allocate(int n, std::vector<int32_t>* table);
   // One more owner for a block that is in use (a shared prefix).
   void AddRef(int32_t block);
-  // Drops one reference from each block; frees those that reach zero. Freeing a free block is a
-  // bug (TANDEM_CHECK).
+  // Drops one reference from each block; frees those that reach zero (a published one is
+  // cached). Freeing a free block is a bug (TANDEM_CHECK).
   void Free(std::span<const int32_t> blocks);
 
+  // Publishes `block` (in use, its KV computed) as holding `tokens` (block_size of them) after
+  // the sequence of blocks ending in `parent` (-1: the first block of a sequence). A block
+  // already published, or content already published in another block, is left as it is.
+  void Publish(int32_t block, int32_t parent, std::span<const int32_t> tokens);
+  // Appends to *table the published blocks that hold the leading full blocks of `tokens`, in
+  // order, at most max_blocks, taking a reference on each (a cached one is in use again);
+  // returns how many.
+  int MatchPrefix(std::span<const int32_t> tokens, int max_blocks, std::vector<int32_t>* table);
+  int num_published() const { return static_cast<int>(index_.size()); }
+  // A hash of a sequence's first block (block_size tokens of `tokens`), or 0 when `tokens` has
+  // fewer: equal for requests that could share that block. For scheduling hints only.
+  uint64_t FirstBlockKey(std::span<const int32_t> tokens) const;
+
   int num_blocks() const { return static_cast<int>(ref_counts_.size()); }
-  int num_free() const { return static_cast<int>(free_list_.size()); }
+  // Blocks Allocate can hand out: never used or unpublished, plus cached ones.
+  int num_free() const { return static_cast<int>(free_list_.size()) + num_cached_; }
+  int num_cached() const { return num_cached_; }  // published, owned by nobody
   int ref_count(int32_t block) const { return ref_counts_[block]; }
+  int block_size() const { return block_size_; }
 
  private:
+  uint64_t Key(int32_t parent, std::span<const int32_t> tokens) const;  // of parent's content now
+  void Unpublish(int32_t block);
+  // The cached blocks, least recently freed first: a list linked through prev_/next_.
+  void CacheAppend(int32_t block);
+  void CacheRemove(int32_t block);
+
   std::vector<int32_t> ref_counts_;
   std::vector<int32_t> free_list_;  // stack; capacity num_blocks
+  int block_size_ = 0;
+  // Per block, while published: its key, its parent (and the parent's generation when it was
+  // published) and its tokens (num_blocks x block_size). A block's generation counts the times
+  // Allocate handed it out: a cached child of a parent evicted and reused since never matches.
+  std::vector<uint64_t> key_;  // 0: not published
+  std::vector<int32_t> parent_;
+  std::vector<uint32_t> parent_generation_;
+  std::vector<uint32_t> generation_;
+  std::vector<int32_t> tokens_;
+  std::unordered_map<uint64_t, int32_t> index_;  // key -> published block
+  std::vector<int32_t> prev_, next_;  // the cached list; -1 ends it
+  int32_t cache_head_ = -1, cache_tail_ = -1;
+  int num_cached_ = 0;
 };
 
 // The bytes of a pool and what keeps them alive: `owner` frees them when its last copy goes (a

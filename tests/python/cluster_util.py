@@ -62,6 +62,15 @@ def http_get(url, timeout=5):
         return r.status, r.read().decode()
 
 
+def metric(port, name):
+    """The summed value of `name` over its samples on the instance whose /metrics is on
+    127.0.0.1:`port` (None if absent)."""
+    body = http_get(f"http://127.0.0.1:{port}/metrics")[1]
+    values = [float(l.split()[-1]) for l in body.splitlines()
+              if l.startswith(name + "{") or l.startswith(name + " ")]
+    return sum(values) if values else None
+
+
 def children_of(pid):
     """[(pid, argv)] of the direct children of `pid`, read from /proc."""
     out = []

@@ -23,7 +23,7 @@ import threading
 import time
 import urllib.request
 
-from cluster_util import FAILURES, TandemCluster, check, http_get, make_tiny_model
+from cluster_util import FAILURES, TandemCluster, check, make_tiny_model, metric
 
 BIN = os.environ.get("TANDEM_BINARY") or os.path.join(
     os.path.dirname(__file__), "..", "..", "build", "tandem")
@@ -31,14 +31,6 @@ HEARTBEAT_TIMEOUT_S = 1.0
 STREAMS = 4
 MAX_TOKENS = 3000
 DROP_BOUND_S = 2.0  # after SIGCONT, until decode runs nothing and holds no KV
-
-
-def metric(port, name):
-    """The summed value of `name` over its samples on the instance at `port` (None if absent)."""
-    body = http_get(f"http://127.0.0.1:{port}/metrics")[1]
-    values = [float(l.split()[-1]) for l in body.splitlines()
-              if l.startswith(name + "{") or l.startswith(name + " ")]
-    return sum(values) if values else None
 
 
 def stream(url, i, results):

@@ -20,7 +20,7 @@ import httpx
 import openai
 import tokenizers
 
-from cluster_util import FAILURES, TandemCluster, check, make_tiny_model
+from cluster_util import FAILURES, TandemCluster, check, make_tiny_model, metric
 
 BIN = os.environ.get("TANDEM_BINARY") or os.path.join(
     os.path.dirname(__file__), "..", "..", "build", "tandem")
@@ -145,6 +145,23 @@ def implemented_fields(cluster, client, tok, eos):
         model=MODEL, messages=[{"role": "user", "content": "Tell me a story"}], max_tokens=12,
         temperature=0, extra_body={"ignore_eos": True})
     check(r.usage.prompt_tokens == one.usage.prompt_tokens, "n=3 counts the prompt once")
+
+    # n shares the prompt's KV: all choices go to one prefill instance, which computes the
+    # prompt's full blocks once (the other choices take them: (n - 1) x those tokens counted),
+    # each choice computing only the rest of its prompt.
+    prefill_port = dict(cluster.metrics_ports)["prefill-0"]
+    before = metric(prefill_port, "tandem_prefix_shared_tokens_total")
+    long_prompt = " ".join(f"word{i}" for i in range(60))
+    r = completion(client, prompt=long_prompt, max_tokens=12, n=3, temperature=1.0, seed=5,
+                   extra_body={"ignore_eos": True})
+    block = 16  # the default kv_cache block size
+    want = 2 * ((r.usage.prompt_tokens - 1) // block) * block
+    after = metric(prefill_port, "tandem_prefix_shared_tokens_total")
+    check(want >= 2 * block and after - before == want,
+          f"n=3 of a {r.usage.prompt_tokens}-token prompt: prefill shared {after - before} "
+          f"tokens, want {want}")
+    texts = [c.text for c in r.choices]
+    check(len(set(texts)) == 3, f"n=3 shared prompt: texts {texts}")
 
     # n streamed: each choice's chunks carry its index; continuous usage in every chunk.
     body = {"model": MODEL, "prompt": "Hi", "max_tokens": 5, "n": 2, "temperature": 1.0,

@@ -1,6 +1,8 @@
-// BatchEngine with layer-wise KV arrival: a pulled request joins the batch while its KV still
-// lands layer by layer (a thread stands in for the transport), against a reference forward.
+// BatchEngine with layer-wise KV arrival (a pulled request joins the batch while its KV still
+// lands layer by layer; a thread stands in for the transport), and prefix sharing in both
+// engines (decode/batch_engine.h, prefill/prefill_engine.h), against a reference forward.
 #include "decode/batch_engine.h"
+#include "prefill/prefill_engine.h"
 
 #include <catch2/catch.hpp>
 
@@ -196,6 +198,129 @@ TEST_CASE("a pull that fails mid-step discards the request's output", "[batch_en
   CHECK(engine->idle());
   engine->cache().blocks().Free(back);
   CHECK(engine->Stats().free_blocks == 16);
+}
+
+// ---- Prefix sharing: the n choices of one prompt compute and hold its KV once ----------------
+
+std::vector<int32_t> SharedPrompt() {
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 40; ++i) prompt.push_back(2 + (i * 29) % 250);  // 2 full blocks + 8
+  return prompt;
+}
+
+TEST_CASE("requests with one prompt compute its KV once and decode as if alone",
+          "[batch_engine]") {
+  test::TempDir dir;
+  auto model = TinyModel(dir);
+  const std::vector<int32_t> prompt = SharedPrompt();
+  Reference ref = Prefill(*model, prompt, 6);
+  MetricsRegistry metrics;
+  BatchEngineOptions eo;
+  eo.kv_blocks = 16;
+  eo.block_size = 16;
+  eo.max_batch_size = 4;
+  eo.token_budget = 256;
+  eo.max_model_len = 256;
+  eo.metrics = &metrics;
+  auto engine = std::move(BatchEngine::Create(*model, eo)).value();
+  for (const char* id : {"a", "b", "c"}) engine->AddNew(id, prompt, Greedy(6));
+  Sink sink;
+  // Step 1: only the first computes the prompt; the others wait to share it.
+  REQUIRE(engine->Step(sink));
+  CHECK(sink.tokens["a"].size() == 1);
+  CHECK(sink.tokens.count("b") == 0);
+  CHECK(engine->Stats().waiting == 2);
+  // Step 2: they take its two full blocks and compute only the last 8 tokens.
+  REQUIRE(engine->Step(sink));
+  CHECK(sink.tokens["b"].size() == 1);
+  CHECK(sink.tokens["c"].size() == 1);
+  CHECK(engine->Stats().free_blocks == 16 - 3 - 1 - 1);
+  const Counter& shared = metrics.AddCounter("tandem_prefix_shared_tokens_total", "").Get();
+  CHECK(shared.Value() == 2 * 32);
+  for (int i = 0; i < 20 && sink.finishes.size() < 3; ++i) engine->Step(sink);
+  for (const char* id : {"a", "b", "c"}) {
+    INFO(id);
+    CHECK(sink.tokens[id] == ref.tokens);
+  }
+  CHECK(engine->Stats().free_blocks == 16);
+  // The prompt's two full blocks stay cached: a later request with that prompt takes them.
+  CHECK(engine->cache().blocks().num_cached() == 2);
+  engine->AddNew("d", prompt, Greedy(6));
+  for (int i = 0; i < 20 && sink.finishes.size() < 4; ++i) engine->Step(sink);
+  CHECK(sink.tokens["d"] == ref.tokens);
+  CHECK(shared.Value() == 3 * 32);
+}
+
+TEST_CASE("pulled requests with one prompt keep one copy of its KV", "[batch_engine]") {
+  test::TempDir dir;
+  auto model = TinyModel(dir);
+  const std::vector<int32_t> prompt = SharedPrompt();
+  Reference ref = Prefill(*model, prompt, 5);
+  auto engine = MakeEngine(*model);
+  for (const char* id : {"x", "y"}) {
+    std::vector<int32_t> blocks;
+    REQUIRE(engine->cache().blocks().Allocate(3, &blocks).ok());
+    for (int l = 0; l < model->config().num_layers; ++l)
+      for (size_t k = 0; k < blocks.size(); ++k)
+        std::memcpy(engine->cache().BlockData(l, blocks[k]), ref.cache->BlockData(l, ref.table[k]),
+                    engine->cache().block_bytes());
+    engine->AddPulled(id, prompt, ref.tokens[0], Greedy(5), blocks);
+  }
+  CHECK(engine->Stats().free_blocks == 16 - 6);
+  Sink sink;
+  REQUIRE(engine->Step(sink));
+  // After their first step, y holds x's two full blocks instead of its own.
+  CHECK(engine->Stats().free_blocks == 16 - 3 - 1);
+  for (int i = 0; i < 20 && sink.finishes.size() < 2; ++i) engine->Step(sink);
+  for (const char* id : {"x", "y"}) {
+    INFO(id);
+    CHECK(sink.tokens[id] == std::vector<int32_t>(ref.tokens.begin() + 1, ref.tokens.end()));
+  }
+  CHECK(engine->Stats().free_blocks == 16);
+}
+
+struct Collect : PrefillObserver {
+  std::vector<Prefilled> done;
+  bool BeforeLastChunk(PrefillRequest&) override { return false; }
+  void OnLayerComputed(int) override {}
+  void OnPrefilled(Prefilled p) override { done.push_back(std::move(p)); }
+};
+
+TEST_CASE("prefill computes a prompt shared by several requests once", "[batch_engine]") {
+  test::TempDir dir;
+  auto model = TinyModel(dir);
+  const std::vector<int32_t> prompt = SharedPrompt();
+  Reference ref = Prefill(*model, prompt, 1);
+  PrefillEngineOptions po;
+  po.kv_blocks = 16;
+  po.block_size = 16;
+  po.max_model_len = 256;
+  po.token_budget = 256;
+  auto engine = std::move(PrefillEngine::Create(*model, po)).value();
+  // "u" has another prompt: it waits behind the choices (FCFS) but shares nothing.
+  std::vector<int32_t> other(prompt.rbegin(), prompt.rend());
+  for (const char* id : {"a", "b", "c"}) engine->Add(id, prompt, Greedy(4));
+  engine->Add("u", other, Greedy(4));
+  Collect observer;
+  REQUIRE(engine->Step(observer));
+  REQUIRE(observer.done.size() == 1);  // a alone: b and c wait for its blocks
+  REQUIRE(engine->Step(observer));
+  REQUIRE(observer.done.size() == 4);
+  const std::vector<int32_t>& lead = observer.done[0].request.blocks;
+  for (int i = 1; i < 3; ++i) {
+    const PrefillRequest& r = observer.done[i].request;
+    INFO(r.id);
+    CHECK(observer.done[i].first.token_id == ref.tokens[0]);
+    CHECK(observer.done[i].first.logprob == Approx(observer.done[0].first.logprob).margin(1e-4));
+    REQUIRE(r.blocks.size() == 3);
+    CHECK(r.blocks[0] == lead[0]);
+    CHECK(r.blocks[1] == lead[1]);
+    CHECK(r.blocks[2] != lead[2]);
+  }
+  CHECK(observer.done[0].first.token_id == ref.tokens[0]);
+  CHECK(engine->free_blocks() == 16 - 3 - 1 - 1 - 3);
+  for (const Prefilled& p : observer.done) engine->FreeBlocks(p.request.blocks);
+  CHECK(engine->free_blocks() == 16);
 }
 
 }  // namespace

@@ -81,6 +81,23 @@ TEST_CASE("step: the pool running out preempts the youngest", "[decode_scheduler
   for (const auto& s : plan.scheduled) CHECK_FALSE(s.from_waiting);  // no admission this step
 }
 
+TEST_CASE("step: preempting a sequence frees only the blocks it does not share",
+          "[decode_scheduler]") {
+  // The youngest holds two blocks, both shared (a prefix it took from the oldest): preempting
+  // it frees nothing, so the oldest gives way too instead of being planned a block that is not
+  // free.
+  std::vector<SeqState> running = {{33, 32, 2, 2}, {20, 19, 2, 2}};
+  StepPlan plan = ScheduleStep(running, {}, StepLimits{50, 8, 16}, 0);
+  CHECK(plan.scheduled.empty());
+  CHECK(plan.preempted == std::vector<size_t>{1, 0});
+  // One of its blocks its own: that one is enough.
+  running[1].shared_blocks = 1;
+  plan = ScheduleStep(running, {}, StepLimits{50, 8, 16}, 0);
+  CHECK(plan.preempted == std::vector<size_t>{1});
+  REQUIRE(plan.scheduled.size() == 1);
+  CHECK(plan.scheduled[0].new_blocks == 1);
+}
+
 TEST_CASE("step: the only sequence that cannot grow gives way itself", "[decode_scheduler]") {
   std::vector<SeqState> running = {{33, 32, 2}};
   StepPlan plan = ScheduleStep(running, {}, StepLimits{50, 8, 16}, 0);

@@ -40,6 +40,76 @@ TEST_CASE("BlockManager allocates all or nothing and counts references", "[kv_ca
   for (int i = 0; i < 8; ++i) CHECK(all[i] == i);
 }
 
+TEST_CASE("BlockManager shares published prefix blocks until their last owner frees them",
+          "[kv_cache]") {
+  BlockManager blocks(8, /*block_size=*/4);
+  const std::vector<int32_t> prompt = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};  // 2 full blocks + 2
+  std::vector<int32_t> a;
+  REQUIRE(blocks.Allocate(3, &a).ok());
+  blocks.Publish(a[0], -1, std::span(prompt).subspan(0, 4));
+  blocks.Publish(a[1], a[0], std::span(prompt).subspan(4, 4));
+  blocks.Publish(a[1], a[0], std::span(prompt).subspan(4, 4));  // again: no effect
+  CHECK(blocks.num_published() == 2);
+  CHECK(blocks.FirstBlockKey(prompt) != 0);
+  CHECK(blocks.FirstBlockKey(std::vector<int32_t>{1, 2, 3}) == 0);  // shorter than a block
+
+  // The same prompt takes both blocks; max_blocks caps it; another prompt stops where it differs.
+  std::vector<int32_t> b;
+  CHECK(blocks.MatchPrefix(prompt, 8, &b) == 2);
+  CHECK(b == std::vector<int32_t>{a[0], a[1]});
+  CHECK(blocks.ref_count(a[0]) == 2);
+  std::vector<int32_t> c;
+  CHECK(blocks.MatchPrefix(prompt, 1, &c) == 1);
+  CHECK(c == std::vector<int32_t>{a[0]});
+  std::vector<int32_t> d;
+  CHECK(blocks.MatchPrefix(std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7, 0}, 8, &d) == 1);
+  std::vector<int32_t> e;
+  CHECK(blocks.MatchPrefix(std::vector<int32_t>{5, 6, 7, 8}, 8, &e) == 0);  // a block out of place
+  CHECK(e.empty());
+  // The same tokens after another first block are another block.
+  std::vector<int32_t> f;
+  REQUIRE(blocks.Allocate(1, &f).ok());
+  blocks.Publish(f[0], -1, std::vector<int32_t>{0, 0, 0, 0});
+  std::vector<int32_t> g;
+  CHECK(blocks.MatchPrefix(std::vector<int32_t>{0, 0, 0, 0, 5, 6, 7, 8}, 8, &g) == 1);
+
+  // Published blocks stay shared while any owner holds them; freed by the last, they stay
+  // cached (counted free) until Allocate needs them.
+  blocks.Free(a);
+  for (auto* table : {&b, &c, &d, &g}) blocks.Free(*table);
+  CHECK(blocks.num_published() == 3);
+  CHECK(blocks.num_cached() == 2);  // a[0], a[1]; f[0] is still f's
+  CHECK(blocks.num_free() == 7);
+  std::vector<int32_t> h;
+  CHECK(blocks.MatchPrefix(prompt, 8, &h) == 2);  // a cached prefix is taken back
+  CHECK(h == std::vector<int32_t>{a[0], a[1]});
+  CHECK(blocks.num_cached() == 0);
+  CHECK(blocks.num_free() == 5);
+  blocks.Free(h);
+  blocks.Free(f);
+  CHECK(blocks.num_cached() == 3);
+  CHECK(blocks.num_free() == 8);
+
+  // Allocate hands out never-published blocks first, then the least recently freed cached one.
+  std::vector<int32_t> fresh;
+  REQUIRE(blocks.Allocate(5, &fresh).ok());
+  CHECK(blocks.num_cached() == 3);
+  std::vector<int32_t> evicted;
+  REQUIRE(blocks.Allocate(1, &evicted).ok());
+  CHECK(evicted[0] == a[0]);
+  CHECK(blocks.num_published() == 2);
+  CHECK(blocks.MatchPrefix(prompt, 8, &h) == 0);
+  // The evicted block holds the same first tokens again: the cached child computed after its
+  // old content does not follow it.
+  blocks.Publish(evicted[0], -1, std::span(prompt).subspan(0, 4));
+  std::vector<int32_t> i;
+  CHECK(blocks.MatchPrefix(prompt, 8, &i) == 1);
+  blocks.Free(i);
+  blocks.Free(fresh);
+  blocks.Free(evicted);
+  CHECK(blocks.num_free() == 8);
+}
+
 TEST_CASE("KvCache layout: (layer, block) is one contiguous range", "[kv_cache]") {
   KvLayout layout{3, 2, 8, 4};
   auto cache = KvCache::Create(layout, 5);
