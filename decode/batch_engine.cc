@@ -97,6 +97,7 @@ StatusOr<std::unique_ptr<BatchEngine>> BatchEngine::Create(const Model& model,
                               ? KvCache::Create(layout, options.kv_blocks, options.kv_memory)
                               : KvCache::Create(layout, options.kv_blocks));
   engine->options_.kv_memory = {};  // the cache holds the memory now
+  engine->cache_->blocks().SetCaching(options.prefix_caching);
   engine->running_state_.reserve(options.max_batch_size * 2);
   engine->inputs_.reserve(options.max_batch_size);
   engine->batch_.reserve(options.max_batch_size);

@@ -82,6 +82,7 @@ struct BatchEngineOptions {
   // Layer-wise: how long a step waits for one layer of a request whose KV is still arriving
   // (the transfer timeout plus a margin: the pull itself fails first).
   std::chrono::milliseconds kv_wait_timeout{6000};
+  bool prefix_caching = true;  // kv_cache.prefix_caching (BlockManager::SetCaching)
   // Where the KV pool lives (a transport allocated it); empty: the engine allocates it.
   KvPoolMemory kv_memory;
 };

@@ -218,6 +218,7 @@ Status BatchDriver::InitTransferAndEngine(const RoleArgs& args,
   BatchEngineOptions eo;
   eo.threads = section.threads;
   eo.block_size = config.kv_cache.block_size;
+  eo.prefix_caching = config.kv_cache.prefix_caching;
   eo.max_batch_size = section.max_batch_size;
   eo.token_budget = section.token_budget;
   if (colocated()) eo.policy = StepPolicyFromConfig(section.scheduling);

@@ -39,6 +39,7 @@ StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(const Model& mode
   } else {
     TANDEM_ASSIGN_OR_RETURN(engine->cache_, KvCache::Create(layout, o.kv_blocks));
   }
+  engine->cache_->blocks().SetCaching(o.prefix_caching);
   if (o.metrics != nullptr) {
     engine->batch_seconds_ = &o.metrics
                                   ->AddHistogram("tandem_prefill_batch_seconds",

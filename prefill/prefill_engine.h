@@ -42,6 +42,7 @@ struct PrefillEngineOptions {
   int block_size = 16;
   int kv_blocks = 0;  // resolved (> 0)
   int max_model_len = 4096;
+  bool prefix_caching = true;  // kv_cache.prefix_caching (BlockManager::SetCaching)
   KvPoolMemory kv_memory;  // where the pool lives (a transport allocated it); empty: the heap
   MetricsRegistry* metrics = nullptr;  // not owned; may be null
 };

@@ -116,6 +116,7 @@ Status PrefillDriver::Init(const RoleArgs& args) {
   eo.token_budget = section.token_budget;
   eo.max_batch_size = section.max_batch_size;
   eo.block_size = config.kv_cache.block_size;
+  eo.prefix_caching = config.kv_cache.prefix_caching;
   eo.max_model_len = config.model.max_model_len;
   eo.metrics = setup_.metrics.get();
   const KvLayout layout{mc.num_layers, mc.num_kv_heads, mc.head_dim, eo.block_size};

@@ -199,6 +199,7 @@ void ReadTransport(YamlErrors* v, YamlFields& top, const YAML::Node& root, Clust
     if (c->kv_cache.block_size & (c->kv_cache.block_size - 1))
       v->Add(At(root, "kv_cache", "block_size"), "kv_cache.block_size", "must be a power of two");
     sec.Double("memory_fraction", &c->kv_cache.memory_fraction, 0.0001, kMaxKvMemoryShare);
+    sec.Bool("prefix_caching", &c->kv_cache.prefix_caching);
   }
   {
     YamlFields sec(v, top.Child("transfer"), "transfer");
@@ -419,7 +420,8 @@ std::string ConfigToYaml(const ClusterConfig& c) {
   out << YAML::EndSeq << YAML::EndMap;
   out << YAML::Key << "kv_cache" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "block_size" << YAML::Value << c.kv_cache.block_size;
-  out << YAML::Key << "memory_fraction" << YAML::Value << c.kv_cache.memory_fraction
+  out << YAML::Key << "memory_fraction" << YAML::Value << c.kv_cache.memory_fraction;
+  out << YAML::Key << "prefix_caching" << YAML::Value << c.kv_cache.prefix_caching
       << YAML::EndMap;
   out << YAML::Key << "transfer" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "backend" << YAML::Value << c.transfer.backend;

@@ -124,6 +124,12 @@ struct KvCacheSection {
   // (physical memory or the cgroup limit, whichever is lower), at most what S.max_batch_size
   // requests of model.max_model_len need.
   double memory_fraction = 0.05;
+  // Keep the blocks of computed prompt prefixes after their requests end, for later requests
+  // that begin the same way (common/engine/kv_cache.h). false: blocks are shared only while
+  // their requests run (the n choices of one request still share their prompt). Cached
+  // prefixes make a request that repeats another's prefix faster, which another tenant could
+  // time: turn this off where tenants must not learn about each other's prompts.
+  bool prefix_caching = true;
 };
 
 struct TransferSection {

@@ -69,11 +69,23 @@ void BlockManager::Free(std::span<const int32_t> blocks) {
     TANDEM_CHECK(b >= 0 && b < num_blocks(), "block " + std::to_string(b));
     TANDEM_CHECK(ref_counts_[b] > 0, "double free of block " + std::to_string(b));
     if (--ref_counts_[b] > 0) continue;
-    if (block_size_ > 0 && key_[b] != 0) {
+    if (block_size_ > 0 && key_[b] != 0 && caching_) {
       CacheAppend(b);
     } else {
+      if (block_size_ > 0) Unpublish(b);
       free_list_.push_back(b);
     }
+  }
+}
+
+void BlockManager::SetCaching(bool caching) {
+  caching_ = caching;
+  if (caching) return;
+  while (cache_head_ >= 0) {
+    const int32_t b = cache_head_;
+    CacheRemove(b);
+    Unpublish(b);
+    free_list_.push_back(b);
   }
 }
 

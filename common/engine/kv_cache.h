@@ -93,6 +93,9 @@ class BlockManager {
   // Blocks Allocate can hand out: never used or unpublished, plus cached ones.
   int num_free() const { return static_cast<int>(free_list_.size()) + num_cached_; }
   int num_cached() const { return num_cached_; }  // published, owned by nobody
+  // false: a published block is unpublished when its last owner frees it (sharing only among
+  // owners at once). Drops what is cached now.
+  void SetCaching(bool caching);
   int ref_count(int32_t block) const { return ref_counts_[block]; }
   int block_size() const { return block_size_; }
 
@@ -118,6 +121,7 @@ class BlockManager {
   std::vector<int32_t> prev_, next_;  // the cached list; -1 ends it
   int32_t cache_head_ = -1, cache_tail_ = -1;
   int num_cached_ = 0;
+  bool caching_ = true;
 };
 
 // The bytes of a pool and what keeps them alive: `owner` frees them when its last copy goes (a

@@ -251,6 +251,33 @@ TEST_CASE("requests with one prompt compute its KV once and decode as if alone",
   CHECK(shared.Value() == 3 * 32);
 }
 
+TEST_CASE("without prefix caching a prompt is shared only while its requests run",
+          "[batch_engine]") {
+  test::TempDir dir;
+  auto model = TinyModel(dir);
+  const std::vector<int32_t> prompt = SharedPrompt();
+  MetricsRegistry metrics;
+  BatchEngineOptions eo;
+  eo.kv_blocks = 16;
+  eo.max_model_len = 256;
+  eo.metrics = &metrics;
+  eo.prefix_caching = false;  // kv_cache.prefix_caching
+  auto engine = std::move(BatchEngine::Create(*model, eo)).value();
+  const Counter& shared = metrics.AddCounter("tandem_prefix_shared_tokens_total", "").Get();
+  Sink sink;
+  engine->AddNew("a", prompt, Greedy(4));
+  engine->AddNew("b", prompt, Greedy(4));
+  for (int i = 0; i < 20 && sink.finishes.size() < 2; ++i) engine->Step(sink);
+  CHECK(shared.Value() == 32);  // b took a's blocks while both ran
+  CHECK(engine->cache().blocks().num_cached() == 0);
+  CHECK(engine->cache().blocks().num_published() == 0);
+  engine->AddNew("c", prompt, Greedy(4));
+  for (int i = 0; i < 20 && sink.finishes.size() < 3; ++i) engine->Step(sink);
+  CHECK(shared.Value() == 32);  // nothing was kept for c
+  CHECK(sink.tokens["c"] == sink.tokens["a"]);
+  CHECK(engine->Stats().free_blocks == 16);
+}
+
 TEST_CASE("pulled requests with one prompt keep one copy of its KV", "[batch_engine]") {
   test::TempDir dir;
   auto model = TinyModel(dir);

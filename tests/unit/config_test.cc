@@ -23,6 +23,7 @@ TEST_CASE("config: an empty file gives the documented defaults", "[config]") {
   CHECK(config->kv_cache.block_size == 16);
   CHECK(config->transfer.timeout_s == 5.0);
   CHECK(config->transfer.layerwise);
+  CHECK(config->kv_cache.prefix_caching);
   CHECK(config->router.api_keys_file.empty());  // no keys: the API is open
   CHECK_FALSE(config->router.metrics_require_api_key);
   CHECK(config->colocated.instances == 0);
@@ -60,6 +61,7 @@ slo:
       tpot_s: 1
 kv_cache:
   block_size: 32
+  prefix_caching: false
 transfer:
   backend: inproc
   timeout_s: 2.5
@@ -86,6 +88,7 @@ logging:
   CHECK(config->slo.classes[0].tpot_s == Approx(0.05));  // inherited from slo.tpot_s
   CHECK(config->slo.classes[1].tpot_s == Approx(1.0));
   CHECK(config->kv_cache.block_size == 32);
+  CHECK_FALSE(config->kv_cache.prefix_caching);
   CHECK(config->transfer.backend == "inproc");
   CHECK_FALSE(config->transfer.layerwise);  // the default is true
   CHECK(config->colocated.scheduling == "prefill_first");

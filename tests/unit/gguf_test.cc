@@ -112,10 +112,6 @@ std::string ErrorOf(const std::string& bytes) {
   return f.ok() ? "(ok)" : f.status().message();
 }
 
-std::string Floats(const std::vector<float>& v) {
-  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * 4);
-}
-
 TEST_CASE("gguf reads every metadata type and the tensor table", "[gguf]") {
   GgufBuilder b;
   b.alignment = 64;
