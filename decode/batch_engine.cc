@@ -228,48 +228,46 @@ StepPlan BatchEngine::PlanStep() {
     if (r->first_block_key != 0 && !r->took_shared &&
         r->num_computed + 1 < static_cast<int32_t>(r->tokens.size()))
       computing_keys_.push_back(r->first_block_key);
+  // A waiting request is planned with the published prefix it would take (peeked, not taken:
+  // a request that waits holds no blocks); BuildBatch takes it on admission.
+  const int32_t bs = options_.block_size;
   for (auto& r : waiting_) {
     const uint64_t key = r->first_block_key;
     if (key != 0 && std::find(computing_keys_.begin(), computing_keys_.end(), key) !=
                         computing_keys_.end())
       break;
-    TakeSharedPrefix(*r);
-    if (key != 0 && !r->took_shared &&
-        r->num_computed + 1 < static_cast<int32_t>(r->tokens.size()))
+    SeqState state{static_cast<int32_t>(r->tokens.size()), r->num_computed,
+                   static_cast<int32_t>(r->blocks.size())};
+    r->prefix_blocks = 0;
+    if (r->num_computed == 0 && r->blocks.empty()) {
+      int cached = 0;
+      // At least one token is left to compute: its logits give the next token.
+      const int max_blocks = static_cast<int>((r->tokens.size() - 1) / bs);
+      r->prefix_blocks = blocks.PeekPrefix(r->tokens, max_blocks, &cached);
+      state.num_computed = r->prefix_blocks * bs;
+      state.num_blocks = r->prefix_blocks;
+      state.cached_blocks = cached;
+    }
+    if (key != 0 && r->prefix_blocks == 0 && state.num_computed + 1 < state.num_tokens)
       computing_keys_.push_back(key);
-    waiting_state_.push_back({static_cast<int32_t>(r->tokens.size()), r->num_computed,
-                              static_cast<int32_t>(r->blocks.size())});
+    waiting_state_.push_back(state);
   }
   StepLimits limits{options_.token_budget, options_.max_batch_size, options_.block_size,
                     options_.policy};
-  StepPlan plan =
-      ScheduleEngineStep(running_state_, waiting_state_, limits, cache_->blocks().num_free());
-  // Shared blocks are taken by requests admitted now only: a waiting request holds no blocks.
-  admitted_.assign(waiting_state_.size(), 0);
-  for (const ScheduledSeq& s : plan.scheduled)
-    if (s.from_waiting) admitted_[s.index] = 1;
-  for (size_t j = 0; j < waiting_state_.size(); ++j)
-    if (!admitted_[j] && waiting_[j]->took_shared) ReturnSharedPrefix(*waiting_[j]);
-  return plan;
+  return ScheduleEngineStep(running_state_, waiting_state_, limits, blocks.num_free());
 }
 
 void BatchEngine::TakeSharedPrefix(Request& r) {
-  if (r.num_computed != 0 || !r.blocks.empty()) return;
-  // At least one token is left to compute: its logits give the next token.
   const int32_t bs = options_.block_size;
-  const int max_blocks = static_cast<int>((r.tokens.size() - 1) / bs);
-  const int matched = cache_->blocks().MatchPrefix(r.tokens, max_blocks, &r.blocks);
+  const int matched = cache_->blocks().MatchPrefix(r.tokens, r.prefix_blocks, &r.blocks);
+  TANDEM_CHECK(matched == r.prefix_blocks, "request " + r.id + ": its shared prefix changed "
+                                           "between planning and admission");
   r.num_computed = matched * bs;
   r.published = matched;
-  r.took_shared = matched > 0;
-}
-
-void BatchEngine::ReturnSharedPrefix(Request& r) {
-  cache_->blocks().Free(r.blocks);
-  r.blocks.clear();
-  r.num_computed = 0;
-  r.published = 0;
-  r.took_shared = false;
+  r.took_shared = true;
+  r.prefix_blocks = 0;
+  TANDEM_LOG_REQ(kDebug, r.id) << "shares " << r.num_computed << " tokens of KV";
+  if (shared_tokens_ != nullptr) shared_tokens_->Inc(r.num_computed);
 }
 
 void BatchEngine::PublishFilled(Request& r) {
@@ -332,14 +330,14 @@ BatchEngine::StepShape BatchEngine::BuildBatch(const StepPlan& plan) {
     waiting_.pop_front();
   }
   const size_t first_admitted = running_.size() - admitted;
+  // Admitted requests take their shared prefixes before anything is allocated: Allocate may
+  // evict cached blocks, and the plan counted on these.
+  for (size_t k = first_admitted; k < running_.size(); ++k)
+    if (running_[k]->prefix_blocks > 0) TakeSharedPrefix(*running_[k]);
   StepShape shape;
   for (const ScheduledSeq& s : plan.scheduled) {
     Request* r = s.from_waiting ? running_[first_admitted + s.index].get()
                                 : running_[s.index].get();
-    if (s.from_waiting && r->took_shared) {
-      TANDEM_LOG_REQ(kDebug, r->id) << "shares " << r->num_computed << " tokens of KV";
-      if (shared_tokens_ != nullptr) shared_tokens_->Inc(r->num_computed);
-    }
     Status alloc = cache_->blocks().Allocate(s.new_blocks, &r->blocks);
     TANDEM_CHECK(alloc.ok(), "the scheduler only plans blocks that are free: " + alloc.message());
     const int32_t remaining = static_cast<int32_t>(r->tokens.size()) - r->num_computed;

@@ -154,12 +154,11 @@ class BatchEngine {
     int32_t published = 0;  // leading blocks published for prefix sharing (or taken shared)
     uint64_t first_block_key = 0;  // BlockManager::FirstBlockKey of its tokens
     bool took_shared = false;  // began with another request's blocks (computes only its tail)
+    int32_t prefix_blocks = 0;  // waiting: the published blocks PlanStep planned it to take
   };
-  // Prefix sharing (common/engine/kv_cache.h): a request about to be admitted takes the
-  // published blocks that hold its leading tokens; after a step, every block a request filled
-  // is published.
-  void TakeSharedPrefix(Request& r);
-  void ReturnSharedPrefix(Request& r);  // a request that took them but was not admitted
+  // Prefix sharing (common/engine/kv_cache.h): a request admitted takes the published blocks
+  // that hold its leading tokens; after a step, every block a request filled is published.
+  void TakeSharedPrefix(Request& r);  // r.prefix_blocks of them, on admission
   void PublishFilled(Request& r);
   // Blocks until r's KV stopped arriving (bounded by kv_wait_timeout); then r.arrival is reset.
   void WaitArrivalEnded(Request& r);
@@ -196,7 +195,6 @@ class BatchEngine {
   std::vector<Request*> batch_;
   std::vector<char> landed_;  // per batch entry: every layer it used had arrived
   std::vector<uint64_t> computing_keys_;  // PlanStep: first blocks being computed
-  std::vector<char> admitted_;            // PlanStep: per waiting request
   std::vector<int32_t> twins_;            // PublishFilled: published blocks equal to its own
   // What LoadReport carries: decode-only steps, and seconds per prompt token of mixed steps.
   MovingAverage avg_decode_step_s_, avg_decode_forward_s_, avg_decode_batch_, avg_decode_context_;

@@ -47,8 +47,8 @@ StepPlan ScheduleStep(std::span<const SeqState> running, std::span<const SeqStat
     if (n <= 0) continue;
     const int32_t need =
         std::max(0, BlocksForTokens(s.num_computed + n, limits.block_size) - s.num_blocks);
-    if (need > free_blocks) break;
-    free_blocks -= need;
+    if (need + s.cached_blocks > free_blocks) break;
+    free_blocks -= need + s.cached_blocks;
     budget -= n;
     plan.scheduled.push_back({true, j, n, need});
   }
@@ -73,8 +73,8 @@ StepPlan SchedulePrefillFirstStep(std::span<const SeqState> running,
     if (n <= 0) continue;
     if (n > budget && !plan.scheduled.empty()) break;  // alone, it may exceed the budget
     const int32_t need = std::max(0, BlocksForTokens(s.num_tokens, limits.block_size) - s.num_blocks);
-    if (need > available) break;
-    available -= need;
+    if (need + s.cached_blocks > available) break;
+    available -= need + s.cached_blocks;
     budget = std::max(0, budget - n);
     slots -= 1;
     plan.scheduled.push_back({true, j, n, need});

@@ -55,6 +55,10 @@ struct SeqState {
   // Of num_blocks, those other requests hold too (a shared prefix): preempting this one does
   // not free them.
   int32_t shared_blocks = 0;
+  // A waiting sequence's num_blocks may be a prefix it will take from the KV cache's published
+  // blocks when admitted (num_computed covers them); of those, cached_blocks are owned by
+  // nobody yet, so taking them uses up as many free blocks.
+  int32_t cached_blocks = 0;
 };
 
 struct ScheduledSeq {

@@ -103,9 +103,6 @@ int64_t PrefillEngine::PrepareBatch(const std::vector<PrefillChunk>& batch) {
   int64_t tokens = 0;
   for (const PrefillChunk& c : batch) {
     PrefillRequest& r = *queue_[c.index];
-    if (r.took_shared && r.blocks.size() == static_cast<size_t>(r.published) &&
-        shared_tokens_ != nullptr)
-      shared_tokens_->Inc(r.num_computed);  // its first chunk: the shared part is counted once
     Status alloc = cache_->blocks().Allocate(c.new_blocks, &r.blocks);
     TANDEM_CHECK(alloc.ok(), "the scheduler only plans blocks that are free");
     inputs_.push_back({std::span<const int32_t>(r.prompt).subspan(r.num_computed, c.num_tokens),
@@ -132,22 +129,14 @@ void PrefillEngine::Complete(PrefillRequest& r, std::span<const float> logits,
 }
 
 void PrefillEngine::TakeSharedPrefix(PrefillRequest& r) {
-  if (r.num_computed != 0 || !r.blocks.empty()) return;
-  // At least one prompt token is left to compute: its logits give the first token.
-  const int32_t bs = options_.block_size;
-  const int max_blocks = static_cast<int>((r.prompt.size() - 1) / bs);
-  const int matched = cache_->blocks().MatchPrefix(r.prompt, max_blocks, &r.blocks);
-  r.num_computed = matched * bs;
+  const int matched = cache_->blocks().MatchPrefix(r.prompt, r.prefix_blocks, &r.blocks);
+  TANDEM_CHECK(matched == r.prefix_blocks, "request " + r.id + ": its shared prefix changed "
+                                           "between planning and scheduling");
+  r.num_computed = matched * options_.block_size;
   r.published = matched;
-  r.took_shared = matched > 0;
-}
-
-void PrefillEngine::ReturnSharedPrefix(PrefillRequest& r) {
-  FreeBlocks(r.blocks);
-  r.blocks.clear();
-  r.num_computed = 0;
-  r.published = 0;
-  r.took_shared = false;
+  r.took_shared = true;
+  r.prefix_blocks = 0;
+  if (shared_tokens_ != nullptr) shared_tokens_->Inc(r.num_computed);
 }
 
 void PrefillEngine::PublishFilled(PrefillRequest& r) {
@@ -167,10 +156,20 @@ void PrefillEngine::CollectItems() {
     if (key != 0 && std::find(computing_keys_.begin(), computing_keys_.end(), key) !=
                         computing_keys_.end())
       break;
-    TakeSharedPrefix(*r);
-    if (key != 0 && !r->took_shared) computing_keys_.push_back(key);
-    items_.push_back({static_cast<int32_t>(r->prompt.size()), r->num_computed,
-                      static_cast<int32_t>(r->blocks.size())});
+    PrefillItem item{static_cast<int32_t>(r->prompt.size()), r->num_computed,
+                     static_cast<int32_t>(r->blocks.size())};
+    // One not started yet is planned with the published prefix it would take (peeked, not
+    // taken: a request that waits holds no blocks); Step takes it when it is scheduled.
+    r->prefix_blocks = 0;
+    if (r->num_computed == 0 && r->blocks.empty()) {
+      // At least one prompt token is left to compute: its logits give the first token.
+      const int max_blocks = static_cast<int>((r->prompt.size() - 1) / options_.block_size);
+      r->prefix_blocks = cache_->blocks().PeekPrefix(r->prompt, max_blocks, &item.cached_blocks);
+      item.num_computed = r->prefix_blocks * options_.block_size;
+      item.num_blocks = r->prefix_blocks;
+    }
+    if (key != 0 && !r->took_shared && r->prefix_blocks == 0) computing_keys_.push_back(key);
+    items_.push_back(item);
   }
 }
 
@@ -180,15 +179,10 @@ bool PrefillEngine::Step(PrefillObserver& observer) {
   CollectItems();
   PrefillLimits limits{options_.token_budget, options_.max_batch_size, options_.block_size};
   std::vector<PrefillChunk> batch = SchedulePrefill(items_, limits, cache_->blocks().num_free());
-  // Shared blocks are taken by requests scheduled now only: one that waits holds none of its own
-  // yet (its remaining tokens always start a block of their own), so it lets them go.
-  scheduled_.assign(items_.size(), 0);
-  for (const PrefillChunk& c : batch) scheduled_[c.index] = 1;
-  for (size_t j = 0; j < items_.size(); ++j) {
-    PrefillRequest& r = *queue_[j];
-    if (!scheduled_[j] && r.took_shared && r.blocks.size() == static_cast<size_t>(r.published))
-      ReturnSharedPrefix(r);
-  }
+  // Scheduled requests take their shared prefixes before anything is allocated: Allocate may
+  // evict cached blocks, and the plan counted on these.
+  for (const PrefillChunk& c : batch)
+    if (queue_[c.index]->prefix_blocks > 0) TakeSharedPrefix(*queue_[c.index]);
   if (batch.empty()) return false;
   const int64_t tokens = PrepareBatch(batch);
   bool observe_layers = false;

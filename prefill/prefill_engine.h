@@ -56,6 +56,7 @@ struct PrefillRequest {
   int32_t published = 0;  // leading blocks published for prefix sharing (or taken shared)
   uint64_t first_block_key = 0;  // BlockManager::FirstBlockKey of the prompt
   bool took_shared = false;  // began with another request's blocks (computes only its tail)
+  int32_t prefix_blocks = 0;  // not started: the published blocks Step planned it to take
 };
 
 // A request whose prompt is computed and whose first token is sampled.
@@ -110,10 +111,9 @@ class PrefillEngine {
   // Samples the first token of a request whose prompt is done and reports it.
   void Complete(PrefillRequest& r, std::span<const float> logits, PrefillObserver& observer);
   // The queue's scheduling items, up to the first request that waits to share a prefix being
-  // computed; requests about to be scheduled take the published blocks of their prefix first.
+  // computed; one not started yet is planned with the published prefix it would take.
   void CollectItems();
-  void TakeSharedPrefix(PrefillRequest& r);
-  void ReturnSharedPrefix(PrefillRequest& r);  // one that took them but was not scheduled
+  void TakeSharedPrefix(PrefillRequest& r);  // r.prefix_blocks of them, when scheduled
   void PublishFilled(PrefillRequest& r);
 
   const Model& model_;
@@ -129,7 +129,6 @@ class PrefillEngine {
   Histogram* batch_seconds_ = nullptr;
   Counter* shared_tokens_ = nullptr;
   std::vector<uint64_t> computing_keys_;  // CollectItems: first blocks being computed
-  std::vector<char> scheduled_;           // Step: per item
 };
 
 }  // namespace tandem

@@ -15,9 +15,10 @@ std::vector<PrefillChunk> SchedulePrefill(std::span<const PrefillItem> queue,
     if (remaining <= 0) continue;
     const int32_t need =
         std::max(0, BlocksForTokens(item.prompt_tokens, limits.block_size) - item.num_blocks);
-    if (need > free_blocks) break;  // FCFS: nobody overtakes a request waiting for memory
+    // FCFS: nobody overtakes a request waiting for memory.
+    if (need + item.cached_blocks > free_blocks) break;
     const int32_t n = std::min(remaining, budget);
-    free_blocks -= need;
+    free_blocks -= need + item.cached_blocks;
     budget -= n;
     batch.push_back({i, n, need});
   }

@@ -26,6 +26,10 @@ struct PrefillItem {
   int32_t prompt_tokens = 0;
   int32_t num_computed = 0;  // prompt tokens whose KV is already in the cache
   int32_t num_blocks = 0;    // blocks it holds
+  // A request not started yet may count, in num_computed and num_blocks, a prefix it will take
+  // from the KV cache's published blocks when scheduled; of those, cached_blocks are owned by
+  // nobody yet, so taking them uses up as many free blocks.
+  int32_t cached_blocks = 0;
 };
 
 struct PrefillChunk {

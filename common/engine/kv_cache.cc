@@ -158,8 +158,8 @@ void BlockManager::Unpublish(int32_t block) {
   key_[block] = 0;
 }
 
-int BlockManager::MatchPrefix(std::span<const int32_t> tokens, int max_blocks,
-                              std::vector<int32_t>* table) {
+int BlockManager::PeekPrefix(std::span<const int32_t> tokens, int max_blocks, int* cached) const {
+  *cached = 0;
   if (block_size_ <= 0) return 0;
   const int full = static_cast<int>(tokens.size() / block_size_);
   int matched = 0;
@@ -175,6 +175,21 @@ int BlockManager::MatchPrefix(std::span<const int32_t> tokens, int max_blocks,
         parent_generation_[b] != (parent < 0 ? 0 : generation_[parent]) ||
         !std::equal(held.begin(), held.end(), chunk.begin()))
       break;
+    if (ref_counts_[b] == 0) ++*cached;
+    parent = b;
+    ++matched;
+  }
+  return matched;
+}
+
+int BlockManager::MatchPrefix(std::span<const int32_t> tokens, int max_blocks,
+                              std::vector<int32_t>* table) {
+  int cached = 0;
+  const int matched = PeekPrefix(tokens, max_blocks, &cached);
+  int32_t parent = -1;
+  for (int k = 0; k < matched; ++k) {
+    const auto chunk = tokens.subspan(static_cast<size_t>(k) * block_size_, block_size_);
+    const int32_t b = index_.at(Key(parent, chunk));
     if (ref_counts_[b] == 0) {  // cached: in use again
       CacheRemove(b);
       ref_counts_[b] = 1;
@@ -183,7 +198,6 @@ int BlockManager::MatchPrefix(std::span<const int32_t> tokens, int max_blocks,
     }
     table->push_back(b);
     parent = b;
-    ++matched;
   }
   return matched;
 }

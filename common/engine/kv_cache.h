@@ -84,6 +84,9 @@ class BlockManager {
   // order, at most max_blocks, taking a reference on each (a cached one is in use again);
   // returns how many.
   int MatchPrefix(std::span<const int32_t> tokens, int max_blocks, std::vector<int32_t>* table);
+  // What MatchPrefix would take now, taking nothing: how many blocks, and in *cached how many of
+  // them are cached (taking one of those uses up a free block).
+  int PeekPrefix(std::span<const int32_t> tokens, int max_blocks, int* cached) const;
   int num_published() const { return static_cast<int>(index_.size()); }
   // A hash of a sequence's first block (block_size tokens of `tokens`), or 0 when `tokens` has
   // fewer: equal for requests that could share that block. For scheduling hints only.

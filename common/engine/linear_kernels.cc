@@ -1,5 +1,11 @@
 #include "common/engine/linear_kernels.h"
 
+// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*() and warn that it is (or may be)
+// used uninitialized; the instructions they emit read no such operand.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
 #include <immintrin.h>
 
 #include <cstdint>
@@ -195,7 +201,9 @@ TANDEM_AVX512 inline __m128 Reduce4x16(__m512 a, __m512 b, __m512 c, __m512 d) {
   return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
-template <WeightDType D, int NR, int MR>
+// Prefetch (GEMV): while the tile streams its NR rows, also touch the NR rows after them (the
+// next tile's), so that their streams have started by the time the next tile reads them.
+template <WeightDType D, int NR, int MR, bool Prefetch = false>
 TANDEM_AVX512 void TileAvx512(const float* x, int k, const char* w0, size_t ws, float* y, int ldy,
                               float beta) {
   __m512 acc[NR][MR];
@@ -208,6 +216,11 @@ TANDEM_AVX512 void TileAvx512(const float* x, int k, const char* w0, size_t ws, 
     __m512 xv[MR];
 #pragma GCC unroll 4
     for (int r = 0; r < MR; ++r) xv[r] = _mm512_loadu_ps(x + static_cast<size_t>(r) * k + i);
+    if constexpr (Prefetch) {
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j)
+        _mm_prefetch(w0 + (NR + j) * ws + static_cast<size_t>(i) * sizeof(Elem<D>), _MM_HINT_T0);
+    }
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) {
       const __m512 wv = Widen16<D>(w0 + j * ws, i);
@@ -253,7 +266,8 @@ TANDEM_AVX512 void LinearAvx512(const float* x, int m, const WeightMatrix& w, in
   const char* base = static_cast<const char*>(w.data);
   int j = n0;
   if (m == 1)
-    for (; j + 8 <= n1; j += 8) TileAvx512<D, 8, 1>(x, k, base + j * ws, ws, y + j, ldy, beta);
+    for (; j + 8 <= n1; j += 8)
+      TileAvx512<D, 8, 1, true>(x, k, base + j * ws, ws, y + j, ldy, beta);
   for (; j + 4 <= n1; j += 4) {
     const char* wj = base + j * ws;
     int r = 0;

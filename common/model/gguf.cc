@@ -274,13 +274,13 @@ class GgufParser {
     return Status::Ok();
   }
   Status ReadU32(const std::string& what, uint32_t* out) {
-    const uint8_t* p;
+    const uint8_t* p = nullptr;
     TANDEM_RETURN_IF_ERROR(ReadBytes(what, 4, &p));
     *out = Load<uint32_t>(p);
     return Status::Ok();
   }
   Status ReadU64(const std::string& what, uint64_t* out) {
-    const uint8_t* p;
+    const uint8_t* p = nullptr;
     TANDEM_RETURN_IF_ERROR(ReadBytes(what, 8, &p));
     *out = Load<uint64_t>(p);
     return Status::Ok();
@@ -292,7 +292,7 @@ class GgufParser {
     if (len > max_bytes)
       return DataLoss(out_->path_ + ": " + what + " has an implausible length " +
                       std::to_string(len) + " (at most " + std::to_string(max_bytes) + ")");
-    const uint8_t* p;
+    const uint8_t* p = nullptr;
     TANDEM_RETURN_IF_ERROR(ReadBytes(what + " (" + std::to_string(len) + " bytes)", len, &p));
     *out = std::string_view(reinterpret_cast<const char*>(p), len);
     return Status::Ok();
@@ -410,9 +410,11 @@ class GgufParser {
       return InvalidArgument(path + ": " + where + " has unknown ggml type " +
                              std::to_string(type));
     t.type = info->type;
-    if (!t.dims.empty() && t.dims[0] % info->block_elements != 0)
+    // A tensor without dims is a scalar: one row of one element.
+    const int64_t row = t.dims.empty() ? 1 : t.dims[0];
+    if (row % info->block_elements != 0)
       return InvalidArgument(path + ": " + where + " of type " + std::string(info->name) +
-                             " has a row of " + std::to_string(t.dims[0]) +
+                             " has a row of " + std::to_string(row) +
                              " elements, not a multiple of its block (" +
                              std::to_string(info->block_elements) + ")");
     t.num_elements = elements;

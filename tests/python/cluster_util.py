@@ -23,6 +23,14 @@ def check(cond, message):
     return cond
 
 
+def report(cond, message):
+    """check(), printing the passing checks too: for tests whose log is their evidence."""
+    print(("ok    " if cond else "FAIL  ") + message, flush=True)
+    if not cond:
+        FAILURES.append(message)
+    return cond
+
+
 def make_tiny_model(binary, work, name="tiny"):
     """Writes the built-in tiny test model under work/name (`tandem make-model`); returns its
     directory."""

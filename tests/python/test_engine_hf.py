@@ -31,16 +31,11 @@ import numpy as np
 import torch
 from transformers import AutoModelForCausalLM
 
+from cluster_util import FAILURES, report
+
 BINARY = os.environ.get("TANDEM_BINARY", "build/tandem")
 TOLERANCE = 1e-4
 DECODE_STEPS = 32
-failures = []
-
-
-def check(ok, message):
-    print(("ok    " if ok else "FAIL  ") + message, flush=True)
-    if not ok:
-        failures.append(message)
 
 
 def rel_err(ours, ref):
@@ -72,7 +67,7 @@ def load_hf(model_dir):
         output_loading_info=True)
     model.eval()
     problems = {k: v for k, v in info.items() if v}
-    check(not problems, f"{model_dir}: from_pretrained loads every weight {problems or ''}")
+    report(not problems, f"{model_dir}: from_pretrained loads every weight {problems or ''}")
     return model
 
 
@@ -101,23 +96,23 @@ def compare(name, model_dir, prompt, steps, variants=(), ours_extra=(), hf_round
     if hf_round is not None:
         print(f"      {name}: last prompt position vs HF's unrounded fp32 weights: rel err "
               f"{rel_err(ours[len(prompt) - 1], unrounded):.2e} (the storage's rounding)")
-    check(ours.shape[0] == len(prompt) + steps,
+    report(ours.shape[0] == len(prompt) + steps,
           f"{name}: {ours.shape[0]} logits rows (prompt {len(prompt)} + {steps} decode)")
     prefill_err = max(rel_err(ours[i], full[i]) for i in range(len(prompt)))
     decode_err = max(rel_err(ours[len(prompt) + i], full[len(prompt) + i]) for i in range(steps))
     cached_err = max(rel_err(ours[len(prompt) - 1 + i], hf_step_logits[i])
                      for i in range(steps + 1))
-    check(prefill_err < TOLERANCE, f"{name}: prefill max rel err {prefill_err:.2e} (all {len(prompt)} positions)")
-    check(decode_err < TOLERANCE, f"{name}: decode max rel err {decode_err:.2e} over {steps} steps")
-    check(cached_err < TOLERANCE, f"{name}: vs HF generate's cached-decode logits {cached_err:.2e}")
-    check(ours_tokens == hf_tokens, f"{name}: greedy tokens identical ({len(hf_tokens)} tokens)")
+    report(prefill_err < TOLERANCE, f"{name}: prefill max rel err {prefill_err:.2e} (all {len(prompt)} positions)")
+    report(decode_err < TOLERANCE, f"{name}: decode max rel err {decode_err:.2e} over {steps} steps")
+    report(cached_err < TOLERANCE, f"{name}: vs HF generate's cached-decode logits {cached_err:.2e}")
+    report(ours_tokens == hf_tokens, f"{name}: greedy tokens identical ({len(hf_tokens)} tokens)")
     if ours_tokens != hf_tokens:
         print("  ours", ours_tokens, "\n  hf  ", hf_tokens)
     for extra in variants:
         tokens, logits = run_ours(model_dir, prompt, steps + 1, (*ours_extra, *extra))
         logits = logits.reshape(-1, vocab)[-(steps + 1):]
         err = max(rel_err(logits[i], full[len(prompt) - 1 + i]) for i in range(steps + 1))
-        check(tokens == hf_tokens and err < TOLERANCE,
+        report(tokens == hf_tokens and err < TOLERANCE,
               f"{name} {' '.join(extra)}: same tokens, max rel err {err:.2e}")
 
 
@@ -127,7 +122,7 @@ def main():
         llama = os.path.join(tmp, "tiny-llama")
         make_model(llama, "tiny", "llama", 1)
         cfg = AutoModelForCausalLM.from_pretrained(llama).config
-        check(cfg.num_key_value_heads < cfg.num_attention_heads and
+        report(cfg.num_key_value_heads < cfg.num_attention_heads and
               cfg.rope_scaling["rope_type"] == "llama3", "tiny llama has GQA and llama3 RoPE")
         prompt = rng.integers(0, 2000, size=45).tolist()  # crosses two 16-token blocks
         compare("tiny llama", llama, prompt, DECODE_STEPS,
@@ -141,7 +136,7 @@ def main():
         qwen = os.path.join(tmp, "tiny-qwen2")
         make_model(qwen, "tiny", "qwen2", 2)
         m = AutoModelForCausalLM.from_pretrained(qwen)
-        check(m.model.layers[0].self_attn.q_proj.bias is not None and
+        report(m.model.layers[0].self_attn.q_proj.bias is not None and
               m.config.tie_word_embeddings, "tiny qwen2 has qkv bias and tied embeddings")
         del m
         prompt = rng.integers(0, 2000, size=33).tolist()
@@ -172,8 +167,8 @@ def main():
             make_model(medium, "medium", "llama", 4)
             compare("medium llama", medium, rng.integers(0, 7000, size=64).tolist(), 4)
 
-    if failures:
-        print(f"{len(failures)} check(s) failed")
+    if FAILURES:
+        print(f"{len(FAILURES)} report(s) failed")
         return 1
     print("all checks passed")
     return 0

@@ -17,6 +17,8 @@ import tempfile
 
 import numpy as np
 
+from cluster_util import FAILURES, report
+
 try:
     import gguf
     from gguf import GGMLQuantizationType as Q
@@ -26,13 +28,6 @@ except ImportError:
     sys.exit(77)
 
 BINARY = os.environ.get("TANDEM_BINARY", "build/tandem")
-failures = []
-
-
-def check(ok, message):
-    print(("ok    " if ok else "FAIL  ") + message, flush=True)
-    if not ok:
-        failures.append(message)
 
 
 # Byte offsets of the fp16 scale fields in each block (d, m, dmin).
@@ -97,18 +92,18 @@ def main():
 
         reader = gguf.GGUFReader(path)
         listing = subprocess.run([BINARY, "gguf", path], capture_output=True, text=True)
-        check(listing.returncode == 0, f"tandem gguf lists the file {listing.stderr.strip()}")
+        report(listing.returncode == 0, f"tandem gguf lists the file {listing.stderr.strip()}")
         lines = listing.stdout.splitlines()
         for t in reader.tensors:
             shape = "[" + ", ".join(str(int(d)) for d in reversed(t.shape.tolist())) + "]"
             listed = any(l.split()[:2] == [t.name, t.tensor_type.name] and
                          shape.replace(" ", "") in l.replace(" ", "") for l in lines)
-            check(listed, f"listing shows {t.name} {t.tensor_type.name} {shape}")
+            report(listed, f"listing shows {t.name} {t.tensor_type.name} {shape}")
 
             ref = dequantize(t.data, t.tensor_type).astype(np.float32).reshape(-1)
             ours, error = tandem_values(path, t.name, tmp)
             if ours is None:
-                check(False, f"{t.name} ({t.tensor_type.name}): tandem failed: {error}")
+                report(False, f"{t.name} ({t.tensor_type.name}): tandem failed: {error}")
                 continue
             same_shape = ours.shape == ref.shape
             nan_same = same_shape and np.array_equal(np.isnan(ours), np.isnan(ref))
@@ -116,7 +111,7 @@ def main():
             exact = nan_same and np.array_equal(ours[finite], ref[finite])
             diff = float(np.max(np.abs(ours[finite] - ref[finite]), initial=0.0)) \
                 if nan_same else float("inf")
-            check(exact, f"{t.name} ({t.tensor_type.name}, {ref.size} values, "
+            report(exact, f"{t.name} ({t.tensor_type.name}, {ref.size} values, "
                          f"{int(np.isnan(ref).sum())} NaN): bit-exact, max |diff| {diff:.3g}")
 
         # A type Tandem does not dequantize is refused by name.
@@ -128,11 +123,11 @@ def main():
         writer.write_tensors_to_file()
         writer.close()
         ours, error = tandem_values(q5, "w", tmp)
-        check(ours is None and "has type Q5_0, which Tandem cannot dequantize" in error,
+        report(ours is None and "has type Q5_0, which Tandem cannot dequantize" in error,
               f"Q5_0 is refused naming the type: {error}")
 
-    if failures:
-        print(f"{len(failures)} check(s) failed")
+    if FAILURES:
+        print(f"{len(FAILURES)} report(s) failed")
         return 1
     print("all checks passed")
     return 0

@@ -26,6 +26,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import smollm2_util  # noqa: E402
+from cluster_util import FAILURES, report  # noqa: E402
 
 BINARY = os.environ.get("TANDEM_BINARY", "build/tandem")
 STEPS = 48
@@ -42,13 +43,6 @@ PROMPTS = [
     "Write a Python function that reverses a string.",
     "Why is the sky blue?",
 ]
-failures = []
-
-
-def check(ok, message):
-    print(("ok    " if ok else "FAIL  ") + message, flush=True)
-    if not ok:
-        failures.append(message)
 
 
 def unpermute(w, n_head):
@@ -107,7 +101,7 @@ def build_hf_model(path):
     missing, unexpected = model.load_state_dict(
         {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in state.items()}, strict=False)
     missing = [k for k in missing if k != "lm_head.weight"]  # tied to the embedding
-    check(not missing and not unexpected,
+    report(not missing and not unexpected,
           f"HF model from the dequantized GGUF (missing {missing}, unexpected {unexpected})")
     model.tie_weights()
     model.eval()
@@ -164,7 +158,7 @@ def main():
                       for s in range(n))
             worst = max(worst, err)
             same = ours_tokens == hf_tokens
-            check(same and n == STEPS,
+            report(same and n == STEPS,
                   f"prompt {i} ({len(prompt)} tokens): {STEPS} greedy tokens identical, max rel "
                   f"logit err {err:.2e}")
             if not same:
@@ -178,15 +172,15 @@ def main():
                     gen = model.generate(torch.tensor([prompt]), max_new_tokens=STEPS,
                                          do_sample=False, eos_token_id=None, pad_token_id=0)
                 generated = gen[0, len(prompt):].tolist()
-                check(generated == ours_tokens,
+                report(generated == ours_tokens,
                       f"prompt 0: HF generate's {STEPS} greedy tokens equal ours")
-    check(worst < TOLERANCE, f"largest relative logit error over {len(PROMPTS)} prompts x {STEPS} "
+    report(worst < TOLERANCE, f"largest relative logit error over {len(PROMPTS)} prompts x {STEPS} "
                              f"steps: {worst:.2e} (< {TOLERANCE:g})")
     print(f"tandem GGUF load time (dequantize to fp32): median {np.median(load_times):.0f} ms, "
           f"min {min(load_times):.0f} ms over {len(load_times)} loads; test ran "
           f"{time.time() - started:.0f} s")
-    if failures:
-        print(f"{len(failures)} check(s) failed")
+    if FAILURES:
+        print(f"{len(FAILURES)} report(s) failed")
         return 1
     print("all checks passed")
     return 0

@@ -148,6 +148,26 @@ def sentencepiece_tokenizer(corpus, path):
     return Tokenizer.from_file(path)
 
 
+def run_tokenizer_cases(unit, work, entries, total):
+    """Writes WORK/cases.json (one entry per tokenizer: its texts and HF's ids and decodings),
+    runs the unit-test binary's hidden case [hf_tokenizer_cases] on it (Tandem's tokenizer,
+    compared entry by entry) and checks its summary line. True when all `total` strings match;
+    WORK is then removed (kept with TANDEM_KEEP_TEST_DIR)."""
+    with open(os.path.join(work, "cases.json"), "w", encoding="utf-8") as f:
+        json.dump({"tokenizers": entries}, f, ensure_ascii=False)
+    env = dict(os.environ, TANDEM_TEST_DIR=work)
+    proc = subprocess.run([unit, "[hf_tokenizer_cases]"], env=env, capture_output=True, text=True)
+    print(proc.stdout[-6000:])
+    print(proc.stderr[-2000:])
+    summary = f"hf_tokenizer_cases: {total} strings compared, 0 mismatches"
+    if proc.returncode != 0 or summary not in proc.stdout:
+        print(f"FAIL: Tandem's tokenizer differs from HF (expected '{summary}')")
+        return False
+    if not os.environ.get("TANDEM_KEEP_TEST_DIR"):
+        shutil.rmtree(work, ignore_errors=True)
+    return True
+
+
 def main():
     build_dir = os.environ.get("TANDEM_BUILD_DIR")
     if not build_dir:
@@ -299,18 +319,8 @@ def main():
               f"{sum(roundtrip)} round-trip exactly")
         entries.append({"dir": d, "texts": texts, "ids_plain": plain, "ids_special": special,
                         "decoded": decoded, "decoded_skip": decoded_skip, "roundtrip": roundtrip})
-    with open(os.path.join(work, "cases.json"), "w", encoding="utf-8") as f:
-        json.dump({"tokenizers": entries}, f, ensure_ascii=False)
-
-    proc = subprocess.run([unit, "[hf_tokenizer_cases]"], env=env, capture_output=True, text=True)
-    print(proc.stdout[-6000:])
-    print(proc.stderr[-2000:])
-    summary = f"hf_tokenizer_cases: {total} strings compared, 0 mismatches"
-    if proc.returncode != 0 or summary not in proc.stdout:
-        print(f"FAIL: C++ tokenizer differs from HF (expected '{summary}')")
+    if not run_tokenizer_cases(unit, work, entries, total):
         return 1
-    if not os.environ.get("TANDEM_KEEP_TEST_DIR"):
-        shutil.rmtree(work, ignore_errors=True)
     print(f"PASS: {total} strings ({len(setups)} tokenizers) match HF")
     return 0
 

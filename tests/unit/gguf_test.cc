@@ -288,6 +288,9 @@ TEST_CASE("gguf refuses malformed tensor infos naming the tensor", "[gguf]") {
   CHECK(one("w", {48}, 8, 34) ==
         "t.gguf: tensor 'w' of type Q8_0 has a row of 48 elements, not a multiple of its "
         "block (32)");
+  CHECK(one("w", {}, 8, 34) ==  // a scalar: one element (a fuzz find)
+        "t.gguf: tensor 'w' of type Q8_0 has a row of 1 elements, not a multiple of its "
+        "block (32)");
   CHECK(one("w", {1024}, 0, 16) ==
         "t.gguf: tensor 'w' (4096 bytes at offset 0 of the data section) lies outside the file "
         "(16 bytes of data)");
