@@ -7,6 +7,7 @@ repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 debian_packages=(
   build-essential cmake ninja-build pkg-config git curl ca-certificates
+  ccache                                  # tests/run.sh: the CUDA-on build reuses the CPU build's objects
   clang                                   # thread-safety analysis (tests/lint)
   libboost-dev libboost-system-dev       # Asio + Beast (header-only) and Boost.System
   libyaml-cpp-dev                         # config

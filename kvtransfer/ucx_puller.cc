@@ -127,6 +127,11 @@ class UcxPuller final : public KvPuller {
     size_t piece = 0;
     uint32_t layer = 0;
     RequestPtr request;  // set while the get (or the reply's rendezvous receive) is in flight
+    // UCX may run the completion callback inside the call that starts the operation and still
+    // return the request (seen for a rendezvous receive from a publisher that stopped
+    // answering): the callback then finds no request yet and leaves the status here.
+    bool completed_early = false;
+    ucs_status_t early_status = UCS_OK;
     uint64_t token = 0;  // read messages: set while the reply is awaited (in awaiting_)
     void* reply = nullptr;  // read messages: a rendezvous reply not yet received (in replies_)
   };
@@ -307,14 +312,37 @@ class UcxPuller final : public KvPuller {
           ucp_get_nbx(peer->ep.get(), static_cast<char*>(region_.base) + piece.local_offset,
                       piece.length, peer->info.region_base + piece.remote_offset,
                       peer->rkey.get(), &param);
-      if (req == nullptr) {
-        Complete(&op, UCS_OK);
-      } else if (UCS_PTR_IS_ERR(req)) {
-        Complete(&op, UCS_PTR_STATUS(req));
-      } else {
-        op.request.reset(req);
-      }
+      Adopt(&op, req);
     }
+  }
+
+  // What a started get or receive returned: done now (NULL), failed, completed early (see
+  // GetOp::completed_early; the request is ours to free), or in flight.
+  void Adopt(GetOp* op, ucs_status_ptr_t req) {
+    if (req == nullptr) {
+      Complete(op, UCS_OK);
+    } else if (UCS_PTR_IS_ERR(req)) {
+      Complete(op, UCS_PTR_STATUS(req));
+    } else if (op->completed_early) {
+      op->completed_early = false;
+      ucp_request_free(req);
+      Complete(op, op->early_status);
+    } else {
+      op->request.reset(req);
+    }
+  }
+
+  // A get's or receive's completion callback: true when the caller must Complete `op` now,
+  // false when it completed inside the call that started it (Adopt finishes it).
+  static bool TakeCompletion(GetOp* op, void* request, ucs_status_t status) {
+    if (!op->request) {
+      op->completed_early = true;
+      op->early_status = status;
+      return false;
+    }
+    TANDEM_CHECK(op->request.get() == request, "completion for an unknown request");
+    op->request.reset();  // frees it (UCX allows that in the callback)
+    return true;
   }
 
   // Read messages: asks the publisher for one piece; the reply comes to OnReadReply.
@@ -406,9 +434,7 @@ class UcxPuller final : public KvPuller {
           UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMH;
       param.cb.recv_am = [](void* request, ucs_status_t status, size_t, void* user_data) {
         auto* done = static_cast<GetOp*>(user_data);
-        TANDEM_CHECK(done->request.get() == request, "receive completion for an unknown request");
-        done->request.reset();
-        done->pull->owner->Complete(done, status);
+        if (TakeCompletion(done, request, status)) done->pull->owner->Complete(done, status);
       };
       param.user_data = op;
       param.memh = pool_->memh();
@@ -416,13 +442,7 @@ class UcxPuller final : public KvPuller {
           ucp_am_recv_data_nbx(worker(), descriptor,
                                static_cast<char*>(region_.base) + piece.local_offset,
                                piece.length, &param);
-      if (req == nullptr) {
-        Complete(op, UCS_OK);
-      } else if (UCS_PTR_IS_ERR(req)) {
-        Complete(op, UCS_PTR_STATUS(req));
-      } else {
-        op->request.reset(req);
-      }
+      Adopt(op, req);
     }
   }
 
@@ -452,10 +472,7 @@ class UcxPuller final : public KvPuller {
 
   static void OnGetDone(void* request, ucs_status_t status, void* user_data) {
     auto* op = static_cast<GetOp*>(user_data);
-    // The request is freed here (UCX allows it in the callback); op.request owned it.
-    TANDEM_CHECK(op->request.get() == request, "get completion for an unknown request");
-    op->request.reset();
-    op->pull->owner->Complete(op, status);
+    if (TakeCompletion(op, request, status)) op->pull->owner->Complete(op, status);
   }
 
   void Complete(GetOp* op, ucs_status_t status) {
