@@ -1,5 +1,6 @@
 // Tensor parallelism on the CPU: plans, shards, the in-process all-reduce, a sharded forward
-// pass against the unsharded one.
+// pass against the unsharded one, and KV re-sharding between degrees against the pools that
+// forward passes at those degrees fill.
 #include "common/engine/tensor_parallel.h"
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "common/engine/cpu_all_reduce.h"
+#include "common/engine/kv_reshard.h"
 #include "common/engine/tp_forward.h"
 #include "common/model/make_model.h"
 #include "tests/unit/test_util.h"
@@ -463,6 +465,116 @@ TEST_CASE("a tensor-parallel forward refuses pools of the wrong layout", "[tenso
   CHECK(tp.tp->Forward({&seq, 1}, tp.pools).ok());
   CHECK(TpCpuForward::Create(*model, 3, ForwardOptions{}, kCollectiveTimeout).status().message() ==
         "tensor_parallel 3 does not divide num_attention_heads 4");
+}
+
+TEST_CASE("KvReshardPlan maps heads to byte ranges merged where contiguous", "[tensor_parallel]") {
+  const KvLayout full{2, 4, 8, 4};  // 4 KV heads of 8 dims, blocks of 4 slots
+  const uint64_t head = 4 * 8 * 4;  // one head's K (or V) of one block, in bytes
+  auto split = KvReshardPlan::Make(full, 1, 2);
+  REQUIRE(split.ok());
+  CHECK(split->source_layout().num_kv_heads == 4);
+  CHECK(split->destination_layout().num_kv_heads == 2);
+  CHECK(split->heads(1) == std::vector<KvHeadSource>{{0, 2, 0}, {0, 3, 1}});
+  const std::vector<int32_t> src_table{3}, dst_table{1};
+  std::vector<KvRankBlocks> src{{5, src_table}};
+  auto copies = split->Copies(0, src, KvRankBlocks{2, dst_table});
+  REQUIRE(copies.ok());
+  // Per layer: K of heads 0-1 (one range), then V of heads 0-1.
+  REQUIRE(copies->size() == 4);
+  const uint64_t src_block = 8 * head, dst_block = 4 * head;
+  CHECK((*copies)[0].src_offset == 3 * src_block);
+  CHECK((*copies)[0].dst_offset == 1 * dst_block);
+  CHECK((*copies)[0].length == 2 * head);
+  CHECK((*copies)[1].src_offset == 3 * src_block + 4 * head);  // V of head 0
+  CHECK((*copies)[1].dst_offset == 1 * dst_block + 2 * head);
+  CHECK((*copies)[2].layer == 1);
+  CHECK((*copies)[2].src_offset == (5 + 3) * src_block);
+  CHECK((*copies)[2].dst_offset == (2 + 1) * dst_block);
+
+  // Gathering 2 -> 1 reads each half from its rank.
+  auto gather = KvReshardPlan::Make(full, 2, 1);
+  REQUIRE(gather.ok());
+  CHECK(gather->heads(0) == std::vector<KvHeadSource>{{0, 0, 0}, {0, 1, 1}, {1, 0, 2}, {1, 1, 3}});
+  // Replicated sources (8 ranks over 4 heads): each destination reads a different replica.
+  auto replicated = KvReshardPlan::Make(full, 8, 4);
+  REQUIRE(replicated.ok());
+  CHECK(replicated->heads(2) == std::vector<KvHeadSource>{{4, 0, 0}});
+  CHECK(replicated->heads(3) == std::vector<KvHeadSource>{{7, 0, 0}});
+
+  // The same degree with contiguous tables: one range per layer.
+  auto same = KvReshardPlan::Make(full, 1, 1);
+  REQUIRE(same.ok());
+  const std::vector<int32_t> both{0, 1};
+  std::vector<KvRankBlocks> whole{{2, both}};
+  auto merged = same->Copies(0, whole, KvRankBlocks{2, both});
+  REQUIRE(merged.ok());
+  REQUIRE(merged->size() == 2);
+  CHECK((*merged)[1].length == 2 * src_block);
+
+  CHECK(KvReshardPlan::Make(full, 3, 1).status().message() ==
+        "KV re-shard: source tensor_parallel 3 neither divides nor is a multiple of 4 "
+        "key-value heads");
+  CHECK(KvReshardPlan::Make(full, 1, 0).status().code() == StatusCode::kInvalidArgument);
+  const std::vector<int32_t> outside{5};
+  std::vector<KvRankBlocks> bad{{5, outside}};
+  CHECK(split->Copies(0, bad, KvRankBlocks{2, dst_table}).status().message() ==
+        "KV re-shard: source rank 0's table names block 5 outside its pool of 5");
+  CHECK(split->Copies(0, src, KvRankBlocks{2, both}).status().message() ==
+        "KV re-shard: source rank 0's table has 1 blocks, the destination 2");
+}
+
+TEST_CASE("re-sharded KV equals a forward's at the new degree and decodes on",
+          "[tensor_parallel]") {
+  test::TempDir dir;
+  auto model = TinyModel(dir, ModelFamily::kLlama);  // 2 KV heads
+  const int vocab = model->config().vocab_size;
+  Script script(vocab);
+  FullRun full = RunUnsharded(*model, script);
+  Script prefill_only = script;
+  prefill_only.steps = 0;
+  const KvLayout layout = full.cache->layout();
+  FullRun full_prefill = RunUnsharded(*model, prefill_only);
+  const std::vector<std::pair<int, int>> degrees{{2, 1}, {2, 4}, {1, 2}, {4, 2}};
+  for (auto [from, to] : degrees) {
+    INFO("tensor_parallel " << from << " -> " << to);
+    TpRun source(*model, from), reference(*model, to), destination(*model, to);
+    const std::vector<float> first = RunScript(prefill_only, vocab, source.Fn())[0];
+    RunScript(prefill_only, vocab, reference.Fn());
+    auto plan = KvReshardPlan::Make(layout, from, to);
+    REQUIRE(plan.ok());
+    REQUIRE(plan->source_layout() == source.tp->MakeKvLayout());
+    REQUIRE(plan->destination_layout() == destination.tp->MakeKvLayout());
+    std::vector<const KvCache*> sources(source.pools.begin(), source.pools.end());
+    for (const std::vector<int32_t>* table : {&script.table_a, &script.table_b}) {
+      // Each request's blocks are the same ids in every pool here; a real transfer's differ.
+      std::vector<KvRankBlocks> src(from, KvRankBlocks{Script::kPoolBlocks, *table});
+      for (int d = 0; d < to; ++d) {
+        auto copies = plan->Copies(d, src, KvRankBlocks{Script::kPoolBlocks, *table});
+        REQUIRE(copies.ok());
+        REQUIRE(ApplyKvCopies(sources, *destination.pools[d], *copies).ok());
+      }
+    }
+    // Bit for bit the source heads; within rounding the pools a forward at `to` fills.
+    for (int d = 0; d < to; ++d)
+      for (const KvHeadSource& h : plan->heads(d))
+        CHECK(HeadErr(*source.pools[h.src_rank], h.src_head, *destination.pools[d], h.dst_head) ==
+              0.0f);
+    for (int d = 0; d < to; ++d)
+      for (int j = 0; j < plan->destination_layout().num_kv_heads; ++j)
+        CHECK(HeadErr(*reference.pools[d], j, *destination.pools[d], j) <= kKvTolerance);
+    CheckPoolsMatch(*full_prefill.cache, destination.pools, to, kKvTolerance);
+    // Decoding goes on at the new degree from the moved KV, as the unsharded model does.
+    std::span<const float> logits(first);
+    auto decoded = RunScript(script, vocab, destination.Fn(), 1, Argmax(logits.subspan(0, vocab)),
+                             Argmax(logits.subspan(vocab, vocab)));
+    REQUIRE(decoded.size() == static_cast<size_t>(script.steps));
+    for (int i = 0; i < script.steps; ++i) {
+      CHECK(RelErr(decoded[i], full.logits[i + 1]) < 1e-5f);
+      for (int s = 0; s < 2; ++s)
+        CHECK(Argmax(std::span<const float>(decoded[i]).subspan(s * vocab, vocab)) ==
+              Argmax(std::span<const float>(full.logits[i + 1]).subspan(s * vocab, vocab)));
+    }
+  }
 }
 
 }  // namespace tandem
