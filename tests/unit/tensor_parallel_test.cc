@@ -105,6 +105,12 @@ int32_t Argmax(std::span<const float> v) {
 // Two sequences: A's 70-token prompt (over 64 rows: the sgemm path) and B's 9, prefilled in one
 // batch, then `steps` greedy decode steps of both. Block tables: A blocks 0..5, B 6..7.
 struct Script {
+  // The blocks the script writes: A's then B's.
+  std::vector<int32_t> Blocks() const {
+    std::vector<int32_t> out = table_a;
+    out.insert(out.end(), table_b.begin(), table_b.end());
+    return out;
+  }
   std::vector<int32_t> prompt_a, prompt_b;
   std::vector<int32_t> table_a{0, 1, 2, 3, 4, 5}, table_b{6, 7};
   int steps = 4;
@@ -165,12 +171,14 @@ struct TpRun {
   std::vector<KvCache*> pools;
   std::vector<std::vector<float>> logits;
 
-  TpRun(const Model& model, int degree) {
-    auto made = TpCpuForward::Create(model, degree, ForwardOptions{}, kCollectiveTimeout);
+  TpRun(const Model& model, int degree, int pool_blocks = Script::kPoolBlocks, int threads = 1) {
+    ForwardOptions options;
+    options.num_threads = threads;
+    auto made = TpCpuForward::Create(model, degree, options, kCollectiveTimeout);
     REQUIRE(made.ok());
     tp = std::move(*made);
     for (int r = 0; r < degree; ++r) {
-      auto cache = KvCache::Create(tp->MakeKvLayout(), Script::kPoolBlocks);
+      auto cache = KvCache::Create(tp->MakeKvLayout(), pool_blocks);
       REQUIRE(cache.ok());
       pools.push_back(cache->get());
       caches.push_back(std::move(*cache));
@@ -185,42 +193,47 @@ struct TpRun {
   }
 };
 
-// The largest difference between head `head` of `full` and head `local` of `shard` over the
-// script's blocks, relative to the largest value of the full pool's head.
-float HeadErr(const KvCache& full, int head, const KvCache& shard, int local) {
-  const size_t n = static_cast<size_t>(full.layout().block_size) * full.layout().head_dim;
+// The largest difference between head `head_a` of pool `a` in blocks `blocks_a` and head
+// `head_b` of pool `b` in blocks `blocks_b` (the same tokens), relative to a's largest value.
+float HeadErr(const KvCache& a, int head_a, std::span<const int32_t> blocks_a, const KvCache& b,
+              int head_b, std::span<const int32_t> blocks_b) {
+  REQUIRE(blocks_a.size() == blocks_b.size());
+  const size_t n = static_cast<size_t>(a.layout().block_size) * a.layout().head_dim;
   float diff = 0, scale = 0;
-  for (int layer = 0; layer < full.layout().num_layers; ++layer)
-    for (int32_t b = 0; b < Script::kPoolBlocks; ++b)
+  for (int layer = 0; layer < a.layout().num_layers; ++layer)
+    for (size_t i = 0; i < blocks_a.size(); ++i)
       for (int kv = 0; kv < 2; ++kv) {
-        const float* a = full.HeadData(layer, b, kv, head);
-        const float* c = shard.HeadData(layer, b, kv, local);
-        for (size_t i = 0; i < n; ++i) {
-          diff = std::max(diff, std::abs(a[i] - c[i]));
-          scale = std::max(scale, std::abs(a[i]));
+        const float* x = a.HeadData(layer, blocks_a[i], kv, head_a);
+        const float* y = b.HeadData(layer, blocks_b[i], kv, head_b);
+        for (size_t j = 0; j < n; ++j) {
+          diff = std::max(diff, std::abs(x[j] - y[j]));
+          scale = std::max(scale, std::abs(x[j]));
         }
       }
   return diff / scale;
 }
 
-// Rank pools at `degree` against the unsharded pool: each rank's heads are the full pool's.
-void CheckPoolsMatch(const KvCache& full, std::span<KvCache* const> pools, int degree,
+// Rank pools at `degree` (the script's tokens in `blocks`) against the unsharded pool (in
+// `full_blocks`): each rank's heads are the full pool's.
+void CheckPoolsMatch(const KvCache& full, std::span<const int32_t> full_blocks,
+                     std::span<KvCache* const> pools, std::span<const int32_t> blocks, int degree,
                      float tolerance) {
   for (int r = 0; r < degree; ++r) {
     const IndexRange heads = TpKvHeads(full.layout().num_kv_heads, degree, r);
     for (int j = 0; j < heads.size(); ++j) {
       INFO("rank " << r << " of " << degree << ", head " << heads.begin + j);
-      CHECK(HeadErr(full, heads.begin + j, *pools[r], j) <= tolerance);
+      CHECK(HeadErr(full, heads.begin + j, full_blocks, *pools[r], j, blocks) <= tolerance);
     }
   }
 }
 
-void CheckTpMatchesUnsharded(const Model& model, int degree) {
-  INFO("tensor_parallel " << degree);
+// `threads`: each rank's pool (ranks run at once, each splitting its GEMMs and attention).
+void CheckTpMatchesUnsharded(const Model& model, int degree, int threads = 1) {
+  INFO("tensor_parallel " << degree << ", " << threads << " threads per rank");
   const int vocab = model.config().vocab_size;
   Script script(vocab);
   FullRun full = RunUnsharded(model, script);
-  TpRun tp(model, degree);
+  TpRun tp(model, degree, Script::kPoolBlocks, threads);
   tp.logits = RunScript(script, vocab, tp.Fn());
   REQUIRE(tp.logits.size() == full.logits.size());
   for (size_t i = 0; i < full.logits.size(); ++i) {
@@ -230,7 +243,7 @@ void CheckTpMatchesUnsharded(const Model& model, int degree) {
       CHECK(Argmax(std::span<const float>(tp.logits[i]).subspan(s * vocab, vocab)) ==
             Argmax(std::span<const float>(full.logits[i]).subspan(s * vocab, vocab)));
   }
-  CheckPoolsMatch(*full.cache, tp.pools, degree, kKvTolerance);
+  CheckPoolsMatch(*full.cache, script.Blocks(), tp.pools, script.Blocks(), degree, kKvTolerance);
 }
 
 }  // namespace
@@ -440,8 +453,8 @@ TEST_CASE("a tensor-parallel forward equals the unsharded one", "[tensor_paralle
     CheckTpMatchesUnsharded(*model, 2);
     CheckTpMatchesUnsharded(*model, 4);
   }
-  SECTION("one KV head (multi-query) replicated on 2 ranks") {
-    CheckTpMatchesUnsharded(*RandomModel(Shape(8, 1, 16, 256)), 2);
+  SECTION("one KV head (multi-query) replicated on 2 ranks, of 2 threads each") {
+    CheckTpMatchesUnsharded(*RandomModel(Shape(8, 1, 16, 256)), 2, 2);
   }
 }
 
@@ -535,9 +548,13 @@ TEST_CASE("re-sharded KV equals a forward's at the new degree and decodes on",
   const KvLayout layout = full.cache->layout();
   FullRun full_prefill = RunUnsharded(*model, prefill_only);
   const std::vector<std::pair<int, int>> degrees{{2, 1}, {2, 4}, {1, 2}, {4, 2}};
+  // The destination pool is larger and holds the requests in other blocks, in no order.
+  Script moved = script;
+  moved.table_a = {11, 4, 9, 2, 7, 0};
+  moved.table_b = {5, 10};
   for (auto [from, to] : degrees) {
     INFO("tensor_parallel " << from << " -> " << to);
-    TpRun source(*model, from), reference(*model, to), destination(*model, to);
+    TpRun source(*model, from), reference(*model, to), destination(*model, to, 12);
     const std::vector<float> first = RunScript(prefill_only, vocab, source.Fn())[0];
     RunScript(prefill_only, vocab, reference.Fn());
     auto plan = KvReshardPlan::Make(layout, from, to);
@@ -545,27 +562,31 @@ TEST_CASE("re-sharded KV equals a forward's at the new degree and decodes on",
     REQUIRE(plan->source_layout() == source.tp->MakeKvLayout());
     REQUIRE(plan->destination_layout() == destination.tp->MakeKvLayout());
     std::vector<const KvCache*> sources(source.pools.begin(), source.pools.end());
-    for (const std::vector<int32_t>* table : {&script.table_a, &script.table_b}) {
-      // Each request's blocks are the same ids in every pool here; a real transfer's differ.
-      std::vector<KvRankBlocks> src(from, KvRankBlocks{Script::kPoolBlocks, *table});
+    for (int seq = 0; seq < 2; ++seq) {
+      // A source's ranks share a block table (TpCpuForward), the destination has its own.
+      const std::vector<int32_t>& from_table = seq == 0 ? script.table_a : script.table_b;
+      const std::vector<int32_t>& to_table = seq == 0 ? moved.table_a : moved.table_b;
+      std::vector<KvRankBlocks> src(from, KvRankBlocks{Script::kPoolBlocks, from_table});
       for (int d = 0; d < to; ++d) {
-        auto copies = plan->Copies(d, src, KvRankBlocks{Script::kPoolBlocks, *table});
+        auto copies = plan->Copies(d, src, KvRankBlocks{12, to_table});
         REQUIRE(copies.ok());
         REQUIRE(ApplyKvCopies(sources, *destination.pools[d], *copies).ok());
       }
     }
     // Bit for bit the source heads; within rounding the pools a forward at `to` fills.
+    const std::vector<int32_t> blocks = script.Blocks(), moved_blocks = moved.Blocks();
     for (int d = 0; d < to; ++d)
       for (const KvHeadSource& h : plan->heads(d))
-        CHECK(HeadErr(*source.pools[h.src_rank], h.src_head, *destination.pools[d], h.dst_head) ==
-              0.0f);
+        CHECK(HeadErr(*source.pools[h.src_rank], h.src_head, blocks, *destination.pools[d],
+                      h.dst_head, moved_blocks) == 0.0f);
     for (int d = 0; d < to; ++d)
       for (int j = 0; j < plan->destination_layout().num_kv_heads; ++j)
-        CHECK(HeadErr(*reference.pools[d], j, *destination.pools[d], j) <= kKvTolerance);
-    CheckPoolsMatch(*full_prefill.cache, destination.pools, to, kKvTolerance);
+        CHECK(HeadErr(*reference.pools[d], j, blocks, *destination.pools[d], j, moved_blocks) <=
+              kKvTolerance);
+    CheckPoolsMatch(*full_prefill.cache, blocks, destination.pools, moved_blocks, to, kKvTolerance);
     // Decoding goes on at the new degree from the moved KV, as the unsharded model does.
     std::span<const float> logits(first);
-    auto decoded = RunScript(script, vocab, destination.Fn(), 1, Argmax(logits.subspan(0, vocab)),
+    auto decoded = RunScript(moved, vocab, destination.Fn(), 1, Argmax(logits.subspan(0, vocab)),
                              Argmax(logits.subspan(vocab, vocab)));
     REQUIRE(decoded.size() == static_cast<size_t>(script.steps));
     for (int i = 0; i < script.steps; ++i) {
