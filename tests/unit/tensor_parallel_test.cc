@@ -283,6 +283,18 @@ TEST_CASE("MakeTpPlan gives each rank contiguous heads and rows", "[tensor_paral
   CHECK(TpRanksHoldingKvHead(2, 2, 1) == IndexRange{1, 2});
   CHECK(TpRanksHoldingKvHead(4, 2, 1) == IndexRange{0, 1});
 
+  // SmolLM2-135M's shape (9 heads, 3 KV heads, intermediate 1536) splits 3 ways only.
+  auto smollm2 = PresetConfig("smollm2", ModelFamily::kLlama);
+  REQUIRE(smollm2.ok());
+  auto three = MakeTpPlan(*smollm2, 3);
+  REQUIRE(three.ok());
+  CHECK(three->ranks[2].kv_heads == IndexRange{2, 3});
+  CHECK(three->ranks[2].intermediate == IndexRange{1024, 1536});
+  CHECK(MakeTpPlan(*smollm2, 2).status().message() ==
+        "tensor_parallel 2 does not divide num_attention_heads 9");
+  CHECK(MakeTpPlan(*smollm2, 9).status().message() ==
+        "tensor_parallel 9 does not divide intermediate_size 1536");
+
   auto message = [](const ModelConfig& c, int t) {
     StatusOr<TpPlan> plan = MakeTpPlan(c, t);
     REQUIRE_FALSE(plan.ok());
