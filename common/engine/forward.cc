@@ -462,19 +462,10 @@ void CpuForward::Attention(int layer, std::span<const SequenceInput> batch, KvCa
   pool_.ParallelFor(static_cast<int>(tasks_.size()), task_fn);
 }
 
-StatusOr<std::span<const float>> CpuForward::Forward(std::span<const SequenceInput> batch,
-                                                     KvCache& cache, LogitsMode mode,
-                                                     const ForwardHooks* hooks) {
-  TANDEM_RETURN_IF_ERROR(Validate(batch, cache));
+int CpuForward::PrepareBatch(std::span<const SequenceInput> batch) {
   const ModelConfig& c = model_.config();
-  const KvLayout& layout = cache.layout();
-  const int h = c.hidden_size, d = c.head_dim, half = d / 2;
-  const int q_dim = c.q_dim(), kv_dim = c.kv_dim(), qkv_dim = q_dim + 2 * kv_dim;
-  const int inter = c.intermediate_size;
+  const int h = c.hidden_size, half = c.head_dim / 2;
   const int num_seqs = static_cast<int>(batch.size());
-  const float eps = static_cast<float>(c.rms_norm_eps);
-
-  // Token bookkeeping, embeddings, RoPE angles, attention tasks.
   int num_tokens = 0;
   tasks_.clear();
   for (int s = 0; s < num_seqs; ++s) {
@@ -502,6 +493,37 @@ StatusOr<std::span<const float>> CpuForward::Forward(std::span<const SequenceInp
     num_tokens += n;
   }
   seq_first_token_[num_seqs] = num_tokens;
+
+  return num_tokens;
+}
+
+void CpuForward::ResidualLinear(const float* in, int m, const WeightMatrix& w,
+                                const ForwardHooks* hooks) {
+  float* x = x_.get();
+  if (hooks == nullptr || !hooks->all_reduce) {
+    Linear(in, m, w, x, 1.0f);  // residual add via beta = 1
+    return;
+  }
+  float* partial = xn_.get();
+  Linear(in, m, w, partial, 0.0f);
+  const size_t n = static_cast<size_t>(m) * w.rows;
+  hooks->all_reduce(partial, n);
+  for (size_t i = 0; i < n; ++i) x[i] += partial[i];
+}
+
+StatusOr<std::span<const float>> CpuForward::Forward(std::span<const SequenceInput> batch,
+                                                     KvCache& cache, LogitsMode mode,
+                                                     const ForwardHooks* hooks) {
+  TANDEM_RETURN_IF_ERROR(Validate(batch, cache));
+  const ModelConfig& c = model_.config();
+  const KvLayout& layout = cache.layout();
+  const int h = c.hidden_size, d = c.head_dim, half = d / 2;
+  const int q_dim = c.q_dim(), kv_dim = c.kv_dim(), qkv_dim = q_dim + 2 * kv_dim;
+  const int inter = c.intermediate_size;
+  const int num_seqs = static_cast<int>(batch.size());
+  const float eps = static_cast<float>(c.rms_norm_eps);
+
+  const int num_tokens = PrepareBatch(batch);
 
   float* x = x_.get();
   float* xn = xn_.get();
@@ -536,7 +558,7 @@ StatusOr<std::span<const float>> CpuForward::Forward(std::span<const SequenceInp
     Attention(layer, batch, cache);
     // Every K/V of this layer is written (above) and read (Attention): the cache's layer is done.
     if (hooks != nullptr && hooks->after_layer) hooks->after_layer(layer);
-    Linear(attn_.get(), num_tokens, w.o_proj, x, 1.0f);  // residual add via beta = 1
+    ResidualLinear(attn_.get(), num_tokens, w.o_proj, hooks);
     if (w.o_bias != nullptr) {
       for (int t = 0; t < num_tokens; ++t)
         for (int i = 0; i < h; ++i) x[static_cast<size_t>(t) * h + i] += w.o_bias[i];
@@ -551,7 +573,7 @@ StatusOr<std::span<const float>> CpuForward::Forward(std::span<const SequenceInp
       float* out = act_.get() + static_cast<size_t>(t) * inter;
       for (int i = 0; i < inter; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
     }
-    Linear(act_.get(), num_tokens, w.down_proj, x, 1.0f);
+    ResidualLinear(act_.get(), num_tokens, w.down_proj, hooks);
   }
 
   // Final norm and LM head on the rows that need logits.

@@ -57,9 +57,20 @@ enum class LogitsMode { kLastToken, kAllTokens };
 //   after_layer(l):  after layer l's K/V of every token of the batch are in the cache.
 // Both run for l = 0, 1, ..., num_layers - 1 in order; either may be empty. They must not call
 // back into this CpuForward. They run only when Validate passed.
+//
+// all_reduce (tensor parallelism, common/engine/tensor_parallel.h): when set, the model is one
+// rank's shard, and the outputs of the row-parallel projections (o_proj and down_proj) are
+// partial sums. Each layer then calls all_reduce(data, count) twice, after o_proj and after
+// down_proj, with the partial sums of the batch ([tokens, hidden] row major, count = tokens *
+// hidden) before they are added to the residual; it must replace them by their sum over the
+// ranks (every rank the same values, so that the ranks' residual streams stay equal). o_bias is
+// added after it. Unset, each projection adds straight into the residual (one fused GEMM). It
+// cannot report an error: a collective that fails records it where its owner finds it, and the
+// pass's result is then meaningless.
 struct ForwardHooks {
   std::function<void(int layer)> before_layer;
   std::function<void(int layer)> after_layer;
+  std::function<void(float* data, size_t count)> all_reduce;
 };
 
 class CpuForward {
@@ -111,6 +122,12 @@ class CpuForward {
   // y[m, w.rows] = x[m, w.cols] w^T + beta y, on the pool (small m) or OpenBLAS (large m).
   void Linear(const float* x, int m, const WeightMatrix& w, float* y, float beta);
   void Attention(int layer, std::span<const SequenceInput> batch, KvCache& cache);
+  // Token bookkeeping, embeddings, RoPE angles and attention tasks of a batch; returns its
+  // number of tokens.
+  int PrepareBatch(std::span<const SequenceInput> batch);
+  // x += in[m, w.cols] w^T: one GEMM into the residual, or, with an all_reduce hook, the
+  // partial sum into xn_ (free at both call sites), reduced over the ranks, then added.
+  void ResidualLinear(const float* in, int m, const WeightMatrix& w, const ForwardHooks* hooks);
 
   const Model& model_;
   ForwardOptions options_;

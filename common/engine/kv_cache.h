@@ -197,6 +197,7 @@ class KvCache {
   }
   // Start of the whole pool (for registering it with a transport).
   std::byte* data() { return reinterpret_cast<std::byte*>(base_); }
+  const std::byte* data() const { return reinterpret_cast<const std::byte*>(base_); }
 
  private:
   KvCache(const KvLayout& layout, int num_blocks);

@@ -77,12 +77,15 @@ size_t Model::step_weight_bytes() const {
 StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
                                              const ModelLoadOptions& options) {
   TANDEM_ASSIGN_OR_RETURN(Checkpoint checkpoint, OpenCheckpoint(dir));
-  const ModelConfig& config = checkpoint.config;
   // auto: the checkpoint's torch_dtype; a GGUF file has none, so its dequantized weights stay
   // float32 unless model.dtype asks for bfloat16/float16.
-  const WeightDType dtype = ResolveWeightDType(options.dtype, config.torch_dtype);
-  const TensorSource& reader = *checkpoint.tensors;
+  const WeightDType dtype = ResolveWeightDType(options.dtype, checkpoint.config.torch_dtype);
+  return FromTensors(checkpoint.config, *checkpoint.tensors, dtype, dir);
+}
 
+StatusOr<std::unique_ptr<Model>> Model::FromTensors(const ModelConfig& config,
+                                                    const TensorSource& reader, WeightDType dtype,
+                                                    const std::string& dir) {
   const int64_t h = config.hidden_size, q = config.q_dim(), kv = config.kv_dim(),
                 inter = config.intermediate_size, vocab = config.vocab_size;
   // Tied models may still ship lm_head.weight (some exports do); untied ones must.

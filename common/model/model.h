@@ -23,6 +23,7 @@
 #include <string_view>
 
 #include "common/model/model_config.h"
+#include "common/model/tensor_source.h"
 #include "common/model/weight_matrix.h"
 #include "common/base/status.h"
 
@@ -60,6 +61,15 @@ class Model {
   // error.
   static StatusOr<std::unique_ptr<Model>> Load(const std::string& dir,
                                                const ModelLoadOptions& options = {});
+  // Builds the model `config` describes from `tensors` (HF names and shapes), its matrices
+  // stored as `dtype`; `source_name` (a path) prefixes errors, which are Load's. Load is
+  // OpenCheckpoint + this. It exists on its own so that a model can be made from weights that
+  // are not a checkpoint on disk: a tensor-parallel shard reads its slices of a loaded model
+  // through a TensorSource (common/engine/tensor_parallel.h).
+  static StatusOr<std::unique_ptr<Model>> FromTensors(const ModelConfig& config,
+                                                      const TensorSource& tensors,
+                                                      WeightDType dtype,
+                                                      const std::string& source_name);
 
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;

@@ -1,8 +1,9 @@
 // Where Model::Load gets its weights from: "tensor NAME as fp32, of this shape". Names are the
 // Hugging Face ones (model.layers.0.self_attn.q_proj.weight), whatever the checkpoint calls them;
 // a source converts (dtype, quantization, row order) so that every checkpoint format loads
-// through the same code. Implementations: SafetensorsReader (common/model/safetensors.h) and
-// GgufTensorSource (common/model/gguf_checkpoint.h).
+// through the same code. Implementations: SafetensorsReader (common/model/safetensors.h),
+// GgufTensorSource (common/model/gguf_checkpoint.h), and the slices of a loaded model that make
+// a tensor-parallel shard (common/engine/tensor_parallel.cc, through Model::FromTensors).
 #pragma once
 
 #include <cstdint>
