@@ -8,7 +8,8 @@ started=$SECONDS
 bash deploy/install-deps.sh
 
 # ccache (repository's .ccache/): the CUDA-on build at the end compiles the same C++ again.
-export CCACHE_DIR="${CCACHE_DIR:-$PWD/.ccache}" CCACHE_BASEDIR="$PWD"
+# NOHASHDIR: the build directory is not part of the key (it is only in the debug info).
+export CCACHE_DIR="${CCACHE_DIR:-$PWD/.ccache}" CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
 launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
 cmake -S . -B build -G Ninja -DTANDEM_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo "${launcher[@]}" >/dev/null
 cmake --build build -j2
