@@ -306,6 +306,37 @@ TEST_CASE("pulled requests with one prompt keep one copy of its KV", "[batch_eng
   CHECK(engine->Stats().free_blocks == 16);
 }
 
+TEST_CASE("a small pool with a cached prefix preempts and finishes every request",
+          "[batch_engine]") {
+  // Six blocks; b and c grow to five each, so they preempt each other; c's prompt is a's, whose
+  // two full blocks are cached when c arrives. A waiting request must never hold blocks that the
+  // running ones need (it did, once: c took the cached blocks while waiting, b was preempted for
+  // them, c was not admitted and gave them back, and so on forever).
+  test::TempDir dir;
+  auto model = TinyModel(dir);
+  const std::vector<int32_t> prompt = SharedPrompt();
+  std::vector<int32_t> other(prompt.rbegin(), prompt.rend());
+  Reference ref_a = Prefill(*model, prompt, 40);
+  Reference ref_b = Prefill(*model, other, 40);
+  BatchEngineOptions eo;
+  eo.kv_blocks = 6;
+  eo.max_batch_size = 4;
+  eo.token_budget = 256;
+  eo.max_model_len = 128;
+  auto engine = std::move(BatchEngine::Create(*model, eo)).value();
+  Sink sink;
+  engine->AddNew("a", prompt, Greedy(2));
+  for (int i = 0; i < 10 && sink.finishes.size() < 1; ++i) engine->Step(sink);
+  REQUIRE(engine->cache().blocks().num_cached() == 2);
+  engine->AddNew("b", other, Greedy(40));
+  engine->AddNew("c", prompt, Greedy(40));
+  for (int i = 0; i < 1000 && sink.finishes.size() < 3; ++i) engine->Step(sink);
+  REQUIRE(sink.finishes.size() == 3);
+  CHECK(sink.tokens["b"] == ref_b.tokens);
+  CHECK(sink.tokens["c"] == ref_a.tokens);
+  CHECK(engine->Stats().free_blocks == 6);
+}
+
 struct Collect : PrefillObserver {
   std::vector<Prefilled> done;
   bool BeforeLastChunk(PrefillRequest&) override { return false; }
