@@ -51,7 +51,7 @@ struct KvLayout {
 // Hands out block ids of a pool of `num_blocks`. Reference counts let requests share prefix
 // blocks: a block returns to the free list when its count falls to zero. The free list is
 // preallocated: Allocate/Free allocate no memory (Allocate appends to the caller's table, which
-// allocates only when that vector lacks capacity: reserve it).
+// allocates only when that vector lacks capacity: reserve it); Publish may (an index entry).
 //
 // Prefix caching (when made with a block_size): a full block whose KV is computed can be
 // published under the tokens it holds and the block before it. A request whose tokens begin
@@ -60,8 +60,8 @@ struct KvLayout {
 // system prompt, the earlier turns of a chat). A published block whose last owner frees it
 // stays cached: it counts as free, and Allocate reuses the least recently freed of them (and
 // unpublishes it) only when no never-published block is left. A match compares the tokens
-// themselves (and the chain of blocks before them), never only a hash. A shared block is never written again: its owners write only
-// past the tokens they matched.
+// themselves (and the chain of blocks before them), never only a hash. A shared block is never
+// written again: its owners write only past the tokens they matched.
 class BlockManager {
  public:
   // block_size > 0 enables Publish/MatchPrefix.
