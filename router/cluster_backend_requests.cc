@@ -196,10 +196,12 @@ Status ClusterBackend::Submit(const GenerateRequest& request,
     return InvalidArgument("duplicate request id " + request.request_id);
   TANDEM_RETURN_IF_ERROR(CheckSloClassLocked(request.slo_class));
   const Clock::time_point now = Clock::now();
-  Snapshot snapshot;
-  SnapshotLocked(request, now, &snapshot);
+  // A choice that follows its request's first is no placement decision of its own: no snapshot
+  // (the round-robin count and the residents' samples are the first's).
   std::optional<Placement> sibling;
   if (!request.place_with.empty()) sibling = SiblingPlacementLocked(request.place_with, now);
+  Snapshot snapshot;
+  if (!sibling) SnapshotLocked(request, now, &snapshot);
   StatusOr<Placement> placement = sibling ? *sibling : Place(policy_, snapshot.input);
   if (!placement.ok()) {
     if (placements_) {
@@ -213,8 +215,9 @@ Status ClusterBackend::Submit(const GenerateRequest& request,
   auto entry = std::make_shared<Request>();
   entry->id = request.request_id;
   entry->on_event = std::move(on_event);
-  entry->placed_order = snapshot.input.round_robin;
-  entry->prompt_tokens = snapshot.input.prompt_tokens;
+  entry->placed_order =
+      sibling ? requests_.at(request.place_with)->placed_order : snapshot.input.round_robin;
+  entry->prompt_tokens = static_cast<int64_t>(request.prompt_token_ids.size());
   entry->max_tokens = request.sampling.max_tokens;
   tandem::Submit message;
   Instance& first = RecordPlacementLocked(entry, *placement, request, &message);

@@ -386,6 +386,41 @@ TEST_CASE("cluster backend: a burst spreads over idle decode instances under eve
   }
 }
 
+TEST_CASE("cluster backend: the choices of one request go where the first went",
+          "[cluster_backend]") {
+  // round_robin alternates the two decode instances; choices placed with "c-0" do not.
+  IoThread io;
+  int d_base = FreePortPair(io.io);
+  FakeInstance p(io.io, InstanceRole::kPrefill, 0);
+  FakeInstance d0(io.io, InstanceRole::kDecode, d_base);
+  FakeInstance d1(io.io, InstanceRole::kDecode, d_base + 1);
+  ClusterConfig config = Config(p.port(), 1, d_base, 2);
+  config.router.policy = "round_robin";
+  ClusterBackend backend(config, TestBackendOptions());
+  REQUIRE(backend.Start().ok());
+  REQUIRE(WaitFor([&] {
+    auto all = backend.Instances();
+    return std::all_of(all.begin(), all.end(), [](auto& s) { return s.usable; });
+  }));
+  std::vector<std::unique_ptr<Events>> events;
+  for (int i = 0; i < 4; ++i) {
+    GenerateRequest r = Request("c-" + std::to_string(i));
+    if (i > 0) r.place_with = "c-0";
+    events.push_back(std::make_unique<Events>());
+    REQUIRE(backend.Submit(r, events.back()->Callback()).ok());
+  }
+  // A sibling that is not (or no longer) known: placed as any request (round robin goes on).
+  GenerateRequest orphan = Request("o-1");
+  orphan.place_with = "o-0";
+  events.push_back(std::make_unique<Events>());
+  REQUIRE(backend.Submit(orphan, events.back()->Callback()).ok());
+  REQUIRE(WaitFor([&] { return p.submits().size() == 5; }));
+  const auto submits = p.submits();
+  for (int i = 1; i < 4; ++i) CHECK(submits[i].decode_address == submits[0].decode_address);
+  CHECK(submits[4].decode_address != submits[0].decode_address);
+  backend.Stop();
+}
+
 TEST_CASE("cluster backend: an unknown SLO class is refused naming the header",
           "[cluster_backend]") {
   IoThread io;
