@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <random>
+#include <set>
 #include <thread>
 
 #include "common/model/make_model.h"
@@ -335,6 +337,77 @@ TEST_CASE("a small pool with a cached prefix preempts and finishes every request
   CHECK(sink.tokens["b"] == ref_b.tokens);
   CHECK(sink.tokens["c"] == ref_a.tokens);
   CHECK(engine->Stats().free_blocks == 6);
+}
+
+TEST_CASE("shared prefixes under pressure: every request finishes as alone, every block comes back",
+          "[batch_engine]") {
+  // Seeded random traffic over a small pool: prompts drawn from a few prefixes (some a whole
+  // number of blocks long) plus random tails, arrivals between steps, cancels, both policies.
+  // Whatever is shared, cached, evicted or preempted, each request's tokens are those of an
+  // engine that runs it alone, and the pool is whole at the end.
+  test::TempDir dir;
+  auto model = TinyModel(dir);
+  for (StepPolicy policy : {StepPolicy::kChunked, StepPolicy::kPrefillFirst}) {
+    INFO("policy " << (policy == StepPolicy::kChunked ? "chunked" : "prefill_first"));
+    std::mt19937 rng(policy == StepPolicy::kChunked ? 5 : 6);
+    std::vector<std::vector<int32_t>> prefixes;
+    for (int len : {16, 32, 21}) {
+      std::vector<int32_t> p;
+      for (int i = 0; i < len; ++i) p.push_back(1 + static_cast<int32_t>(rng() % 250));
+      prefixes.push_back(p);
+    }
+    BatchEngineOptions eo;
+    eo.kv_blocks = 10;
+    eo.max_batch_size = 4;
+    eo.token_budget = 48;
+    eo.max_model_len = 128;
+    eo.policy = policy;
+    MetricsRegistry metrics;
+    eo.metrics = &metrics;
+    auto engine = std::move(BatchEngine::Create(*model, eo)).value();
+    BatchEngineOptions alone_options = eo;
+    alone_options.kv_blocks = 16;
+    alone_options.prefix_caching = false;
+    alone_options.metrics = nullptr;
+    Sink sink;
+    std::map<std::string, std::pair<std::vector<int32_t>, int>> requests;
+    std::set<std::string> cancelled;
+    int next = 0;
+    for (int step = 0; step < 400 && (next < 14 || !engine->idle()); ++step) {
+      if (next < 14 && rng() % 3 != 0) {
+        std::vector<int32_t> prompt = prefixes[rng() % prefixes.size()];
+        const int tail = static_cast<int>(rng() % 12);
+        for (int i = 0; i < tail; ++i) prompt.push_back(1 + static_cast<int32_t>(rng() % 250));
+        const int max_tokens = 8 + static_cast<int>(rng() % 32);
+        const std::string id = "r" + std::to_string(next++);
+        requests[id] = {prompt, max_tokens};
+        engine->AddNew(id, prompt, Greedy(max_tokens));
+      }
+      if (rng() % 25 == 0 && !requests.empty()) {
+        const std::string id = "r" + std::to_string(rng() % static_cast<unsigned>(next));
+        if (!sink.finishes.count(id) && engine->Cancel(id)) cancelled.insert(id);
+      }
+      engine->Step(sink);
+    }
+    REQUIRE(engine->idle());
+    CHECK(engine->Stats().free_blocks == 10);
+    // The traffic did what it is for: prefixes were shared and the pool ran out.
+    const double shared = metrics.AddCounter("tandem_prefix_shared_tokens_total", "").Get().Value();
+    const double preempted = metrics.AddCounter("tandem_preemptions_total", "").Get().Value();
+    INFO("shared " << shared << " tokens, " << preempted << " preemptions");
+    CHECK(shared >= 16 * 4);
+    CHECK(preempted >= 1);
+    for (const auto& [id, request] : requests) {
+      if (cancelled.count(id)) continue;
+      INFO(id << ", prompt of " << request.first.size());
+      REQUIRE(sink.finishes.count(id));
+      auto alone = std::move(BatchEngine::Create(*model, alone_options)).value();
+      Sink alone_sink;
+      alone->AddNew(id, request.first, Greedy(request.second));
+      for (int i = 0; i < 200 && !alone->idle(); ++i) alone->Step(alone_sink);
+      CHECK(sink.tokens[id] == alone_sink.tokens[id]);
+    }
+  }
 }
 
 struct Collect : PrefillObserver {
