@@ -19,6 +19,7 @@
 #include "common/model/make_model.h"
 #include "decode/colocated_server.h"
 #include "decode/decode_server.h"
+#include "kvtransfer/ucx_capabilities.h"
 #include "prefill/prefill_server.h"
 #include "perf/bench.h"
 #include "router/api_keys.h"
@@ -122,7 +123,12 @@ int main(int argc, char** argv) {
     return kExitOk;
   }
   if (first == "--version") {
+    // The version, then what this binary and the libraries it runs with can do.
     std::printf("tandem %s\n", TANDEM_VERSION);
+    std::printf("CUDA backend: %s\n",
+                BuiltWithCuda() ? "compiled in (no CUDA forward pass yet: device cuda is refused)"
+                                : "not built (cmake -DTANDEM_CUDA=ON on a machine with nvcc)");
+    std::printf("%s\n", DescribeUcx(ProbeUcx()).c_str());
     return kExitOk;
   }
   for (const Command& command : kCommands) {

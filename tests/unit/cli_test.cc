@@ -26,6 +26,10 @@ TEST_CASE("cli: --help and --version exit 0", "[cli]") {
   test::CommandResult version = Tandem("--version");
   CHECK(version.exit_code == 0);
   CHECK(version.output.rfind("tandem ", 0) == 0);
+  // What the binary and its libraries can do: the CUDA backend, and UCX's memory types.
+  CHECK(version.output.find("\nCUDA backend: ") != std::string::npos);
+  CHECK(version.output.find("\nUCX ") != std::string::npos);
+  CHECK(version.output.find("memory types host") != std::string::npos);
 }
 
 TEST_CASE("cli: subcommand --help exits 0", "[cli]") {

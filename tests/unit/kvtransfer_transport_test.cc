@@ -13,6 +13,7 @@
 
 #include "kvtransfer/inprocess_transport.h"
 #include "kvtransfer/transfer.h"
+#include "kvtransfer/ucx_capabilities.h"
 #include "kvtransfer/ucx_transport.h"
 #include "tests/test_ucx.h"
 
@@ -94,6 +95,22 @@ void RandomRequest(std::mt19937_64& rng, uint64_t region_bytes, LayerRanges* rem
       total -= len;
     }
   }
+}
+
+TEST_CASE("kvtransfer: UCX says at run time which memory it can move", "[kvtransfer]") {
+  StatusOr<UcxCapabilities> caps = ProbeUcx();
+  REQUIRE(caps.ok());
+  CHECK_FALSE(caps->version.empty());
+  CHECK(std::find(caps->memory_types.begin(), caps->memory_types.end(), "host") !=
+        caps->memory_types.end());
+  const bool cuda = std::find(caps->memory_types.begin(), caps->memory_types.end(), "cuda") !=
+                    caps->memory_types.end();
+  CHECK(caps->cuda_memory == cuda);
+  const std::string line = DescribeUcx(caps);
+  INFO(line);
+  CHECK(line.rfind("UCX " + caps->version + ": memory types host", 0) == 0);
+  CHECK(line.find(cuda ? "over UCX: yes" : "over UCX: no (") != std::string::npos);
+  CHECK(DescribeUcx(Unavailable("no transport")) == "UCX: unavailable (no transport)");
 }
 
 TEST_CASE("kvtransfer backends move the same bytes", "[kvtransfer]") {
