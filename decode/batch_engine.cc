@@ -288,9 +288,7 @@ void BatchEngine::PublishFilled(Request& r) {
       if (shared_tokens_ != nullptr) shared_tokens_->Inc(matched * bs);
     }
   }
-  for (int32_t k = r.published; k < filled; ++k)
-    cache_->blocks().Publish(r.blocks[k], k == 0 ? -1 : r.blocks[k - 1],
-                             std::span<const int32_t>(r.tokens).subspan(k * bs, bs));
+  cache_->blocks().PublishRun(r.blocks, r.tokens, r.published, filled);
   r.published = std::max(r.published, filled);
 }
 

@@ -140,11 +140,8 @@ void PrefillEngine::TakeSharedPrefix(PrefillRequest& r) {
 }
 
 void PrefillEngine::PublishFilled(PrefillRequest& r) {
-  const int32_t bs = options_.block_size;
-  const int32_t filled = r.num_computed / bs;
-  for (int32_t k = r.published; k < filled; ++k)
-    cache_->blocks().Publish(r.blocks[k], k == 0 ? -1 : r.blocks[k - 1],
-                             std::span<const int32_t>(r.prompt).subspan(k * bs, bs));
+  const int32_t filled = r.num_computed / options_.block_size;
+  cache_->blocks().PublishRun(r.blocks, r.prompt, r.published, filled);
   r.published = std::max(r.published, filled);
 }
 

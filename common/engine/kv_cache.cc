@@ -158,7 +158,8 @@ void BlockManager::Unpublish(int32_t block) {
   key_[block] = 0;
 }
 
-int BlockManager::PeekPrefix(std::span<const int32_t> tokens, int max_blocks, int* cached) const {
+int BlockManager::WalkPrefix(std::span<const int32_t> tokens, int max_blocks, int* cached,
+                             std::vector<int32_t>* found) const {
   *cached = 0;
   if (block_size_ <= 0) return 0;
   const int full = static_cast<int>(tokens.size() / block_size_);
@@ -176,30 +177,39 @@ int BlockManager::PeekPrefix(std::span<const int32_t> tokens, int max_blocks, in
         !std::equal(held.begin(), held.end(), chunk.begin()))
       break;
     if (ref_counts_[b] == 0) ++*cached;
+    if (found != nullptr) found->push_back(b);
     parent = b;
     ++matched;
   }
   return matched;
 }
 
+int BlockManager::PeekPrefix(std::span<const int32_t> tokens, int max_blocks, int* cached) const {
+  return WalkPrefix(tokens, max_blocks, cached, nullptr);
+}
+
 int BlockManager::MatchPrefix(std::span<const int32_t> tokens, int max_blocks,
                               std::vector<int32_t>* table) {
   int cached = 0;
-  const int matched = PeekPrefix(tokens, max_blocks, &cached);
-  int32_t parent = -1;
-  for (int k = 0; k < matched; ++k) {
-    const auto chunk = tokens.subspan(static_cast<size_t>(k) * block_size_, block_size_);
-    const int32_t b = index_.at(Key(parent, chunk));
+  const size_t first = table->size();
+  const int matched = WalkPrefix(tokens, max_blocks, &cached, table);
+  for (size_t i = first; i < table->size(); ++i) {
+    const int32_t b = (*table)[i];
     if (ref_counts_[b] == 0) {  // cached: in use again
       CacheRemove(b);
       ref_counts_[b] = 1;
     } else {
       AddRef(b);
     }
-    table->push_back(b);
-    parent = b;
   }
   return matched;
+}
+
+void BlockManager::PublishRun(std::span<const int32_t> table, std::span<const int32_t> tokens,
+                              int first, int last) {
+  for (int k = first; k < last; ++k)
+    Publish(table[k], k == 0 ? -1 : table[k - 1],
+            tokens.subspan(static_cast<size_t>(k) * block_size_, block_size_));
 }
 
 // ---- KvCache ---------------------------------------------------------------------------------

@@ -87,6 +87,10 @@ class BlockManager {
   // What MatchPrefix would take now, taking nothing: how many blocks, and in *cached how many of
   // them are cached (taking one of those uses up a free block).
   int PeekPrefix(std::span<const int32_t> tokens, int max_blocks, int* cached) const;
+  // Publishes blocks [first, last) of a sequence's block table, which hold `tokens` (the
+  // sequence's, from its start), each after the one before it.
+  void PublishRun(std::span<const int32_t> table, std::span<const int32_t> tokens, int first,
+                  int last);
   int num_published() const { return static_cast<int>(index_.size()); }
   // A hash of a sequence's first block (block_size tokens of `tokens`), or 0 when `tokens` has
   // fewer: equal for requests that could share that block. For scheduling hints only.
@@ -105,6 +109,10 @@ class BlockManager {
  private:
   uint64_t Key(int32_t parent, std::span<const int32_t> tokens) const;  // of parent's content now
   void Unpublish(int32_t block);
+  // The published blocks that hold tokens' leading full blocks (at most max_blocks): how many,
+  // how many of them are cached, appended to *found when it is not null.
+  int WalkPrefix(std::span<const int32_t> tokens, int max_blocks, int* cached,
+                 std::vector<int32_t>* found) const;
   // The cached blocks, least recently freed first: a list linked through prev_/next_.
   void CacheAppend(int32_t block);
   void CacheRemove(int32_t block);

@@ -86,6 +86,14 @@ TANDEM_AVX2 inline float Reduce1(__m256 a) {
 
 inline void Store(float* y, float v, float beta) { *y = beta == 0.0f ? v : v + beta * *y; }
 
+// Touches element i of the NR weight rows after the tile's own (see TileAvx512's Prefetch).
+template <WeightDType D, int NR>
+inline void PrefetchNextTile(const char* w0, size_t ws, int i) {
+#pragma GCC unroll 8
+  for (int j = 0; j < NR; ++j)
+    _mm_prefetch(w0 + (NR + j) * ws + static_cast<size_t>(i) * sizeof(Elem<D>), _MM_HINT_T0);
+}
+
 // y[r, j] for NR weight rows from `w0` (row stride `ws` bytes) and MR activation rows from `x`.
 // Prefetch: as TileAvx512's.
 template <WeightDType D, int NR, int MR, bool Prefetch = false>
@@ -102,11 +110,7 @@ TANDEM_AVX2 void TileAvx2(const float* x, int k, const char* w0, size_t ws, floa
 #pragma GCC unroll 4
     for (int r = 0; r < MR; ++r) xv[r] = _mm256_loadu_ps(x + static_cast<size_t>(r) * k + i);
     if constexpr (Prefetch) {
-      if (i % 32 == 0) {  // once per 64-byte line of 2-byte weights
-#pragma GCC unroll 8
-        for (int j = 0; j < NR; ++j)
-          _mm_prefetch(w0 + (NR + j) * ws + static_cast<size_t>(i) * sizeof(Elem<D>), _MM_HINT_T0);
-      }
+      if (i % 32 == 0) PrefetchNextTile<D, NR>(w0, ws, i);  // once per 64-byte line of bf16/f16
     }
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) {
@@ -228,11 +232,7 @@ TANDEM_AVX512 void TileAvx512(const float* x, int k, const char* w0, size_t ws, 
     __m512 xv[MR];
 #pragma GCC unroll 4
     for (int r = 0; r < MR; ++r) xv[r] = _mm512_loadu_ps(x + static_cast<size_t>(r) * k + i);
-    if constexpr (Prefetch) {
-#pragma GCC unroll 8
-      for (int j = 0; j < NR; ++j)
-        _mm_prefetch(w0 + (NR + j) * ws + static_cast<size_t>(i) * sizeof(Elem<D>), _MM_HINT_T0);
-    }
+    if constexpr (Prefetch) PrefetchNextTile<D, NR>(w0, ws, i);
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) {
       const __m512 wv = Widen16<D>(w0 + j * ws, i);
