@@ -167,7 +167,8 @@ Status CheckKvMemory(const ClusterConfig& c, const KvLayout& layout, uint64_t ma
   int instances = 0;
   std::string fields;
   for (auto& [name, s] : sections) {
-    if (s->instances <= 0) continue;
+    // A pool on a GPU is not this machine's memory (the instance sizes it from the device's).
+    if (s->instances <= 0 || s->device != "cpu") continue;
     TANDEM_ASSIGN_OR_RETURN(int blocks, KvPoolBlocks(c, *s, layout, machine_bytes));
     total += blocks * block_bytes * s->instances;
     instances += s->instances;

@@ -28,8 +28,9 @@ Status CheckClusterLayout(const ClusterConfig& config);
 // router.host, the instances' on 127.0.0.1). Unavailable naming the field and the port otherwise.
 Status CheckPortsFree(const ClusterConfig& config);
 
-// Every instance's KV pool (KvPoolBlocks) for a model whose KV has `layout`, and all of them
-// together within kMaxKvMemoryShare of `machine_bytes` (0: not checked).
+// Every CPU instance's KV pool (KvPoolBlocks) for a model whose KV has `layout`, and all of them
+// together within kMaxKvMemoryShare of `machine_bytes` (0: not checked). Instances on `cuda`
+// keep their pools in device memory: each checks its own GPU when it starts.
 Status CheckKvMemory(const ClusterConfig& config, const KvLayout& layout, uint64_t machine_bytes);
 
 // The config the children run on, readable from any directory: model.path,

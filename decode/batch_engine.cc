@@ -90,12 +90,15 @@ StatusOr<std::unique_ptr<BatchEngine>> BatchEngine::Create(const Model& model,
                             ? std::max(options.token_budget, options.max_model_len)
                             : options.token_budget;
   fo.max_batch_sequences = options.max_batch_size;
-  TANDEM_ASSIGN_OR_RETURN(engine->forward_, CpuForward::Create(model, fo));
+  fo.max_model_len = options.max_model_len;
+  TANDEM_ASSIGN_OR_RETURN(engine->forward_, CreateForwardBackend(model, fo, options.device));
   const KvLayout layout = engine->forward_->MakeKvLayout(options.block_size);
-  TANDEM_ASSIGN_OR_RETURN(engine->cache_,
-                          options.kv_memory.base != nullptr
-                              ? KvCache::Create(layout, options.kv_blocks, options.kv_memory)
-                              : KvCache::Create(layout, options.kv_blocks));
+  KvPoolMemory memory = options.kv_memory;
+  if (memory.base == nullptr) {
+    TANDEM_ASSIGN_OR_RETURN(memory,
+                            engine->forward_->AllocateKvPool(KvPoolBytes(layout, options.kv_blocks)));
+  }
+  TANDEM_ASSIGN_OR_RETURN(engine->cache_, KvCache::Create(layout, options.kv_blocks, memory));
   engine->options_.kv_memory = {};  // the cache holds the memory now
   engine->cache_->blocks().SetCaching(options.prefix_caching);
   engine->running_state_.reserve(options.max_batch_size * 2);

@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "common/net/control_wire.h"
-#include "common/engine/forward.h"
+#include "common/engine/forward_backend.h"
 #include "common/engine/kv_cache.h"
 #include "common/base/metrics.h"
 #include "common/base/moving_average.h"
@@ -70,6 +70,7 @@ class EngineSink {
 };
 
 struct BatchEngineOptions {
+  std::string device = "cpu";  // S.device: the forward backend (common/engine/forward_backend.h)
   int threads = 1;
   int kv_blocks = 0;  // resolved (> 0)
   int block_size = 16;
@@ -83,7 +84,8 @@ struct BatchEngineOptions {
   // (the transfer timeout plus a margin: the pull itself fails first).
   std::chrono::milliseconds kv_wait_timeout{6000};
   bool prefix_caching = true;  // kv_cache.prefix_caching (BlockManager::SetCaching)
-  // Where the KV pool lives (a transport allocated it); empty: the engine allocates it.
+  // Where the KV pool lives (a transport allocated it; on the backend's device when that is not
+  // the CPU); empty: the backend allocates it.
   KvPoolMemory kv_memory;
 };
 
@@ -183,7 +185,7 @@ class BatchEngine {
 
   const Model& model_;
   BatchEngineOptions options_;
-  std::unique_ptr<CpuForward> forward_;
+  std::unique_ptr<ForwardBackend> forward_;
   std::unique_ptr<KvCache> cache_;
   SamplerWorkspace workspace_;
   std::vector<int32_t> eos_ids_;

@@ -216,6 +216,7 @@ Status BatchDriver::InitTransferAndEngine(const RoleArgs& args,
   TANDEM_ASSIGN_OR_RETURN(std::string dir, ResolveModelDir(config.model));
   TANDEM_ASSIGN_OR_RETURN(model_, Model::Load(dir, {ParseWeightDType(config.model.dtype)}));
   BatchEngineOptions eo;
+  eo.device = section.device;
   eo.threads = section.threads;
   eo.block_size = config.kv_cache.block_size;
   eo.prefix_caching = config.kv_cache.prefix_caching;
@@ -224,10 +225,13 @@ Status BatchDriver::InitTransferAndEngine(const RoleArgs& args,
   if (colocated()) eo.policy = StepPolicyFromConfig(section.scheduling);
   eo.max_model_len = config.model.max_model_len;
   const ModelConfig& mc = model_->config();
+  TANDEM_ASSIGN_OR_RETURN(uint64_t kv_budget,
+                          KvMemoryBudgetBytes(section.device, model_->total_bytes()));
   TANDEM_ASSIGN_OR_RETURN(
       eo.kv_blocks,
       KvPoolBlocks(config, section,
-                   KvLayout{mc.num_layers, mc.num_kv_heads, mc.head_dim, eo.block_size}));
+                   KvLayout{mc.num_layers, mc.num_kv_heads, mc.head_dim, eo.block_size},
+                   kv_budget));
   eo.metrics = setup_.metrics.get();
   // A request joins the batch only once every layer was announced: the pull ends within the
   // transfer timeout, and the step's wait for a layer a little later.

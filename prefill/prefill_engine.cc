@@ -31,14 +31,15 @@ StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(const Model& mode
   fo.num_threads = o.threads;
   fo.max_batch_tokens = o.token_budget;
   fo.max_batch_sequences = o.max_batch_size;
-  TANDEM_ASSIGN_OR_RETURN(engine->forward_, CpuForward::Create(model, fo));
+  fo.max_model_len = o.max_model_len;
+  TANDEM_ASSIGN_OR_RETURN(engine->forward_, CreateForwardBackend(model, fo, o.device));
   const KvLayout layout = engine->forward_->MakeKvLayout(o.block_size);
-  if (o.kv_memory.base != nullptr) {
-    TANDEM_ASSIGN_OR_RETURN(engine->cache_,
-                            KvCache::Create(layout, o.kv_blocks, std::move(o.kv_memory)));
-  } else {
-    TANDEM_ASSIGN_OR_RETURN(engine->cache_, KvCache::Create(layout, o.kv_blocks));
+  if (o.kv_memory.base == nullptr) {
+    TANDEM_ASSIGN_OR_RETURN(o.kv_memory,
+                            engine->forward_->AllocateKvPool(KvPoolBytes(layout, o.kv_blocks)));
   }
+  TANDEM_ASSIGN_OR_RETURN(engine->cache_,
+                          KvCache::Create(layout, o.kv_blocks, std::move(o.kv_memory)));
   engine->cache_->blocks().SetCaching(o.prefix_caching);
   if (o.metrics != nullptr) {
     engine->batch_seconds_ = &o.metrics

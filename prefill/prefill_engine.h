@@ -27,7 +27,7 @@
 #include "common/base/metrics.h"
 #include "common/base/moving_average.h"
 #include "common/base/status.h"
-#include "common/engine/forward.h"
+#include "common/engine/forward_backend.h"
 #include "common/engine/kv_cache.h"
 #include "common/engine/sampling.h"
 #include "common/model/model.h"
@@ -36,6 +36,7 @@
 namespace tandem {
 
 struct PrefillEngineOptions {
+  std::string device = "cpu";  // S.device: the forward backend (common/engine/forward_backend.h)
   int threads = 1;
   int token_budget = 2048;
   int max_batch_size = 64;
@@ -43,7 +44,9 @@ struct PrefillEngineOptions {
   int kv_blocks = 0;  // resolved (> 0)
   int max_model_len = 4096;
   bool prefix_caching = true;  // kv_cache.prefix_caching (BlockManager::SetCaching)
-  KvPoolMemory kv_memory;  // where the pool lives (a transport allocated it); empty: the heap
+  // Where the pool lives (a transport allocated it; on the backend's device when that is not the
+  // CPU); empty: the backend allocates it.
+  KvPoolMemory kv_memory;
   MetricsRegistry* metrics = nullptr;  // not owned; may be null
 };
 
@@ -118,7 +121,7 @@ class PrefillEngine {
 
   const Model& model_;
   PrefillEngineOptions options_;
-  std::unique_ptr<CpuForward> forward_;
+  std::unique_ptr<ForwardBackend> forward_;
   std::unique_ptr<KvCache> cache_;
   std::unique_ptr<SamplerWorkspace> workspace_;
   std::vector<int32_t> eos_ids_;

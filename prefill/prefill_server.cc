@@ -112,6 +112,7 @@ Status PrefillDriver::Init(const RoleArgs& args) {
   TANDEM_ASSIGN_OR_RETURN(model_, Model::Load(dir, {ParseWeightDType(config.model.dtype)}));
   const ModelConfig& mc = model_->config();
   PrefillEngineOptions eo;
+  eo.device = section.device;
   eo.threads = section.threads;
   eo.token_budget = section.token_budget;
   eo.max_batch_size = section.max_batch_size;
@@ -120,7 +121,9 @@ Status PrefillDriver::Init(const RoleArgs& args) {
   eo.max_model_len = config.model.max_model_len;
   eo.metrics = setup_.metrics.get();
   const KvLayout layout{mc.num_layers, mc.num_kv_heads, mc.head_dim, eo.block_size};
-  TANDEM_ASSIGN_OR_RETURN(eo.kv_blocks, KvPoolBlocks(config, section, layout));
+  TANDEM_ASSIGN_OR_RETURN(uint64_t kv_budget,
+                          KvMemoryBudgetBytes(section.device, model_->total_bytes()));
+  TANDEM_ASSIGN_OR_RETURN(eo.kv_blocks, KvPoolBlocks(config, section, layout, kv_budget));
   // Our own hold timer fires first; the transport's lease is the backstop.
   TANDEM_ASSIGN_OR_RETURN(kv_, CreatePublisherWithPool(
                                    config.transfer, KvPoolBytes(layout, eo.kv_blocks),

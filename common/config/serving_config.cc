@@ -34,10 +34,15 @@ class ServingErrors {
 };
 
 void CheckInstance(ServingErrors* errors, const std::string& name, const InstanceSection& s) {
-  if (s.device != "cpu")
+  if (s.device == "cuda" && !BuiltWithCuda())
     errors->Add(name + ".device",
-                "'" + s.device + "' cannot be served: Tandem has no CUDA forward pass yet, on any "
-                "build (device cuda is for tandem simulate and tandem plan); use cpu");
+                "cuda cannot be served by this build: it has no CUDA backend (build with cmake "
+                "-DTANDEM_CUDA=ON on a machine with nvcc); use cpu");
+  else if (s.device == "cuda" && name != "colocated" && s.instances > 0)
+    errors->Add(name + ".device",
+                "cuda on " + name + " instances needs a GPU-to-GPU KV transfer (CUDA IPC, NCCL), "
+                "which Tandem does not have yet: run colocated instances on cuda, or prefill and "
+                "decode on cpu");
   if (s.tensor_parallel > 1)
     errors->Add(name + ".tensor_parallel",
                 std::to_string(s.tensor_parallel) + " cannot be served: a CPU instance is one "

@@ -4,7 +4,8 @@
 // and `tandem plan` read. The commands that run servers (up, serve, prefill, decode, colocated,
 // router, check-config) load through LoadServingConfig, which also refuses what no server here
 // does, each with the place it was set and the field ("cluster.yaml:7:11: decode.device: ..."):
-//   - S.device cuda (no CUDA forward pass exists yet, on any build);
+//   - S.device cuda on a build without CUDA, and on prefill or decode instances (no GPU-to-GPU KV
+//     transfer yet: colocated instances serve on cuda);
 //   - S.tensor_parallel or S.pipeline_parallel > 1 (a CPU instance is one process; use S.threads);
 //   - S.preemption swap (decode preempts by recompute only);
 //   - S.scheduling prefill_first on prefill or decode (only colocated instances schedule steps);

@@ -311,34 +311,8 @@ StatusOr<std::unique_ptr<CpuForward>> CpuForward::Create(const Model& model,
     f->panel_.Resize(static_cast<size_t>(f->panel_rows_) * max_cols);
   }
 
-  // Inverse frequencies, computed in fp32 the way HF's rope init functions do.
   const int half = c.head_dim / 2;
-  f->inv_freq_.resize(half);
-  for (int i = 0; i < half; ++i) {
-    float exponent = static_cast<float>(2 * i) / static_cast<float>(c.head_dim);
-    float base_pow = static_cast<float>(std::pow(c.rope_theta, static_cast<double>(exponent)));
-    f->inv_freq_[i] = 1.0f / base_pow;
-  }
-  const RopeScaling& rs = c.rope_scaling;
-  if (rs.type == RopeScalingType::kLinear) {
-    for (float& v : f->inv_freq_) v /= static_cast<float>(rs.factor);
-  } else if (rs.type == RopeScalingType::kLlama3) {
-    const float factor = static_cast<float>(rs.factor);
-    const float old_len = static_cast<float>(rs.original_max_position_embeddings);
-    const float low = static_cast<float>(rs.low_freq_factor);
-    const float high = static_cast<float>(rs.high_freq_factor);
-    const float low_freq_wavelen = old_len / low;
-    const float high_freq_wavelen = old_len / high;
-    for (float& v : f->inv_freq_) {
-      const float wavelen = static_cast<float>(2.0 * M_PI) / v;
-      float scaled = wavelen > low_freq_wavelen ? v / factor : v;
-      if (!(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen)) {
-        const float smooth = (old_len / wavelen - low) / (high - low);
-        scaled = (1.0f - smooth) * scaled / factor + smooth * scaled;
-      }
-      v = scaled;
-    }
-  }
+  f->inv_freq_ = RopeInvFreq(c);
 
   const size_t t = options.max_batch_tokens, s = options.max_batch_sequences;
   const size_t h = c.hidden_size;
@@ -359,52 +333,15 @@ StatusOr<std::unique_ptr<CpuForward>> CpuForward::Create(const Model& model,
   return f;
 }
 
+StatusOr<KvPoolMemory> CpuForward::AllocateKvPool(size_t bytes) {
+  return AllocateKvPoolMemory(bytes);
+}
+
 KvLayout CpuForward::MakeKvLayout(int block_size) const {
   const ModelConfig& c = model_.config();
   return KvLayout{c.num_layers, c.num_kv_heads, c.head_dim, block_size};
 }
 
-Status CpuForward::Validate(std::span<const SequenceInput> batch, const KvCache& cache) const {
-  const ModelConfig& c = model_.config();
-  const KvLayout& layout = cache.layout();
-  if (layout.num_layers != c.num_layers || layout.num_kv_heads != c.num_kv_heads ||
-      layout.head_dim != c.head_dim)
-    return InvalidArgument("forward: KV cache layout (" + layout.ToString() +
-                           ") does not match the model");
-  if (batch.empty()) return InvalidArgument("forward: empty batch");
-  if (static_cast<int>(batch.size()) > options_.max_batch_sequences)
-    return TooLarge("forward: " + std::to_string(batch.size()) + " sequences exceed " +
-                    "max_batch_sequences " + std::to_string(options_.max_batch_sequences));
-  size_t total = 0;
-  for (size_t i = 0; i < batch.size(); ++i) {
-    const SequenceInput& seq = batch[i];
-    // Built only on error: the steady-state step allocates nothing.
-    auto where = [i] { return "forward: sequence " + std::to_string(i); };
-    if (seq.tokens.empty()) return InvalidArgument(where() + " has no tokens");
-    if (seq.start_position < 0) return InvalidArgument(where() + " has a negative position");
-    total += seq.tokens.size();
-    for (int32_t token : seq.tokens) {
-      if (token < 0 || token >= c.vocab_size)
-        return InvalidArgument(where() + ": token id " + std::to_string(token) +
-                               " outside the vocabulary of " + std::to_string(c.vocab_size));
-    }
-    const int64_t end = int64_t{seq.start_position} + static_cast<int64_t>(seq.tokens.size());
-    const int64_t blocks_needed = (end + layout.block_size - 1) / layout.block_size;
-    if (static_cast<int64_t>(seq.block_table.size()) < blocks_needed)
-      return InvalidArgument(where() + ": block table has " + std::to_string(seq.block_table.size()) +
-                             " blocks, positions up to " + std::to_string(end) + " need " +
-                             std::to_string(blocks_needed));
-    for (int64_t b = 0; b < blocks_needed; ++b) {
-      if (seq.block_table[b] < 0 || seq.block_table[b] >= cache.num_blocks())
-        return InvalidArgument(where() + ": block id " + std::to_string(seq.block_table[b]) +
-                               " outside the pool of " + std::to_string(cache.num_blocks()));
-    }
-  }
-  if (total > static_cast<size_t>(options_.max_batch_tokens))
-    return TooLarge("forward: " + std::to_string(total) + " tokens exceed max_batch_tokens " +
-                    std::to_string(options_.max_batch_tokens));
-  return Status::Ok();
-}
 
 void CpuForward::Linear(const float* x, int m, const WeightMatrix& w, float* y, float beta) {
   const int n = w.rows, k = w.cols;
@@ -514,7 +451,10 @@ void CpuForward::ResidualLinear(const float* in, int m, const WeightMatrix& w,
 StatusOr<std::span<const float>> CpuForward::Forward(std::span<const SequenceInput> batch,
                                                      KvCache& cache, LogitsMode mode,
                                                      const ForwardHooks* hooks) {
-  TANDEM_RETURN_IF_ERROR(Validate(batch, cache));
+  TANDEM_RETURN_IF_ERROR(ValidateForwardBatch(model_.config(), options_, batch, cache.layout(),
+                                               cache.num_blocks()));
+  if (cache.memory_kind() != KvMemoryKind::kHost)
+    return InvalidArgument("forward (cpu): the KV pool is in device memory");
   const ModelConfig& c = model_.config();
   const KvLayout& layout = cache.layout();
   const int h = c.hidden_size, d = c.head_dim, half = d / 2;

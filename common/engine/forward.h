@@ -29,6 +29,7 @@
 #include <span>
 #include <vector>
 
+#include "common/engine/forward_backend.h"
 #include "common/engine/kv_cache.h"
 #include "common/engine/linear_kernels.h"
 #include "common/model/model.h"
@@ -37,43 +38,7 @@
 
 namespace tandem {
 
-struct SequenceInput {
-  std::span<const int32_t> tokens;       // the new tokens; at least one
-  int32_t start_position = 0;            // position of tokens[0]; KV of [0, start) is cached
-  std::span<const int32_t> block_table;  // covers positions [0, start + tokens.size())
-};
-
-struct ForwardOptions {
-  int num_threads = 1;
-  int max_batch_tokens = 2048;     // sum of new tokens over a batch
-  int max_batch_sequences = 256;
-};
-
-enum class LogitsMode { kLastToken, kAllTokens };
-
-// Optional per-layer hooks for one Forward call, run on the calling thread (layer-wise KV
-// streaming: decode waits for a pulled layer, prefill announces a computed one).
-//   before_layer(l): before layer l reads or writes any KV of the cache.
-//   after_layer(l):  after layer l's K/V of every token of the batch are in the cache.
-// Both run for l = 0, 1, ..., num_layers - 1 in order; either may be empty. They must not call
-// back into this CpuForward. They run only when Validate passed.
-//
-// all_reduce (tensor parallelism, common/engine/tensor_parallel.h): when set, the model is one
-// rank's shard, and the outputs of the row-parallel projections (o_proj and down_proj) are
-// partial sums. Each layer then calls all_reduce(data, count) twice, after o_proj and after
-// down_proj, with the partial sums of the batch ([tokens, hidden] row major, count = tokens *
-// hidden) before they are added to the residual; it must replace them by their sum over the
-// ranks (every rank the same values, so that the ranks' residual streams stay equal). o_bias is
-// added after it. Unset, each projection adds straight into the residual (one fused GEMM). It
-// cannot report an error: a collective that fails records it where its owner finds it, and the
-// pass's result is then meaningless.
-struct ForwardHooks {
-  std::function<void(int layer)> before_layer;
-  std::function<void(int layer)> after_layer;
-  std::function<void(float* data, size_t count)> all_reduce;
-};
-
-class CpuForward {
+class CpuForward final : public ForwardBackend {
  public:
   // InvalidArgument when the options or the model's shape are out of range (head_dim > 256).
   static StatusOr<std::unique_ptr<CpuForward>> Create(const Model& model,
@@ -83,7 +48,9 @@ class CpuForward {
   CpuForward& operator=(const CpuForward&) = delete;
 
   // The KV layout this model needs, with the given block size.
-  KvLayout MakeKvLayout(int block_size = kDefaultBlockSize) const;
+  KvLayout MakeKvLayout(int block_size = kDefaultBlockSize) const override;
+  // Heap memory (AllocateKvPoolMemory).
+  StatusOr<KvPoolMemory> AllocateKvPool(size_t bytes) override;
 
   // Runs one forward pass. Returns row-major logits: [batch.size(), vocab] for kLastToken, or
   // [total new tokens, vocab] (sequences in order) for kAllTokens. The span points into a buffer
@@ -95,9 +62,10 @@ class CpuForward {
   // `hooks` (optional, not kept) see ForwardHooks; they do not change the result.
   StatusOr<std::span<const float>> Forward(std::span<const SequenceInput> batch, KvCache& cache,
                                            LogitsMode mode = LogitsMode::kLastToken,
-                                           const ForwardHooks* hooks = nullptr);
+                                           const ForwardHooks* hooks = nullptr) override;
 
-  const Model& model() const { return model_; }
+  const Model& model() const override { return model_; }
+  std::string description() const override { return "cpu"; }
   int num_threads() const { return pool_.num_threads(); }
 
  private:
@@ -118,7 +86,6 @@ class CpuForward {
   };
 
   CpuForward(const Model& model, const ForwardOptions& options);
-  Status Validate(std::span<const SequenceInput> batch, const KvCache& cache) const;
   // y[m, w.rows] = x[m, w.cols] w^T + beta y, on the pool (small m) or OpenBLAS (large m).
   void Linear(const float* x, int m, const WeightMatrix& w, float* y, float beta);
   void Attention(int layer, std::span<const SequenceInput> batch, KvCache& cache);

@@ -263,8 +263,11 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvLayout& layout, int n
   if (reinterpret_cast<uintptr_t>(memory.base) % 64 != 0)
     return InvalidArgument("KV cache: pool memory is not 64-byte aligned");
   auto cache = std::unique_ptr<KvCache>(new KvCache(layout, num_blocks));
-  std::memset(memory.base, 0, bytes);  // touch every page now, not in the first decode steps
+  // Host: touch every page now, not in the first decode steps. A device pool is zeroed by its
+  // allocator (the host cannot write it).
+  if (memory.kind == KvMemoryKind::kHost) std::memset(memory.base, 0, bytes);
   cache->base_ = reinterpret_cast<float*>(memory.base);
+  cache->memory_kind_ = memory.kind;
   cache->memory_owner_ = std::move(memory.owner);
   return cache;
 }
@@ -277,6 +280,8 @@ size_t ExportedKvBytes(const KvLayout& layout, size_t num_blocks) {
 
 namespace {
 Status CheckTable(const KvCache& cache, std::span<const int32_t> table, size_t bytes) {
+  if (cache.memory_kind() != KvMemoryKind::kHost)
+    return FailedPrecondition("KV export/import: the pool is in device memory");
   size_t want = ExportedKvBytes(cache.layout(), table.size());
   if (bytes != want)
     return InvalidArgument("KV export/import: buffer has " + std::to_string(bytes) + " bytes, " +

@@ -138,10 +138,17 @@ class BlockManager {
 // The bytes of a pool and what keeps them alive: `owner` frees them when its last copy goes (a
 // KvCache holds one). A transport that can only do fast RMA on memory it allocated itself (UCX
 // over shared memory) hands the pool one of these instead of the heap.
+//
+// Device memory (kind kCudaDevice: a CUDA backend's pool, common/engine/forward_backend.h) has
+// the same layout; host code may compute addresses in it (BlockData) but never dereferences
+// them, and its allocator zeroes it.
+enum class KvMemoryKind : uint8_t { kHost, kCudaDevice };
+
 struct KvPoolMemory {
   std::byte* base = nullptr;  // at least 64-byte aligned
   size_t bytes = 0;
   std::shared_ptr<void> owner;
+  KvMemoryKind kind = KvMemoryKind::kHost;
 };
 
 // Bytes a pool of `num_blocks` blocks per layer needs.
@@ -172,7 +179,8 @@ class KvCache {
   // Allocates (and zeroes) the pool on the heap. ResourceExhausted when the memory is not
   // available.
   static StatusOr<std::unique_ptr<KvCache>> Create(const KvLayout& layout, int num_blocks);
-  // Places the pool in `memory` (zeroes and touches it now) and keeps memory.owner alive.
+  // Places the pool in `memory` (host memory: zeroes and touches it now) and keeps memory.owner
+  // alive.
   // InvalidArgument when it is smaller than KvPoolBytes or misaligned.
   static StatusOr<std::unique_ptr<KvCache>> Create(const KvLayout& layout, int num_blocks,
                                                    KvPoolMemory memory);
@@ -203,6 +211,8 @@ class KvCache {
   const float* HeadData(int layer, int32_t block, int kv, int head) const {
     return const_cast<KvCache*>(this)->HeadData(layer, block, kv, head);
   }
+  // Where the pool is: host memory, or a device's (then BlockData's addresses are the device's).
+  KvMemoryKind memory_kind() const { return memory_kind_; }
   // Start of the whole pool (for registering it with a transport).
   std::byte* data() { return reinterpret_cast<std::byte*>(base_); }
   const std::byte* data() const { return reinterpret_cast<const std::byte*>(base_); }
@@ -215,6 +225,7 @@ class KvCache {
   size_t block_floats_;
   float* base_ = nullptr;
   std::shared_ptr<void> memory_owner_;  // keeps base_ alive
+  KvMemoryKind memory_kind_ = KvMemoryKind::kHost;
   BlockManager blocks_;
 };
 
@@ -223,10 +234,11 @@ size_t ExportedKvBytes(const KvLayout& layout, size_t num_blocks);
 
 // Copies the blocks in `table` (in order) to `out`, layer-major: for each layer, for each
 // block of the table, its block_bytes() range. InvalidArgument when out has the wrong size or a
-// block id is out of range.
+// block id is out of range; FailedPrecondition for a pool in device memory.
 Status ExportBlocks(const KvCache& cache, std::span<const int32_t> table, std::span<std::byte> out);
 // The inverse: writes `in` (as produced by ExportBlocks from a pool of the same KvLayout) into
-// the blocks of `table` in `cache`. InvalidArgument on a size mismatch; nothing is written then.
+// the blocks of `table` in `cache`. InvalidArgument on a size mismatch, FailedPrecondition for a
+// pool in device memory; nothing is written then.
 Status ImportBlocks(KvCache& cache, std::span<const int32_t> table, std::span<const std::byte> in);
 
 }  // namespace tandem

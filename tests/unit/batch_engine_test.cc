@@ -13,6 +13,7 @@
 #include <set>
 #include <thread>
 
+#include "common/engine/forward.h"
 #include "common/model/make_model.h"
 #include "tests/unit/test_util.h"
 

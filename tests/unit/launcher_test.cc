@@ -118,6 +118,13 @@ TEST_CASE("launcher: the KV pools of all instances must fit the machine together
   ClusterConfig tight = Parse("kv_cache: {memory_fraction: 0.0001}\n");
   CHECK(Has(CheckKvMemory(tight, layout, uint64_t{1} << 30).message(),
             "kv_cache.memory_fraction: the prefill KV pool holds"));
+  // A colocated pool on a GPU does not count against the host's memory.
+  ClusterConfig gpu = Parse(
+      "prefill: {instances: 0}\ndecode: {instances: 0}\n"
+      "colocated: {instances: 1, device: cuda, kv_blocks: 100000}\n");
+  CHECK(CheckKvMemory(gpu, layout, uint64_t{700} << 20).ok());
+  gpu.colocated.device = "cpu";
+  CHECK_FALSE(CheckKvMemory(gpu, layout, uint64_t{700} << 20).ok());
 }
 
 TEST_CASE("launcher: the snapshot reads the same from any directory", "[launcher]") {

@@ -40,12 +40,24 @@ TEST_CASE("serving config: GPU layouts load for simulation and are refused for s
       "decode:\n  pipeline_parallel: 4\n  preemption: swap\n";
   CHECK(LoadError(gpu).empty());  // tandem simulate / plan
   const std::string error = ServingError(gpu);
-  CHECK(Has(error, "cluster.yaml:2:11: prefill.device: 'cuda' cannot be served"));
+  CHECK(Has(error, BuiltWithCuda() ? "cluster.yaml:2:11: prefill.device: cuda on prefill instances "
+                                      "needs a GPU-to-GPU KV transfer"
+                                    : "cluster.yaml:2:11: prefill.device: cuda cannot be served by "
+                                      "this build: it has no CUDA backend"));
   CHECK(Has(error, "cluster.yaml:3:20: prefill.tensor_parallel: 2 cannot be served"));
   CHECK(Has(error, "cluster.yaml:5:22: decode.pipeline_parallel: 4 cannot be served"));
   CHECK(Has(error, "cluster.yaml:6:15: decode.preemption: swap is not implemented"));
   // A flag is named as the flag.
-  CHECK(Has(ServingError("", {"colocated.device=cuda"}), "flag --colocated.device: colocated.device"));
+  CHECK(Has(ServingError("", {"decode.device=cuda"}), "flag --decode.device: decode.device"));
+  // Colocated instances serve on cuda where the build has the backend.
+  const std::string colocated_cuda =
+      ServingError("prefill: {instances: 0}\ndecode: {instances: 0}\n"
+                   "colocated: {instances: 1, device: cuda}\n");
+  if (BuiltWithCuda()) {
+    CHECK(colocated_cuda.empty());
+  } else {
+    CHECK(Has(colocated_cuda, "colocated.device: cuda cannot be served by this build"));
+  }
   CHECK(ServingError("").empty());
   CHECK(ServingError("colocated: {instances: 1, scheduling: prefill_first}\n").empty());
   CHECK(Has(ServingError("decode: {scheduling: prefill_first}\n"),

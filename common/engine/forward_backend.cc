@@ -1,0 +1,136 @@
+#include "common/engine/forward_backend.h"
+
+#include <cmath>
+#include <string>
+
+#include "common/config/serving_config.h"
+#include "common/engine/forward.h"
+#if TANDEM_HAVE_CUDA
+#include "common/engine/cuda/cuda_forward.h"
+#endif
+
+namespace tandem {
+
+namespace {
+
+// The error for a device this build cannot compute on.
+Status UnsupportedDevice(std::string_view device) {
+  if (device == "cuda")
+    return InvalidArgument(
+        "device cuda: this build has no CUDA backend (configure with -DTANDEM_CUDA=ON on a "
+        "machine with nvcc); use device cpu");
+  return InvalidArgument("device '" + std::string(device) + "': expected cpu or cuda");
+}
+
+}  // namespace
+
+bool ForwardBackendHasCuda() {
+#if TANDEM_HAVE_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+StatusOr<std::unique_ptr<ForwardBackend>> CreateForwardBackend(const Model& model,
+                                                               const ForwardOptions& options,
+                                                               std::string_view device) {
+  if (device == "cpu") {
+    TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<CpuForward> cpu, CpuForward::Create(model, options));
+    return std::unique_ptr<ForwardBackend>(std::move(cpu));
+  }
+  if (device == "cuda") {
+#if TANDEM_HAVE_CUDA
+    TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaForward> gpu,
+                            cuda::CudaForward::Create(model, options));
+    return std::unique_ptr<ForwardBackend>(std::move(gpu));
+#endif
+  }
+  return UnsupportedDevice(device);
+}
+
+StatusOr<uint64_t> KvMemoryBudgetBytes(std::string_view device, size_t weight_bytes) {
+  if (device == "cpu") return MachineMemoryBytes();
+#if TANDEM_HAVE_CUDA
+  if (device == "cuda") {
+    TANDEM_ASSIGN_OR_RETURN(uint64_t total, cuda::DeviceMemoryBytes());
+    return total > weight_bytes ? total - weight_bytes : 0;
+  }
+#endif
+  return UnsupportedDevice(device);
+}
+
+Status ValidateForwardBatch(const ModelConfig& c, const ForwardOptions& options,
+                            std::span<const SequenceInput> batch, const KvLayout& layout,
+                            int num_blocks) {
+  if (layout.num_layers != c.num_layers || layout.num_kv_heads != c.num_kv_heads ||
+      layout.head_dim != c.head_dim)
+    return InvalidArgument("forward: KV cache layout (" + layout.ToString() +
+                           ") does not match the model");
+  if (batch.empty()) return InvalidArgument("forward: empty batch");
+  if (static_cast<int>(batch.size()) > options.max_batch_sequences)
+    return TooLarge("forward: " + std::to_string(batch.size()) + " sequences exceed " +
+                    "max_batch_sequences " + std::to_string(options.max_batch_sequences));
+  size_t total = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const SequenceInput& seq = batch[i];
+    // Built only on error: the steady-state step allocates nothing.
+    auto where = [i] { return "forward: sequence " + std::to_string(i); };
+    if (seq.tokens.empty()) return InvalidArgument(where() + " has no tokens");
+    if (seq.start_position < 0) return InvalidArgument(where() + " has a negative position");
+    total += seq.tokens.size();
+    for (int32_t token : seq.tokens) {
+      if (token < 0 || token >= c.vocab_size)
+        return InvalidArgument(where() + ": token id " + std::to_string(token) +
+                               " outside the vocabulary of " + std::to_string(c.vocab_size));
+    }
+    const int64_t end = int64_t{seq.start_position} + static_cast<int64_t>(seq.tokens.size());
+    const int64_t blocks_needed = (end + layout.block_size - 1) / layout.block_size;
+    if (static_cast<int64_t>(seq.block_table.size()) < blocks_needed)
+      return InvalidArgument(where() + ": block table has " + std::to_string(seq.block_table.size()) +
+                             " blocks, positions up to " + std::to_string(end) + " need " +
+                             std::to_string(blocks_needed));
+    for (int64_t b = 0; b < blocks_needed; ++b) {
+      if (seq.block_table[b] < 0 || seq.block_table[b] >= num_blocks)
+        return InvalidArgument(where() + ": block id " + std::to_string(seq.block_table[b]) +
+                               " outside the pool of " + std::to_string(num_blocks));
+    }
+  }
+  if (total > static_cast<size_t>(options.max_batch_tokens))
+    return TooLarge("forward: " + std::to_string(total) + " tokens exceed max_batch_tokens " +
+                    std::to_string(options.max_batch_tokens));
+  return Status::Ok();
+}
+
+std::vector<float> RopeInvFreq(const ModelConfig& c) {
+  const int half = c.head_dim / 2;
+  std::vector<float> inv_freq(half);
+  for (int i = 0; i < half; ++i) {
+    float exponent = static_cast<float>(2 * i) / static_cast<float>(c.head_dim);
+    float base_pow = static_cast<float>(std::pow(c.rope_theta, static_cast<double>(exponent)));
+    inv_freq[i] = 1.0f / base_pow;
+  }
+  const RopeScaling& rs = c.rope_scaling;
+  if (rs.type == RopeScalingType::kLinear) {
+    for (float& v : inv_freq) v /= static_cast<float>(rs.factor);
+  } else if (rs.type == RopeScalingType::kLlama3) {
+    const float factor = static_cast<float>(rs.factor);
+    const float old_len = static_cast<float>(rs.original_max_position_embeddings);
+    const float low = static_cast<float>(rs.low_freq_factor);
+    const float high = static_cast<float>(rs.high_freq_factor);
+    const float low_freq_wavelen = old_len / low;
+    const float high_freq_wavelen = old_len / high;
+    for (float& v : inv_freq) {
+      const float wavelen = static_cast<float>(2.0 * M_PI) / v;
+      float scaled = wavelen > low_freq_wavelen ? v / factor : v;
+      if (!(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen)) {
+        const float smooth = (old_len / wavelen - low) / (high - low);
+        scaled = (1.0f - smooth) * scaled / factor + smooth * scaled;
+      }
+      v = scaled;
+    }
+  }
+  return inv_freq;
+}
+
+}  // namespace tandem

@@ -1,0 +1,128 @@
+// The engine's backend seam: one forward pass of a Llama-family decoder over a paged KV cache,
+// on the CPU (CpuForward, common/engine/forward.h) or a CUDA device (CudaForward,
+// common/engine/cuda/cuda_forward.h). The engines (prefill, decode, colocated) hold a
+// ForwardBackend and never learn which one runs.
+//
+// Both backends share everything that is not arithmetic: the batch they are given
+// (SequenceInput), its checks (ValidateForwardBatch), the RoPE frequencies, the KV block layout
+// (common/engine/kv_cache.h; on a device the pool has the same bytes in device memory) and the
+// flat arrays a device pass reads (common/engine/device_batch.h). Sampling is the engines'
+// (common/engine/sampling.h) on host logits for both: see CudaForward for why.
+//
+// `device` (S.device in the config): "cpu" or "cuda" (device 0 of what CUDA_VISIBLE_DEVICES
+// shows; a process is one instance). A build without CUDA refuses "cuda" with a message.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/base/status.h"
+#include "common/engine/kv_cache.h"
+#include "common/model/model.h"
+
+namespace tandem {
+
+struct SequenceInput {
+  std::span<const int32_t> tokens;       // the new tokens; at least one
+  int32_t start_position = 0;            // position of tokens[0]; KV of [0, start) is cached
+  std::span<const int32_t> block_table;  // covers positions [0, start + tokens.size())
+};
+
+struct ForwardOptions {
+  int num_threads = 1;             // CPU worker threads (the CUDA backend uses one host thread)
+  int max_batch_tokens = 2048;     // sum of new tokens over a batch
+  int max_batch_sequences = 256;
+  // CUDA: the longest sequence (model.max_model_len), which sizes the block tables the
+  // captured decode graphs read. 0: the model's max_position_embeddings.
+  int max_model_len = 0;
+  // CUDA: capture decode steps (one token per sequence, no hooks) as CUDA graphs.
+  bool cuda_graphs = true;
+};
+
+enum class LogitsMode { kLastToken, kAllTokens };
+
+// Optional per-layer hooks for one Forward call, run on the calling thread (layer-wise KV
+// streaming: decode waits for a pulled layer, prefill announces a computed one).
+//   before_layer(l): before layer l reads or writes any KV of the cache.
+//   after_layer(l):  after layer l's K/V of every token of the batch are in the cache (on a
+//                    device: the copy engine may read them now).
+// Both run for l = 0, 1, ..., num_layers - 1 in order; either may be empty. They must not call
+// back into the backend. They run only when validation passed.
+//
+// all_reduce (tensor parallelism, common/engine/tensor_parallel.h; CPU backend): when set, the
+// model is one rank's shard, and the outputs of the row-parallel projections (o_proj and
+// down_proj) are partial sums. Each layer then calls all_reduce(data, count) twice, after o_proj
+// and after down_proj, with the partial sums of the batch ([tokens, hidden] row major, count =
+// tokens * hidden) before they are added to the residual; it must replace them by their sum
+// over the ranks (every rank the same values, so that the ranks' residual streams stay equal).
+// o_bias is added after it. Unset, each projection adds straight into the residual (one fused
+// GEMM). It cannot report an error: a collective that fails records it where its owner finds
+// it, and the pass's result is then meaningless.
+struct ForwardHooks {
+  std::function<void(int layer)> before_layer;
+  std::function<void(int layer)> after_layer;
+  std::function<void(float* data, size_t count)> all_reduce;
+};
+
+class ForwardBackend {
+ public:
+  virtual ~ForwardBackend() = default;
+
+  // The KV layout this model needs, with the given block size (the same on every backend).
+  virtual KvLayout MakeKvLayout(int block_size = kDefaultBlockSize) const = 0;
+
+  // Memory for a KV pool of `bytes` where this backend's pass reads it: the heap (CPU) or
+  // device memory (CUDA, zeroed). ResourceExhausted when there is not enough.
+  virtual StatusOr<KvPoolMemory> AllocateKvPool(size_t bytes) = 0;
+
+  // Runs one forward pass. Returns row-major logits in host memory: [batch.size(), vocab] for
+  // kLastToken, or [total new tokens, vocab] (sequences in order) for kAllTokens. The span
+  // points into a buffer owned by the backend, valid until the next call.
+  // Errors (nothing is written to the cache then): ValidateForwardBatch's; InvalidArgument
+  // when the cache's memory is not where this backend computes (a host pool given to CUDA);
+  // Internal when the device failed.
+  // `hooks` (optional, not kept) see ForwardHooks; they do not change the result.
+  virtual StatusOr<std::span<const float>> Forward(std::span<const SequenceInput> batch,
+                                                   KvCache& cache,
+                                                   LogitsMode mode = LogitsMode::kLastToken,
+                                                   const ForwardHooks* hooks = nullptr) = 0;
+
+  virtual const Model& model() const = 0;
+  // "cpu" or "cuda:<ordinal> (<device name>)", for logs and `tandem --version`.
+  virtual std::string description() const = 0;
+};
+
+// The backend for `device` ("cpu" or "cuda"). InvalidArgument for another name, or "cuda" on a
+// build without CUDA; Unavailable when CUDA finds no device; the backend's own errors.
+StatusOr<std::unique_ptr<ForwardBackend>> CreateForwardBackend(const Model& model,
+                                                               const ForwardOptions& options,
+                                                               std::string_view device);
+
+// The memory a KV pool on `device` takes its share (kv_cache.memory_fraction) of: the machine's
+// (cpu, MachineMemoryBytes) or the device's total less `weight_bytes` (cuda: the weights live
+// there too). Errors as CreateForwardBackend's for the device.
+StatusOr<uint64_t> KvMemoryBudgetBytes(std::string_view device, size_t weight_bytes);
+
+// Whether this build has the CUDA backend.
+bool ForwardBackendHasCuda();
+
+// The checks both backends run before a pass (nothing is computed or written when one fails):
+// InvalidArgument for a cache layout that does not match `config`, an empty batch or sequence,
+// a negative position, a token id outside the vocabulary, a block table that does not cover the
+// positions or names a block outside the pool of `num_blocks`; TooLarge when the batch exceeds
+// options.max_batch_tokens or max_batch_sequences.
+Status ValidateForwardBatch(const ModelConfig& config, const ForwardOptions& options,
+                            std::span<const SequenceInput> batch, const KvLayout& layout,
+                            int num_blocks);
+
+// RoPE inverse frequencies [head_dim / 2] computed in fp32 the way HF's rope init functions do,
+// with the config's scaling (linear, llama3) applied.
+std::vector<float> RopeInvFreq(const ModelConfig& config);
+
+}  // namespace tandem

@@ -1,0 +1,171 @@
+// The host side the CUDA backend shares with the CPU one, tested where no GPU is: the flat
+// batch a device pass reads (common/engine/device_batch.h), the backend seam's device choice
+// and the KV pool's memory kind (common/engine/forward_backend.h, kv_cache.h).
+#include "common/engine/device_batch.h"
+
+#include <catch2/catch.hpp>
+
+#include <vector>
+
+#include "common/engine/forward.h"
+#include "common/engine/forward_backend.h"
+#include "common/engine/kv_cache.h"
+#include "common/model/make_model.h"
+#include "tests/unit/test_util.h"
+
+namespace tandem {
+namespace {
+
+TEST_CASE("device batch: a mixed batch flattens as the CPU pass walks it", "[device_batch]") {
+  // Sequence 0: a 10-token prefill chunk from position 3 (blocks 7, 2 of size 4: positions
+  // 0-3, 4-7, then block 9: 8-11, block 5: 12-15); sequence 1: one decode token at 5.
+  const std::vector<int32_t> prompt = {11, 12, 13, 14, 15, 16, 17, 18, 19, 20};
+  const std::vector<int32_t> table0 = {7, 2, 9, 5, 1};  // one block more than needed
+  const std::vector<int32_t> decode = {42};
+  const std::vector<int32_t> table1 = {4, 6};
+  const std::vector<SequenceInput> batch = {{prompt, 3, table0}, {decode, 5, table1}};
+  DeviceBatch d;
+  BuildDeviceBatch(batch, 4, 0, 0, 8, &d);
+  CHECK(d.num_tokens == 11);
+  CHECK(d.num_seqs == 2);
+  CHECK(d.real_seqs == 2);
+  CHECK_FALSE(d.decode_only);
+  CHECK(d.max_blocks_per_seq == 4);  // positions up to 12: four blocks of 4
+  CHECK(d.max_context == 13);
+  CHECK(d.token_ids == std::vector<int32_t>{11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 42});
+  CHECK(d.positions == std::vector<int32_t>{3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 5});
+  // Position p of sequence 0 goes to block table0[p / 4], slot p % 4.
+  CHECK(d.slot_mapping ==
+        std::vector<int64_t>{7 * 4 + 3, 2 * 4 + 0, 2 * 4 + 1, 2 * 4 + 2, 2 * 4 + 3, 9 * 4 + 0,
+                             9 * 4 + 1, 9 * 4 + 2, 9 * 4 + 3, 5 * 4 + 0, 6 * 4 + 1});
+  CHECK(d.block_tables == std::vector<int32_t>{7, 2, 9, 5, 4, 6, 0, 0});
+  CHECK(d.seq_lens == std::vector<int32_t>{13, 6});
+  CHECK(d.last_token == std::vector<int32_t>{9, 10});
+  // Tiles of up to 8 tokens within a sequence.
+  CHECK(d.tiles == std::vector<int32_t>{0, 0, 8, 0, 8, 2, 1, 10, 1});
+  CHECK(d.num_tiles() == 3);
+}
+
+TEST_CASE("device batch: a decode batch pads to a graph size with inert sequences",
+          "[device_batch]") {
+  const std::vector<int32_t> a = {5}, b = {6};
+  const std::vector<int32_t> ta = {3}, tb = {8, 1};
+  const std::vector<SequenceInput> batch = {{a, 0, ta}, {b, 4, tb}};
+  DeviceBatch d;
+  BuildDeviceBatch(batch, 4, 6, 4, 8, &d);
+  CHECK(d.decode_only);
+  CHECK(d.num_seqs == 4);
+  CHECK(d.real_seqs == 2);
+  CHECK(d.num_tokens == 4);
+  CHECK(d.max_blocks_per_seq == 6);  // fixed by the caller (a captured graph's row length)
+  CHECK(d.token_ids == std::vector<int32_t>{5, 6, 0, 0});
+  CHECK(d.slot_mapping == std::vector<int64_t>{12, 4, -1, -1});  // padding writes no KV
+  CHECK(d.seq_lens == std::vector<int32_t>{1, 5, 0, 0});        // and attends over nothing
+  CHECK(d.last_token == std::vector<int32_t>{0, 1, 2, 3});
+  CHECK(d.block_tables.size() == 24);
+  CHECK(d.block_tables[6] == 8);
+  CHECK(d.block_tables[7] == 1);
+  CHECK(d.block_tables[12] == 0);
+
+  // Built again into the same object: nothing of the first batch is left.
+  const std::vector<SequenceInput> one = {{a, 0, ta}};
+  BuildDeviceBatch(one, 4, 0, 0, 8, &d);
+  CHECK(d.num_seqs == 1);
+  CHECK(d.block_tables == std::vector<int32_t>{3});
+  CHECK(d.tiles == std::vector<int32_t>{0, 0, 1});
+}
+
+TEST_CASE("device batch: graph sizes cover every batch up to the maximum", "[device_batch]") {
+  const std::vector<int32_t> sizes = DecodeGraphSizes(100);
+  CHECK(sizes == std::vector<int32_t>{1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 96, 100});
+  CHECK(GraphBatchSize(sizes, 1) == 1);
+  CHECK(GraphBatchSize(sizes, 3) == 4);
+  CHECK(GraphBatchSize(sizes, 57) == 64);
+  CHECK(GraphBatchSize(sizes, 100) == 100);
+  CHECK(GraphBatchSize(sizes, 101) == 0);
+  CHECK(DecodeGraphSizes(1) == std::vector<int32_t>{1});
+  CHECK(DecodeGraphSizes(0).empty());
+}
+
+TEST_CASE("forward backend: the device names the backend; cuda needs a CUDA build",
+          "[device_batch]") {
+  test::TempDir dir;
+  MakeModelOptions options;
+  options.with_tokenizer = false;
+  const std::string path = (dir.path() / "m").string();
+  REQUIRE(MakeModel(options, path).ok());
+  StatusOr<std::unique_ptr<Model>> model = Model::Load(path);
+  REQUIRE(model.ok());
+  StatusOr<std::unique_ptr<ForwardBackend>> cpu = CreateForwardBackend(**model, {}, "cpu");
+  REQUIRE(cpu.ok());
+  CHECK((*cpu)->description() == "cpu");
+  StatusOr<std::unique_ptr<ForwardBackend>> tpu = CreateForwardBackend(**model, {}, "tpu");
+  REQUIRE_FALSE(tpu.ok());
+  CHECK(tpu.status().message() == "device 'tpu': expected cpu or cuda");
+  StatusOr<std::unique_ptr<ForwardBackend>> gpu = CreateForwardBackend(**model, {}, "cuda");
+  if (!ForwardBackendHasCuda()) {
+    REQUIRE_FALSE(gpu.ok());
+    CHECK(gpu.status().code() == StatusCode::kInvalidArgument);
+    CHECK(gpu.status().message().find("this build has no CUDA backend") != std::string::npos);
+  } else if (!gpu.ok()) {  // a CUDA build on a machine without a device
+    CHECK(gpu.status().code() == StatusCode::kUnavailable);
+  }
+
+  // The CPU backend computes on host pools only; the pool it allocates is host memory.
+  StatusOr<KvPoolMemory> memory = (*cpu)->AllocateKvPool(KvPoolBytes((*cpu)->MakeKvLayout(16), 4));
+  REQUIRE(memory.ok());
+  CHECK(memory->kind == KvMemoryKind::kHost);
+  StatusOr<std::unique_ptr<KvCache>> cache =
+      KvCache::Create((*cpu)->MakeKvLayout(16), 4, std::move(*memory));
+  REQUIRE(cache.ok());
+  const std::vector<int32_t> tokens = {1, 2, 3};
+  const std::vector<int32_t> table = {0};
+  const std::vector<SequenceInput> batch = {{tokens, 0, table}};
+  CHECK((*cpu)->Forward(batch, **cache).ok());
+}
+
+TEST_CASE("kv cache: a pool in device memory is never touched by the host", "[device_batch]") {
+  // An address the host must not dereference: nothing is mapped at a page of 0xdead0000.
+  const KvLayout layout{2, 2, 8, 4};
+  KvPoolMemory memory;
+  memory.base = reinterpret_cast<std::byte*>(uintptr_t{0xdead0000});
+  memory.bytes = KvPoolBytes(layout, 3);
+  memory.kind = KvMemoryKind::kCudaDevice;
+  StatusOr<std::unique_ptr<KvCache>> cache = KvCache::Create(layout, 3, memory);  // no memset
+  REQUIRE(cache.ok());
+  CHECK((*cache)->memory_kind() == KvMemoryKind::kCudaDevice);
+  // Addresses are computed as on the host (a transfer's ranges), never read.
+  CHECK(reinterpret_cast<uintptr_t>((*cache)->BlockData(1, 2)) ==
+        0xdead0000 + (3 + 2) * layout.block_bytes());
+  const std::vector<int32_t> table = {0, 1};
+  std::vector<std::byte> buffer(ExportedKvBytes(layout, 2));
+  CHECK(ExportBlocks(**cache, table, buffer).code() == StatusCode::kFailedPrecondition);
+  CHECK(ImportBlocks(**cache, table, buffer).code() == StatusCode::kFailedPrecondition);
+
+  // The CPU pass refuses it with a message instead of reading device memory.
+  test::TempDir dir;
+  MakeModelOptions options;
+  options.with_tokenizer = false;
+  const std::string path = (dir.path() / "m").string();
+  REQUIRE(MakeModel(options, path).ok());
+  StatusOr<std::unique_ptr<Model>> model = Model::Load(path);
+  REQUIRE(model.ok());
+  StatusOr<std::unique_ptr<CpuForward>> cpu = CpuForward::Create(**model, {});
+  REQUIRE(cpu.ok());
+  StatusOr<std::unique_ptr<KvCache>> device_pool =
+      KvCache::Create((*cpu)->MakeKvLayout(4), 3, [&] {
+        KvPoolMemory m = memory;
+        m.bytes = KvPoolBytes((*cpu)->MakeKvLayout(4), 3);
+        return m;
+      }());
+  REQUIRE(device_pool.ok());
+  const std::vector<int32_t> tokens = {1};
+  const std::vector<int32_t> one_block = {0};
+  const std::vector<SequenceInput> batch = {{tokens, 0, one_block}};
+  StatusOr<std::span<const float>> logits = (*cpu)->Forward(batch, **device_pool);
+  REQUIRE_FALSE(logits.ok());
+  CHECK(logits.status().message() == "forward (cpu): the KV pool is in device memory");
+}
+
+}  // namespace
+}  // namespace tandem
