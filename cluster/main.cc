@@ -20,6 +20,9 @@
 #include "decode/colocated_server.h"
 #include "decode/decode_server.h"
 #include "kvtransfer/ucx_capabilities.h"
+#if TANDEM_HAVE_CUDA
+#include "common/engine/cuda/cuda_backend.h"
+#endif
 #include "prefill/prefill_server.h"
 #include "perf/bench.h"
 #include "router/api_keys.h"
@@ -125,9 +128,13 @@ int main(int argc, char** argv) {
   if (first == "--version") {
     // The version, then what this binary and the libraries it runs with can do.
     std::printf("tandem %s\n", TANDEM_VERSION);
-    std::printf("CUDA backend: %s\n",
-                BuiltWithCuda() ? "compiled in (no CUDA forward pass yet: device cuda is refused)"
-                                : "not built (cmake -DTANDEM_CUDA=ON on a machine with nvcc)");
+#if TANDEM_HAVE_CUDA
+    std::printf("CUDA backend: compiled in (device cuda: colocated instances; prefill and decode "
+                "on cuda need a GPU KV transfer, not built yet); %s\n",
+                cuda::DescribeCudaDevices().c_str());
+#else
+    std::printf("CUDA backend: not built (cmake -DTANDEM_CUDA=ON on a machine with nvcc)\n");
+#endif
     std::printf("%s\n", DescribeUcx(ProbeUcx()).c_str());
     return kExitOk;
   }

@@ -28,15 +28,17 @@ echo "== fuzz build: $((SECONDS - fuzz_started)) s"
 bash tests/fuzz/run.sh build-fuzz 20
 echo "== fuzz: $((SECONDS - started)) s (fuzz build and runs: $((SECONDS - fuzz_started)) s)"
 
-# CUDA-on build: the whole `tandem` binary with the CUDA backend (sm_90, cuBLAS, NCCL), from the
-# same C++ objects where they do not differ (ccache). Nothing runs on a GPU here (none): the
-# binary must start, and say where the GPU checks live; tests/gpu/ runs on a lent GPU machine.
+# CUDA-on build: the whole `tandem` binary with the CUDA backend (sm_90, cuBLAS, NCCL) and the
+# GPU checks, from the same C++ objects where they do not differ (ccache: only the CUDA sources
+# and the backend seam's one file differ). Nothing runs on a GPU here (none): tests/gpu/without_gpu.sh
+# checks that the binary and the checks say so and refuse cleanly; tests/gpu/run.sh runs the
+# checks on a GPU machine.
 if [[ -x /usr/local/cuda/bin/nvcc ]] || command -v nvcc >/dev/null; then
-  cmake -S . -B build-cuda -G Ninja -DTANDEM_CUDA=ON -DTANDEM_BUILD_TESTS=OFF \
+  cmake -S . -B build-cuda -G Ninja -DTANDEM_CUDA=ON -DTANDEM_BUILD_TESTS=ON \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo "${launcher[@]}" >/dev/null
-  cmake --build build-cuda -j2 --target tandem
-  build-cuda/tandem --version
-  echo "== CUDA build: $((SECONDS - started)) s (GPU checks skipped: no GPU on this machine; run tests/gpu on one)"
+  cmake --build build-cuda -j2 --target tandem cuda_kernels_check cuda_forward_check nccl_transfer_check
+  bash tests/gpu/without_gpu.sh build-cuda
+  echo "== CUDA build: $((SECONDS - started)) s (GPU checks skipped: no GPU on this machine; run tests/gpu/run.sh on one)"
 else
   echo "== CUDA build skipped: no nvcc"
 fi

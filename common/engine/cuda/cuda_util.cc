@@ -58,13 +58,102 @@ void CublasCheckFailed(int error, const char* expr, const char* file, int line) 
 
 StatusOr<int> DeviceCount() {
   int count = 0;
-  TANDEM_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&count));
-  if (count == 0) return Unavailable("no CUDA device is visible");
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  const std::string where = visible != nullptr
+                                ? std::string(" (CUDA_VISIBLE_DEVICES=") + visible + ")"
+                                : std::string();
+  // No driver, no device, or none visible: the machine has no GPU for us, not a bug.
+  if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver || count == 0) {
+    (void)cudaGetLastError();
+    return Unavailable(std::string("no usable CUDA device") + where + ": " +
+                       (err == cudaSuccess                   ? "none visible"
+                        : err == cudaErrorInsufficientDriver ? "no NVIDIA driver, or one older than this "
+                                                               "CUDA runtime"
+                                                             : cudaGetErrorString(err)));
+  }
+  TANDEM_CUDA_RETURN_IF_ERROR(err);
   return count;
 }
 
 Status SetDevice(int device) {
   TANDEM_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  return Status::Ok();
+}
+
+StatusOr<uint64_t> DeviceMemoryBytes() {
+  size_t free_bytes = 0, total_bytes = 0;
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return uint64_t{total_bytes};
+}
+
+StatusOr<std::string> DeviceName() {
+  int device = 0;
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  cudaDeviceProp prop{};
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, device));
+  return std::string(prop.name);
+}
+
+// ---- PinnedHostBuffer ------------------------------------------------------------------------
+
+StatusOr<PinnedHostBuffer> PinnedHostBuffer::Allocate(size_t bytes) {
+  if (bytes == 0) return PinnedHostBuffer();
+  void* data = nullptr;
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaMallocHost(&data, bytes));
+  return PinnedHostBuffer(data, bytes);
+}
+
+PinnedHostBuffer::PinnedHostBuffer(PinnedHostBuffer&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+
+PinnedHostBuffer& PinnedHostBuffer::operator=(PinnedHostBuffer&& other) noexcept {
+  if (this != &other) {
+    if (data_ != nullptr) TANDEM_CUDA_CHECK(cudaFreeHost(data_));
+    data_ = std::exchange(other.data_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+PinnedHostBuffer::~PinnedHostBuffer() {
+  if (data_ != nullptr) TANDEM_CUDA_CHECK(cudaFreeHost(data_));
+}
+
+// ---- CudaGraph ---------------------------------------------------------------------------------
+
+Status CudaGraph::BeginCapture(cudaStream_t stream) {
+  // Relaxed: other threads' CUDA calls (a transport's copies) do not break the capture.
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+  return Status::Ok();
+}
+
+StatusOr<CudaGraph> CudaGraph::EndCapture(cudaStream_t stream) {
+  cudaGraph_t graph = nullptr;
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
+  TANDEM_CUDA_CHECK(cudaGraphDestroy(graph));  // the executable graph keeps what it needs
+  TANDEM_CUDA_RETURN_IF_ERROR(err);
+  return CudaGraph(exec);
+}
+
+CudaGraph::CudaGraph(CudaGraph&& other) noexcept : exec_(std::exchange(other.exec_, nullptr)) {}
+
+CudaGraph& CudaGraph::operator=(CudaGraph&& other) noexcept {
+  if (this != &other) {
+    if (exec_ != nullptr) TANDEM_CUDA_CHECK(cudaGraphExecDestroy(exec_));
+    exec_ = std::exchange(other.exec_, nullptr);
+  }
+  return *this;
+}
+
+CudaGraph::~CudaGraph() {
+  if (exec_ != nullptr) TANDEM_CUDA_CHECK(cudaGraphExecDestroy(exec_));
+}
+
+Status CudaGraph::Launch(cudaStream_t stream) const {
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec_, stream));
   return Status::Ok();
 }
 
@@ -172,6 +261,11 @@ CublasHandle::~CublasHandle() {
 
 Status CublasHandle::SetStream(cudaStream_t stream) {
   TANDEM_CUBLAS_RETURN_IF_ERROR(cublasSetStream(handle_, stream));
+  return Status::Ok();
+}
+
+Status CublasHandle::SetWorkspace(void* workspace, size_t bytes) {
+  TANDEM_CUBLAS_RETURN_IF_ERROR(cublasSetWorkspace(handle_, workspace, bytes));
   return Status::Ok();
 }
 

@@ -20,6 +20,8 @@ struct CUstream_st;
 typedef struct CUstream_st* cudaStream_t;
 struct cublasContext;
 typedef struct cublasContext* cublasHandle_t;
+struct CUgraphExec_st;
+typedef struct CUgraphExec_st* cudaGraphExec_t;
 
 namespace tandem::cuda {
 
@@ -67,6 +69,10 @@ namespace tandem::cuda {
 StatusOr<int> DeviceCount();
 // Makes `device` current for the calling thread.
 Status SetDevice(int device);
+// Total memory of the current device, in bytes.
+StatusOr<uint64_t> DeviceMemoryBytes();
+// "NVIDIA H100 80GB HBM3" (the current device's name).
+StatusOr<std::string> DeviceName();
 
 // A non-blocking CUDA stream on the current device.
 class CudaStream {
@@ -122,6 +128,54 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
+// Page-locked host memory (cudaMallocHost): copies to and from it are truly asynchronous, and
+// may be captured in a CUDA graph.
+class PinnedHostBuffer {
+ public:
+  static StatusOr<PinnedHostBuffer> Allocate(size_t bytes);
+  PinnedHostBuffer() = default;
+  PinnedHostBuffer(PinnedHostBuffer&& other) noexcept;
+  PinnedHostBuffer& operator=(PinnedHostBuffer&& other) noexcept;
+  PinnedHostBuffer(const PinnedHostBuffer&) = delete;
+  PinnedHostBuffer& operator=(const PinnedHostBuffer&) = delete;
+  ~PinnedHostBuffer();
+
+  void* data() const { return data_; }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
+  size_t size() const { return bytes_; }
+
+ private:
+  PinnedHostBuffer(void* data, size_t bytes) : data_(data), bytes_(bytes) {}
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// An instantiated CUDA graph: the work one capture of a stream recorded, replayed with one
+// launch. Capture: BeginCapture(stream), queue the work as usual, then EndCapture. The replay
+// reads and writes the same addresses as the captured work did.
+class CudaGraph {
+ public:
+  static Status BeginCapture(cudaStream_t stream);
+  // Ends the capture begun on `stream` and instantiates what it recorded.
+  static StatusOr<CudaGraph> EndCapture(cudaStream_t stream);
+  CudaGraph() = default;
+  CudaGraph(CudaGraph&& other) noexcept;
+  CudaGraph& operator=(CudaGraph&& other) noexcept;
+  CudaGraph(const CudaGraph&) = delete;
+  CudaGraph& operator=(const CudaGraph&) = delete;
+  ~CudaGraph();
+
+  bool empty() const { return exec_ == nullptr; }
+  Status Launch(cudaStream_t stream) const;
+
+ private:
+  explicit CudaGraph(cudaGraphExec_t exec) : exec_(exec) {}
+  cudaGraphExec_t exec_ = nullptr;
+};
+
 // A cuBLAS handle on the current device.
 class CublasHandle {
  public:
@@ -136,6 +190,8 @@ class CublasHandle {
   cublasHandle_t get() const { return handle_; }
   // Subsequent cuBLAS calls on this handle are queued on `stream`.
   Status SetStream(cudaStream_t stream);
+  // Gives cuBLAS its own workspace (so that it allocates nothing while a graph is captured).
+  Status SetWorkspace(void* workspace, size_t bytes);
 
  private:
   explicit CublasHandle(cublasHandle_t handle) : handle_(handle) {}

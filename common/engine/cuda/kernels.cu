@@ -165,35 +165,47 @@ __global__ void WriteKvKernel(const T* k, const T* v, int32_t kv_stride, KvT* la
   }
 }
 
-// One thread block per (head, sequence). Each warp walks every kAttnWarps-th token with an
-// online softmax (running max m, sum l, weighted V sum acc); the warps' partial results are
-// merged at the end. Lane j holds dims j, j + 32, ... of q and acc.
+// Decode attention, one thread block per (head, sequence, partition). Each warp walks every
+// kAttnWarps-th token of the partition with an online softmax (running max m, sum l, weighted V
+// sum acc); the warps' partial results are merged at the end, into the output row (one
+// partition) or the partition's slot of `partials` ([m, l, acc[head_dim]], merged by
+// DecodeCombineKernel). Lane j holds dims j, j + 32, ... of q and acc.
 template <typename KvT>
-__global__ void PagedAttentionDecodeKernel(const float* q, const KvT* layer_base,
-                                           int32_t num_kv_heads, int32_t head_dim,
-                                           int32_t block_size, const int32_t* block_tables,
-                                           int32_t max_blocks_per_seq, const int32_t* seq_lens,
-                                           int32_t num_heads, float scale, float* out) {
+__global__ void PagedAttentionDecodeKernel(PagedAttentionArgs a, const int32_t* seq_lens,
+                                           int32_t num_partitions, float* partials) {
   __shared__ float warp_m[kAttnWarps];
   __shared__ float warp_l[kAttnWarps];
   __shared__ float warp_acc[kAttnWarps][kMaxHeadDim];
 
-  const int head = blockIdx.x, seq = blockIdx.y;
+  const int head = blockIdx.x, seq = blockIdx.y, part = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int kv_head = head / (num_heads / num_kv_heads);
+  const int head_dim = a.shape.head_dim, block_size = a.shape.block_size;
+  const int num_kv_heads = a.shape.num_kv_heads;
+  const int kv_head = head / (a.num_heads / num_kv_heads);
   const int32_t seq_len = seq_lens[seq];
-  const int32_t* table = block_tables + int64_t{seq} * max_blocks_per_seq;
-  const int64_t block_elems = int64_t{2} * num_kv_heads * block_size * head_dim;
+  const int32_t lo = a.sliding_window > 0 ? max(0, seq_len - a.sliding_window) : 0;
+  const int32_t begin = lo + part * kDecodePartitionTokens;
+  const int32_t end = min(seq_len, begin + kDecodePartitionTokens);
+  const KvT* layer_base = static_cast<const KvT*>(a.layer_base);
+  const int32_t* table = a.block_tables + int64_t{seq} * a.max_blocks_per_seq;
+  const int64_t block_elems = a.shape.BlockElements();
   const int64_t k_offset = int64_t{kv_head} * block_size * head_dim;
   const int64_t v_offset = int64_t{num_kv_heads + kv_head} * block_size * head_dim;
-  float* out_row = out + (int64_t{seq} * num_heads + head) * head_dim;
+  float* out_row = a.out + int64_t{seq} * a.out_stride + int64_t{head} * head_dim;
+  float* part_row =
+      partials + ((int64_t{seq} * a.num_heads + head) * num_partitions + part) * (head_dim + 2);
 
-  if (seq_len <= 0) {
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) out_row[d] = 0.0f;
+  if (begin >= end) {  // past the context (or padding): nothing to contribute
+    if (num_partitions == 1) {
+      for (int d = threadIdx.x; d < head_dim; d += blockDim.x) out_row[d] = 0.0f;
+    } else {
+      for (int d = threadIdx.x; d < head_dim + 2; d += blockDim.x)
+        part_row[d] = d == 0 ? -INFINITY : 0.0f;
+    }
     return;
   }
 
-  const float* q_row = q + (int64_t{seq} * num_heads + head) * head_dim;
+  const float* q_row = a.q + int64_t{seq} * a.q_stride + int64_t{head} * head_dim;
   float qr[kMaxDimsPerLane], acc[kMaxDimsPerLane];
 #pragma unroll
   for (int i = 0; i < kMaxDimsPerLane; ++i) {
@@ -203,7 +215,7 @@ __global__ void PagedAttentionDecodeKernel(const float* q, const KvT* layer_base
   }
 
   float m = -INFINITY, l = 0.0f;
-  for (int32_t t = warp; t < seq_len; t += kAttnWarps) {
+  for (int32_t t = begin + warp; t < end; t += kAttnWarps) {
     const KvT* block = layer_base + int64_t{table[t / block_size]} * block_elems;
     const int64_t row = int64_t{t % block_size} * head_dim;
     const KvT* k_row = block + k_offset + row;
@@ -213,7 +225,7 @@ __global__ void PagedAttentionDecodeKernel(const float* q, const KvT* layer_base
       const int d = lane + 32 * i;
       if (d < head_dim) dot += qr[i] * Load(k_row, d);
     }
-    const float s = WarpSum(dot) * scale;
+    const float s = WarpSum(dot) * a.scale;
     const float m_new = fmaxf(m, s);
     const float correction = expf(m - m_new);  // 0 on the first token (m = -inf)
     const float p = expf(s - m_new);
@@ -238,6 +250,7 @@ __global__ void PagedAttentionDecodeKernel(const float* q, const KvT* layer_base
   }
   __syncthreads();
 
+  // Warp 0 had the partition's first token, so m_all is finite; idle warps weigh 0.
   float m_all = -INFINITY;
   for (int w = 0; w < kAttnWarps; ++w) m_all = fmaxf(m_all, warp_m[w]);
   float l_all = 0.0f;
@@ -245,8 +258,132 @@ __global__ void PagedAttentionDecodeKernel(const float* q, const KvT* layer_base
   for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
     float sum = 0.0f;
     for (int w = 0; w < kAttnWarps; ++w) sum += warp_acc[w][d] * expf(warp_m[w] - m_all);
+    if (num_partitions == 1) {
+      out_row[d] = sum / l_all;
+    } else {
+      part_row[2 + d] = sum;
+    }
+  }
+  if (num_partitions > 1 && threadIdx.x == 0) {
+    part_row[0] = m_all;
+    part_row[1] = l_all;
+  }
+}
+
+// Merges the partitions of PagedAttentionDecodeKernel: one thread block per (head, sequence).
+__global__ void DecodeCombineKernel(const float* partials, int32_t num_partitions,
+                                    int32_t num_heads, int32_t head_dim, float* out,
+                                    int32_t out_stride) {
+  const int head = blockIdx.x, seq = blockIdx.y;
+  const int64_t stride = head_dim + 2;
+  const float* parts = partials + (int64_t{seq} * num_heads + head) * num_partitions * stride;
+  float* out_row = out + int64_t{seq} * out_stride + int64_t{head} * head_dim;
+  float m_all = -INFINITY;
+  for (int p = 0; p < num_partitions; ++p) m_all = fmaxf(m_all, parts[p * stride]);
+  if (m_all == -INFINITY) {  // an empty context: a zero row
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) out_row[d] = 0.0f;
+    return;
+  }
+  float l_all = 0.0f;
+  for (int p = 0; p < num_partitions; ++p)
+    l_all += parts[p * stride + 1] * expf(parts[p * stride] - m_all);
+  for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+    float sum = 0.0f;
+    for (int p = 0; p < num_partitions; ++p)
+      sum += parts[p * stride + 2 + d] * expf(parts[p * stride] - m_all);
     out_row[d] = sum / l_all;
   }
+}
+
+constexpr int kKeyChunk = 16;  // keys staged in shared memory at once (prefill)
+
+// Prefill attention, one thread block per (tile, head): warp w owns the tile's w-th query
+// token. The block stages kKeyChunk keys (K and V rows of the head's kv head) at a time in
+// shared memory; every warp scores the staged keys its token may see (causal, sliding window)
+// with an online softmax. The chunks cover the union of the tile's key ranges.
+template <typename KvT>
+__global__ void PagedAttentionPrefillKernel(PagedAttentionArgs a, const int32_t* positions,
+                                            const int32_t* tiles) {
+  __shared__ float k_s[kKeyChunk][kMaxHeadDim];
+  __shared__ float v_s[kKeyChunk][kMaxHeadDim];
+
+  const int tile = blockIdx.x, head = blockIdx.y;
+  const int seq = tiles[3 * tile], first = tiles[3 * tile + 1], count = tiles[3 * tile + 2];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int head_dim = a.shape.head_dim, block_size = a.shape.block_size;
+  const int num_kv_heads = a.shape.num_kv_heads;
+  const int kv_head = head / (a.num_heads / num_kv_heads);
+  const bool active = warp < count;
+  const int t = first + min(warp, count - 1);
+  const int32_t pos = positions[t];
+  const int32_t window = a.sliding_window;
+  const int32_t lo = window > 0 ? max(0, pos - window + 1) : 0;
+  const int32_t tile_lo = window > 0 ? max(0, positions[first] - window + 1) : 0;
+  const int32_t tile_hi = positions[first + count - 1];  // inclusive
+  const KvT* layer_base = static_cast<const KvT*>(a.layer_base);
+  const int32_t* table = a.block_tables + int64_t{seq} * a.max_blocks_per_seq;
+  const int64_t block_elems = a.shape.BlockElements();
+  const int64_t k_offset = int64_t{kv_head} * block_size * head_dim;
+  const int64_t v_offset = int64_t{num_kv_heads + kv_head} * block_size * head_dim;
+
+  const float* q_row = a.q + int64_t{t} * a.q_stride + int64_t{head} * head_dim;
+  float qr[kMaxDimsPerLane], acc[kMaxDimsPerLane];
+#pragma unroll
+  for (int i = 0; i < kMaxDimsPerLane; ++i) {
+    const int d = lane + 32 * i;
+    qr[i] = d < head_dim ? q_row[d] : 0.0f;
+    acc[i] = 0.0f;
+  }
+  float m = -INFINITY, l = 0.0f;
+
+  for (int32_t chunk = tile_lo; chunk <= tile_hi; chunk += kKeyChunk) {
+    const int n = min(kKeyChunk, tile_hi - chunk + 1);
+    __syncthreads();  // every warp is done with the previous chunk
+    for (int idx = threadIdx.x; idx < n * head_dim; idx += blockDim.x) {
+      const int j = idx / head_dim, d = idx % head_dim;
+      const int32_t p = chunk + j;
+      const KvT* block = layer_base + int64_t{table[p / block_size]} * block_elems;
+      const int64_t row = int64_t{p % block_size} * head_dim;
+      k_s[j][d] = Load(block + k_offset + row, d);
+      v_s[j][d] = Load(block + v_offset + row, d);
+    }
+    __syncthreads();
+    if (!active) continue;
+    for (int j = 0; j < n; ++j) {
+      const int32_t p = chunk + j;
+      if (p < lo || p > pos) continue;  // the same for the whole warp
+      float dot = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kMaxDimsPerLane; ++i) {
+        const int d = lane + 32 * i;
+        if (d < head_dim) dot += qr[i] * k_s[j][d];
+      }
+      const float s = WarpSum(dot) * a.scale;
+      const float m_new = fmaxf(m, s);
+      const float correction = expf(m - m_new);
+      const float pr = expf(s - m_new);
+      l = l * correction + pr;
+#pragma unroll
+      for (int i = 0; i < kMaxDimsPerLane; ++i) {
+        const int d = lane + 32 * i;
+        if (d < head_dim) acc[i] = acc[i] * correction + pr * v_s[j][d];
+      }
+      m = m_new;
+    }
+  }
+  if (!active) return;
+  // l > 0: every token sees at least itself.
+  float* out_row = a.out + int64_t{t} * a.out_stride + int64_t{head} * head_dim;
+#pragma unroll
+  for (int i = 0; i < kMaxDimsPerLane; ++i) {
+    const int d = lane + 32 * i;
+    if (d < head_dim) out_row[d] = acc[i] / l;
+  }
+}
+
+__global__ void AddRowBiasKernel(float* y, const float* bias, int32_t cols) {
+  float* row = y + int64_t{blockIdx.x} * cols;
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) row[c] += bias[c];
 }
 
 // Is (v, i) a better argmax than (best, best_i)? NaN never is; ties go to the lower id.
@@ -402,24 +539,59 @@ Status WriteKvCache(DType dtype, const void* k, const void* v, int32_t kv_stride
   return LaunchStatus();
 }
 
-Status PagedAttentionDecode(const float* q, DType kv_dtype, const void* layer_base,
-                            const PagedKvShape& shape, const int32_t* block_tables,
-                            int32_t max_blocks_per_seq, const int32_t* seq_lens,
-                            int32_t num_seqs, int32_t num_heads, float scale, float* out,
+namespace {
+void CheckAttentionArgs(const PagedAttentionArgs& a) {
+  TANDEM_CHECK(a.num_heads > 0 && a.shape.num_kv_heads > 0 && a.shape.block_size > 0 &&
+                   a.max_blocks_per_seq > 0,
+               "bad paged attention shape");
+  TANDEM_CHECK(a.shape.head_dim > 0 && a.shape.head_dim <= kMaxHeadDim,
+               "head_dim must be in [1, 256]");
+  TANDEM_CHECK(a.num_heads % a.shape.num_kv_heads == 0,
+               "num_heads must be a multiple of num_kv_heads");
+  TANDEM_CHECK(a.q_stride >= a.num_heads * a.shape.head_dim &&
+                   a.out_stride >= a.num_heads * a.shape.head_dim,
+               "q_stride or out_stride smaller than a row");
+}
+}  // namespace
+
+Status PagedAttentionDecode(const PagedAttentionArgs& args, const int32_t* seq_lens,
+                            int32_t num_seqs, int32_t num_partitions, float* partials,
                             cudaStream_t stream) {
-  TANDEM_CHECK(num_seqs >= 0 && num_heads > 0 && shape.num_kv_heads > 0 &&
-                   shape.block_size > 0 && max_blocks_per_seq > 0,
-               "bad PagedAttentionDecode shape");
-  TANDEM_CHECK(shape.head_dim > 0 && shape.head_dim <= kMaxHeadDim, "head_dim must be in [1, 256]");
-  TANDEM_CHECK(num_heads % shape.num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads");
+  CheckAttentionArgs(args);
+  TANDEM_CHECK(num_seqs >= 0 && num_partitions >= 1, "bad PagedAttentionDecode shape");
+  TANDEM_CHECK(num_partitions == 1 || partials != nullptr, "more than one partition needs partials");
   if (num_seqs == 0) return Status::Ok();
-  const dim3 grid(num_heads, num_seqs);
-  DispatchDType(kv_dtype, [&](auto* tag) {
+  const dim3 grid(args.num_heads, num_seqs, num_partitions);
+  DispatchDType(args.kv_dtype, [&](auto* tag) {
     using KvT = std::remove_pointer_t<decltype(tag)>;
-    PagedAttentionDecodeKernel<KvT><<<grid, kAttnThreads, 0, stream>>>(
-        q, static_cast<const KvT*>(layer_base), shape.num_kv_heads, shape.head_dim,
-        shape.block_size, block_tables, max_blocks_per_seq, seq_lens, num_heads, scale, out);
+    PagedAttentionDecodeKernel<KvT><<<grid, kAttnThreads, 0, stream>>>(args, seq_lens,
+                                                                        num_partitions, partials);
   });
+  TANDEM_RETURN_IF_ERROR(LaunchStatus());
+  if (num_partitions == 1) return Status::Ok();
+  DecodeCombineKernel<<<dim3(args.num_heads, num_seqs), kThreads, 0, stream>>>(
+      partials, num_partitions, args.num_heads, args.shape.head_dim, args.out, args.out_stride);
+  return LaunchStatus();
+}
+
+Status PagedAttentionPrefill(const PagedAttentionArgs& args, const int32_t* positions,
+                             const int32_t* tiles, int32_t num_tiles, cudaStream_t stream) {
+  CheckAttentionArgs(args);
+  static_assert(kPrefillTileTokens == kAttnWarps, "a prefill tile has one token per warp");
+  TANDEM_CHECK(num_tiles >= 0, "negative tile count");
+  if (num_tiles == 0) return Status::Ok();
+  const dim3 grid(num_tiles, args.num_heads);
+  DispatchDType(args.kv_dtype, [&](auto* tag) {
+    using KvT = std::remove_pointer_t<decltype(tag)>;
+    PagedAttentionPrefillKernel<KvT><<<grid, kAttnThreads, 0, stream>>>(args, positions, tiles);
+  });
+  return LaunchStatus();
+}
+
+Status AddRowBias(float* y, const float* bias, int32_t rows, int32_t cols, cudaStream_t stream) {
+  TANDEM_CHECK(rows >= 0 && cols > 0, "bad AddRowBias shape");
+  if (rows == 0) return Status::Ok();
+  AddRowBiasKernel<<<rows, kThreads, 0, stream>>>(y, bias, cols);
   return LaunchStatus();
 }
 

@@ -15,6 +15,7 @@
 // - Zero-sized work launches nothing and returns OK.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -61,11 +62,16 @@ Status Rope(DType dtype, void* q, void* k, const int32_t* positions, const float
 // Paged KV layout of one layer (common/engine/kv_cache.h): block b starts at
 // layer_base + b * 2 * num_kv_heads * block_size * head_dim elements and holds
 // [kv: K, V][kv_head][slot < block_size][head_dim].
+#ifdef __CUDACC__
+#define TANDEM_HOST_DEVICE __host__ __device__
+#else
+#define TANDEM_HOST_DEVICE
+#endif
 struct PagedKvShape {
   int32_t num_kv_heads = 0;
   int32_t head_dim = 0;
   int32_t block_size = 0;
-  int64_t BlockElements() const {
+  TANDEM_HOST_DEVICE int64_t BlockElements() const {
     return int64_t{2} * num_kv_heads * block_size * head_dim;
   }
 };
@@ -78,28 +84,79 @@ Status WriteKvCache(DType dtype, const void* k, const void* v, int32_t kv_stride
                     DType kv_dtype, void* layer_base, const PagedKvShape& shape,
                     const int64_t* slot_mapping, int32_t num_tokens, cudaStream_t stream);
 
-// Decode attention: one query token per sequence, GQA, over the sequence's paged KV.
-// q: fp32 [num_seqs][num_heads][head_dim]; out: fp32, same shape.
-// block_tables: [num_seqs][max_blocks_per_seq]; seq_lens[s]: the number of cached tokens to
-// attend over (the current token's K/V already written). out = softmax(q.K^T * scale) V, with
-// an online softmax in fp32, so any length fits. seq_lens[s] == 0 gives a zero row.
+// What both paged attention kernels read. Queries and outputs are fp32 rows: token t's query
+// is at q + t * q_stride (num_heads heads of head_dim; a row of the fused qkv buffer), its
+// output at out + t * out_stride. block_tables: [num_seqs][max_blocks_per_seq]. GQA: head h
+// reads kv head h / (num_heads / num_kv_heads). Token at position p attends over the keys of
+// its sequence at positions [lo, p], lo = max(0, p - sliding_window + 1) when sliding_window > 0
+// (Mistral), else 0; softmax(q.K^T * scale) V with an online softmax in fp32.
 // head_dim <= 256 and num_heads % num_kv_heads == 0 (checked).
-Status PagedAttentionDecode(const float* q, DType kv_dtype, const void* layer_base,
-                            const PagedKvShape& shape, const int32_t* block_tables,
-                            int32_t max_blocks_per_seq, const int32_t* seq_lens,
-                            int32_t num_seqs, int32_t num_heads, float scale, float* out,
+struct PagedAttentionArgs {
+  const float* q = nullptr;
+  int32_t q_stride = 0;
+  DType kv_dtype = DType::kF32;
+  const void* layer_base = nullptr;
+  PagedKvShape shape;
+  const int32_t* block_tables = nullptr;
+  int32_t max_blocks_per_seq = 0;
+  int32_t num_heads = 0;
+  int32_t sliding_window = 0;
+  float scale = 1.0f;
+  float* out = nullptr;
+  int32_t out_stride = 0;
+};
+
+// Keys one decode partition covers: a sequence's context is split into partitions of this many
+// tokens, each scored by its own thread block, then merged (split-K over long contexts).
+inline constexpr int32_t kDecodePartitionTokens = 512;
+// The partitions a context of up to max_context tokens needs (at least 1).
+inline int32_t DecodePartitions(int64_t max_context) {
+  return static_cast<int32_t>(std::max<int64_t>(
+      1, (max_context + kDecodePartitionTokens - 1) / kDecodePartitionTokens));
+}
+// Floats of the `partials` workspace PagedAttentionDecode needs.
+inline int64_t DecodePartialFloats(int32_t num_seqs, int32_t num_heads, int32_t head_dim,
+                                   int32_t num_partitions) {
+  return int64_t{num_seqs} * num_heads * num_partitions * (head_dim + 2);
+}
+
+// Decode attention: one query token per sequence; sequence s's query is row s, and it attends
+// over the seq_lens[s] cached tokens (its own K/V already written; position seq_lens[s] - 1).
+// The context is split into num_partitions partitions of kDecodePartitionTokens (the partitions
+// past a sequence's length do nothing, so a captured graph may fix the count for the longest
+// context); with more than one, `partials` (DecodePartialFloats) holds each partition's running
+// max, sum and weighted V sum until a second kernel merges them. seq_lens[s] == 0 gives a zero
+// row (padding).
+Status PagedAttentionDecode(const PagedAttentionArgs& args, const int32_t* seq_lens,
+                            int32_t num_seqs, int32_t num_partitions, float* partials,
                             cudaStream_t stream);
+
+// Query tokens per prefill tile: a tile is up to this many tokens of one sequence at
+// consecutive positions, which share the K/V rows staged in shared memory (flash-style tiling:
+// each key chunk is read from the pool once per tile, not once per query).
+inline constexpr int32_t kPrefillTileTokens = 8;
+
+// Prefill (and mixed) attention over a batch of query tokens of many sequences of different
+// lengths: tiles[i] = {sequence, first token, token count <= kPrefillTileTokens} (device
+// memory, [num_tiles][3]); positions[t]: token t's position (causal: it attends up to itself).
+// Every token's own K/V must already be in the cache.
+Status PagedAttentionPrefill(const PagedAttentionArgs& args, const int32_t* positions,
+                             const int32_t* tiles, int32_t num_tiles, cudaStream_t stream);
+
+// y[r][c] += bias[c] for r < rows, c < cols (fp32).
+Status AddRowBias(float* y, const float* bias, int32_t rows, int32_t cols, cudaStream_t stream);
 
 // Greedy sampling: out_ids[r] = argmax of logits[r][0..vocab), lowest id on ties, NaN never
 // chosen (as tandem::Sampler with temperature 0 and no penalties). A row with no number gives 0.
 Status ArgmaxRows(const float* logits, int32_t num_rows, int32_t vocab, int32_t* out_ids,
                   cudaStream_t stream);
 
-// y[m][n] = x[m][k] . w[n][k]^T (row-major, a linear layer with HF weight layout), through
-// cublasGemmEx with fp32 accumulation (CUBLAS_COMPUTE_32F). x and w share in_dtype (kBF16 is
-// the fast path; kF32 for checks), y is out_dtype. The handle must already be on the stream the
-// caller wants (CublasHandle::SetStream). beta = 0: y is overwritten.
+// y[m][n] = x[m][k] . w[n][k]^T + beta * y (row-major, a linear layer with HF weight layout),
+// through cublasGemmEx with fp32 accumulation (CUBLAS_COMPUTE_32F). x and w share in_dtype
+// (kBF16 is the fast path; kF32 for checks), y is out_dtype. The handle must already be on the
+// stream the caller wants (CublasHandle::SetStream). beta = 0: y is overwritten; beta = 1 adds
+// into it (the residual).
 Status Gemm(const CublasHandle& handle, DType in_dtype, const void* x, const void* w,
-            DType out_dtype, void* y, int32_t m, int32_t n, int32_t k);
+            DType out_dtype, void* y, int32_t m, int32_t n, int32_t k, float beta = 0.0f);
 
 }  // namespace tandem::cuda

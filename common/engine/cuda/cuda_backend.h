@@ -1,0 +1,27 @@
+// The CUDA backend as the backend seam (common/engine/forward_backend.cc) sees it: plain C++
+// declarations, no CUDA headers, so that the host code that picks a backend compiles without
+// the toolkit's include paths and the rest of common/ is the same object code on CUDA builds.
+// Defined in common/engine/cuda/cuda_forward.cc (built only with TANDEM_CUDA).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/base/status.h"
+#include "common/engine/forward_backend.h"
+
+namespace tandem::cuda {
+
+// A CudaForward (common/engine/cuda/cuda_forward.h) on device 0 of the process.
+StatusOr<std::unique_ptr<ForwardBackend>> CreateCudaBackend(const Model& model,
+                                                            const ForwardOptions& options);
+
+// Total memory of device 0 in bytes; Unavailable when no device is visible.
+StatusOr<uint64_t> CudaDeviceMemoryBytes();
+
+// One line on the devices this process sees, for `tandem --version`: "2 devices: NVIDIA H100
+// 80GB HBM3 (79.2 GiB), ..." or "no usable CUDA device: <why>".
+std::string DescribeCudaDevices();
+
+}  // namespace tandem::cuda

@@ -1,0 +1,473 @@
+#include "common/engine/cuda/cuda_forward.h"
+#include "common/engine/cuda/cuda_backend.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+#include "common/model/weight_matrix.h"
+
+namespace tandem::cuda {
+namespace {
+
+constexpr size_t kAlign = 256;
+constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+
+size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+// The device dtype of a model's matrices: fp32 stays fp32, bf16 and f16 become bf16.
+DType DeviceDType(WeightDType dtype) {
+  return dtype == WeightDType::kF32 ? DType::kF32 : DType::kBF16;
+}
+
+size_t DeviceMatrixBytes(const WeightMatrix& w, DType dtype) {
+  return size_t{static_cast<size_t>(w.rows)} * w.cols * DTypeSize(dtype);
+}
+
+// Writes w's elements as `dtype` into host memory `out` (fp32 -> fp32, bf16 -> bf16 as is,
+// f16 -> bf16 through fp32, rounded to nearest even).
+void HostMatrixAs(const WeightMatrix& w, DType dtype, void* out) {
+  const size_t n = size_t{static_cast<size_t>(w.rows)} * w.cols;
+  if ((w.dtype == WeightDType::kF32 && dtype == DType::kF32) ||
+      (w.dtype == WeightDType::kBF16 && dtype == DType::kBF16)) {
+    std::memcpy(out, w.data, n * DTypeSize(dtype));
+    return;
+  }
+  TANDEM_CHECK(w.dtype == WeightDType::kF16 && dtype == DType::kBF16, "no such weight conversion");
+  const auto* in = static_cast<const uint16_t*>(w.data);
+  auto* dst = static_cast<uint16_t*>(out);
+  for (size_t i = 0; i < n; ++i) dst[i] = F32ToBF16(F16ToF32(in[i]));
+}
+
+}  // namespace
+
+CudaForward::CudaForward(const Model& model, const ForwardOptions& options)
+    : model_(model), options_(options) {}
+
+CudaForward::~CudaForward() {
+  // Work queued on the stream may still read the buffers below.
+  if (stream_.get() != nullptr) (void)stream_.Synchronize();
+}
+
+StatusOr<std::unique_ptr<CudaForward>> CudaForward::Create(const Model& model,
+                                                           const ForwardOptions& options) {
+  const ModelConfig& c = model.config();
+  if (options.max_batch_tokens < 1 || options.max_batch_sequences < 1)
+    return InvalidArgument("forward: max_batch_tokens and max_batch_sequences must be positive");
+  if (c.head_dim > 256 || c.head_dim % 2 != 0)
+    return InvalidArgument("forward (cuda): head_dim " + std::to_string(c.head_dim) +
+                           " must be even and at most 256");
+  TANDEM_RETURN_IF_ERROR(DeviceCount().status());
+  TANDEM_RETURN_IF_ERROR(SetDevice(0));
+  auto f = std::unique_ptr<CudaForward>(new CudaForward(model, options));
+  TANDEM_ASSIGN_OR_RETURN(std::string name, DeviceName());
+  f->description_ = "cuda:0 (" + name + ")";
+  f->wdtype_ = DeviceDType(model.dtype());
+  TANDEM_ASSIGN_OR_RETURN(f->stream_, CudaStream::Create());
+  TANDEM_ASSIGN_OR_RETURN(f->cublas_, CublasHandle::Create());
+  TANDEM_RETURN_IF_ERROR(f->cublas_.SetStream(f->stream_.get()));
+  TANDEM_ASSIGN_OR_RETURN(f->cublas_workspace_, DeviceBuffer::Allocate(kCublasWorkspaceBytes));
+  TANDEM_RETURN_IF_ERROR(
+      f->cublas_.SetWorkspace(f->cublas_workspace_.data(), f->cublas_workspace_.size()));
+  TANDEM_RETURN_IF_ERROR(f->UploadWeights());
+  TANDEM_RETURN_IF_ERROR(f->AllocateWorkspaces());
+  if (options.cuda_graphs) f->graph_sizes_ = DecodeGraphSizes(options.max_batch_sequences);
+  f->graphs_.resize(f->graph_sizes_.size());
+  TANDEM_RETURN_IF_ERROR(f->stream_.Synchronize());
+  return f;
+}
+
+Status CudaForward::UploadWeights() {
+  const ModelConfig& c = model_.config();
+  const bool tied = model_.lm_head().data == model_.embed_tokens().data;
+  // One allocation; every tensor at a 256-byte aligned offset. First the plan, then the copy.
+  struct Piece {
+    const WeightMatrix* matrix = nullptr;  // or
+    const float* vector = nullptr;
+    size_t floats = 0;
+    size_t offset = 0;
+  };
+  std::vector<Piece> pieces;
+  size_t total = 0;
+  auto add_matrix = [&](const WeightMatrix& w) {
+    pieces.push_back({&w, nullptr, 0, total});
+    total += AlignUp(DeviceMatrixBytes(w, wdtype_));
+    return pieces.size() - 1;
+  };
+  auto add_vector = [&](const float* v, size_t n) -> size_t {
+    if (v == nullptr) return SIZE_MAX;
+    pieces.push_back({nullptr, v, n, total});
+    total += AlignUp(n * sizeof(float));
+    return pieces.size() - 1;
+  };
+  const size_t qkv_dim = c.q_dim() + 2 * c.kv_dim();
+  struct LayerPieces {
+    size_t input_norm, qkv, qkv_bias, o, o_bias, post_norm, gate_up, down;
+  };
+  std::vector<LayerPieces> lp(c.num_layers);
+  for (int l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& w = model_.layer(l);
+    lp[l] = {add_vector(w.input_norm, c.hidden_size), add_matrix(w.qkv_proj),
+             add_vector(w.qkv_bias, qkv_dim),         add_matrix(w.o_proj),
+             add_vector(w.o_bias, c.hidden_size),     add_vector(w.post_norm, c.hidden_size),
+             add_matrix(w.gate_up),                   add_matrix(w.down_proj)};
+  }
+  const size_t embed = add_matrix(model_.embed_tokens());
+  const size_t lm_head = tied ? embed : add_matrix(model_.lm_head());
+  const size_t final_norm = add_vector(model_.final_norm(), c.hidden_size);
+  const size_t inv_freq_bytes = size_t(c.head_dim / 2) * sizeof(float);
+
+  TANDEM_ASSIGN_OR_RETURN(weights_, DeviceBuffer::Allocate(total));
+  // Staged through one page-locked buffer of the largest tensor, a tensor at a time.
+  size_t largest = inv_freq_bytes;
+  for (const Piece& p : pieces)
+    largest = std::max(largest, p.matrix != nullptr ? DeviceMatrixBytes(*p.matrix, wdtype_)
+                                                    : p.floats * sizeof(float));
+  TANDEM_ASSIGN_OR_RETURN(PinnedHostBuffer staging, PinnedHostBuffer::Allocate(largest));
+  for (const Piece& p : pieces) {
+    size_t bytes = 0;
+    if (p.matrix != nullptr) {
+      HostMatrixAs(*p.matrix, wdtype_, staging.data());
+      bytes = DeviceMatrixBytes(*p.matrix, wdtype_);
+    } else {
+      std::memcpy(staging.data(), p.vector, p.floats * sizeof(float));
+      bytes = p.floats * sizeof(float);
+    }
+    TANDEM_RETURN_IF_ERROR(weights_.CopyFromHost(staging.data(), bytes, stream_.get(), p.offset));
+    TANDEM_RETURN_IF_ERROR(stream_.Synchronize());  // the staging buffer is reused next
+  }
+  auto at = [&](size_t piece) -> const void* {
+    if (piece == SIZE_MAX) return nullptr;
+    return static_cast<const std::byte*>(weights_.data()) + pieces[piece].offset;
+  };
+  layers_.resize(c.num_layers);
+  for (int l = 0; l < c.num_layers; ++l) {
+    DeviceLayer& d = layers_[l];
+    d.input_norm = static_cast<const float*>(at(lp[l].input_norm));
+    d.qkv = at(lp[l].qkv);
+    d.qkv_bias = static_cast<const float*>(at(lp[l].qkv_bias));
+    d.o = at(lp[l].o);
+    d.o_bias = static_cast<const float*>(at(lp[l].o_bias));
+    d.post_norm = static_cast<const float*>(at(lp[l].post_norm));
+    d.gate_up = at(lp[l].gate_up);
+    d.down = at(lp[l].down);
+  }
+  embed_ = at(embed);
+  lm_head_ = at(lm_head);
+  final_norm_ = static_cast<const float*>(at(final_norm));
+
+  const std::vector<float> inv_freq = RopeInvFreq(c);
+  TANDEM_ASSIGN_OR_RETURN(inv_freq_, DeviceBuffer::Allocate(inv_freq_bytes));
+  std::memcpy(staging.data(), inv_freq.data(), inv_freq_bytes);
+  TANDEM_RETURN_IF_ERROR(inv_freq_.CopyFromHost(staging.data(), inv_freq_bytes, stream_.get()));
+  return stream_.Synchronize();
+}
+
+Status CudaForward::AllocateWorkspaces() {
+  const ModelConfig& c = model_.config();
+  const size_t t = options_.max_batch_tokens;
+  // Graph passes pad a decode batch up to a graph size <= max_batch_sequences tokens.
+  const size_t s = options_.max_batch_sequences;
+  const size_t rows = std::max(t, s);
+  const size_t h = c.hidden_size, inter = c.intermediate_size;
+  const size_t qkv_dim = c.q_dim() + 2 * c.kv_dim();
+  const int64_t max_len =
+      options_.max_model_len > 0 ? options_.max_model_len : c.max_position_embeddings;
+  graph_partitions_ = DecodePartitions(max_len);
+
+  TANDEM_ASSIGN_OR_RETURN(x_, DeviceBuffer::Allocate(rows * h * 4));
+  TANDEM_ASSIGN_OR_RETURN(xn_, DeviceBuffer::Allocate(rows * h * 4));
+  TANDEM_ASSIGN_OR_RETURN(qkv_, DeviceBuffer::Allocate(rows * qkv_dim * 4));
+  TANDEM_ASSIGN_OR_RETURN(attn_, DeviceBuffer::Allocate(rows * c.q_dim() * 4));
+  TANDEM_ASSIGN_OR_RETURN(mlp_, DeviceBuffer::Allocate(rows * 2 * inter * 4));
+  TANDEM_ASSIGN_OR_RETURN(act_, DeviceBuffer::Allocate(rows * inter * 4));
+  if (wdtype_ != DType::kF32) {
+    const size_t widest = std::max({h, size_t(c.q_dim()), inter});
+    TANDEM_ASSIGN_OR_RETURN(lowp_, DeviceBuffer::Allocate(rows * widest * 2));
+  }
+  TANDEM_ASSIGN_OR_RETURN(last_, DeviceBuffer::Allocate(s * h * 4));
+  TANDEM_ASSIGN_OR_RETURN(
+      partials_, DeviceBuffer::Allocate(DecodePartialFloats(static_cast<int32_t>(s), c.num_heads,
+                                                            c.head_dim, graph_partitions_) *
+                                        4));
+  logits_rows_capacity_ = s;
+  TANDEM_ASSIGN_OR_RETURN(logits_, DeviceBuffer::Allocate(s * c.vocab_size * 4));
+  TANDEM_ASSIGN_OR_RETURN(logits_host_, PinnedHostBuffer::Allocate(s * c.vocab_size * 4));
+
+  // Inputs: the block tables of graph passes span max_model_len; eager passes use less.
+  max_blocks_per_seq_ = 0;  // set per pool (its block size) by RunGraph
+  const size_t max_tiles = t / kPrefillTileTokens + s + 1;
+  const size_t table_ints = s * static_cast<size_t>(BlocksForTokens(max_len, 1));  // block size 1: the most
+  InputSlots& o = slots_;
+  size_t at = 0;
+  auto take = [&](size_t bytes) {
+    const size_t offset = at;
+    at += AlignUp(bytes);
+    return offset;
+  };
+  o.token_ids = take(rows * 4);
+  o.positions = take(rows * 4);
+  o.slot_mapping = take(rows * 8);
+  o.seq_lens = take(s * 4);
+  o.last_token = take(s * 4);
+  o.tiles = take(max_tiles * 3 * 4);
+  o.block_tables = take(table_ints * 4);  // last: a step copies only the rows it uses
+  o.bytes = at;
+  TANDEM_ASSIGN_OR_RETURN(inputs_, DeviceBuffer::Allocate(o.bytes));
+  TANDEM_ASSIGN_OR_RETURN(inputs_host_, PinnedHostBuffer::Allocate(o.bytes));
+  return Status::Ok();
+}
+
+KvLayout CudaForward::MakeKvLayout(int block_size) const {
+  const ModelConfig& c = model_.config();
+  return KvLayout{c.num_layers, c.num_kv_heads, c.head_dim, block_size};
+}
+
+StatusOr<KvPoolMemory> CudaForward::AllocateKvPool(size_t bytes) {
+  TANDEM_RETURN_IF_ERROR(SetDevice(0));
+  TANDEM_ASSIGN_OR_RETURN(DeviceBuffer buffer, DeviceBuffer::Allocate(bytes));
+  TANDEM_RETURN_IF_ERROR(buffer.Zero(stream_.get()));
+  TANDEM_RETURN_IF_ERROR(stream_.Synchronize());
+  auto owner = std::make_shared<DeviceBuffer>(std::move(buffer));
+  KvPoolMemory memory;
+  memory.base = static_cast<std::byte*>(owner->data());
+  memory.bytes = owner->size();
+  memory.kind = KvMemoryKind::kCudaDevice;
+  memory.owner = std::move(owner);
+  return memory;
+}
+
+Status CudaForward::UploadInputs() {
+  const DeviceBatch& b = batch_;
+  const size_t tables_bytes = b.block_tables.size() * sizeof(int32_t);
+  if (slots_.block_tables + tables_bytes > slots_.bytes ||
+      b.tiles.size() * sizeof(int32_t) > slots_.block_tables - slots_.tiles)
+    return TooLarge("forward (cuda): the batch's block tables exceed what max_model_len sized");
+  auto put = [&](size_t offset, const auto& v) {
+    std::memcpy(static_cast<std::byte*>(inputs_host_.data()) + offset, v.data(),
+                v.size() * sizeof(v[0]));
+  };
+  put(slots_.token_ids, b.token_ids);
+  put(slots_.positions, b.positions);
+  put(slots_.slot_mapping, b.slot_mapping);
+  put(slots_.block_tables, b.block_tables);
+  put(slots_.seq_lens, b.seq_lens);
+  put(slots_.last_token, b.last_token);
+  put(slots_.tiles, b.tiles);
+  // One copy of everything: the slots are small, and the page-locked mirror makes it async.
+  const size_t used = slots_.block_tables + tables_bytes;
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(inputs_.data(), inputs_host_.data(), used,
+                                              cudaMemcpyHostToDevice, stream_.get()));
+  return Status::Ok();
+}
+
+StatusOr<const void*> CudaForward::ToWeightDType(const float* src, int64_t n) {
+  if (wdtype_ == DType::kF32) return static_cast<const void*>(src);
+  TANDEM_RETURN_IF_ERROR(Convert(DType::kF32, src, wdtype_, lowp_.data(), n, stream_.get()));
+  return static_cast<const void*>(lowp_.data());
+}
+
+Status CudaForward::EnqueuePass(KvCache& cache, LogitsMode mode, const ForwardHooks* hooks,
+                                int32_t partitions) {
+  const ModelConfig& c = model_.config();
+  const KvLayout& layout = cache.layout();
+  cudaStream_t stream = stream_.get();
+  const int32_t T = batch_.num_tokens, S = batch_.num_seqs;
+  const int32_t h = c.hidden_size, d = c.head_dim, inter = c.intermediate_size;
+  const int32_t q_dim = c.q_dim(), kv_dim = c.kv_dim(), qkv_dim = q_dim + 2 * kv_dim;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  float* x = x_.as<float>();
+  float* xn = xn_.as<float>();
+  float* qkv = qkv_.as<float>();
+  const int32_t* token_ids = Input<int32_t>(slots_.token_ids);
+  const int32_t* positions = Input<int32_t>(slots_.positions);
+
+  // Embeddings: gathered in the table's dtype, widened into the fp32 residual stream.
+  if (wdtype_ == DType::kF32) {
+    TANDEM_RETURN_IF_ERROR(EmbeddingGather(DType::kF32, embed_, token_ids, x, T, h, c.vocab_size,
+                                           stream));
+  } else {
+    TANDEM_RETURN_IF_ERROR(EmbeddingGather(wdtype_, embed_, token_ids, lowp_.data(), T, h,
+                                           c.vocab_size, stream));
+    TANDEM_RETURN_IF_ERROR(Convert(wdtype_, lowp_.data(), DType::kF32, x, int64_t{T} * h, stream));
+  }
+
+  PagedAttentionArgs attn;
+  attn.q = qkv;
+  attn.q_stride = qkv_dim;
+  attn.kv_dtype = DType::kF32;
+  attn.shape = PagedKvShape{layout.num_kv_heads, layout.head_dim, layout.block_size};
+  attn.block_tables = Input<int32_t>(slots_.block_tables);
+  attn.max_blocks_per_seq = batch_.max_blocks_per_seq;
+  attn.num_heads = c.num_heads;
+  attn.sliding_window = c.sliding_window;
+  attn.scale = 1.0f / std::sqrt(static_cast<float>(d));
+  attn.out = attn_.as<float>();
+  attn.out_stride = q_dim;
+  const size_t layer_bytes = cache.block_bytes() * static_cast<size_t>(cache.num_blocks());
+
+  for (int layer = 0; layer < c.num_layers; ++layer) {
+    const DeviceLayer& w = layers_[layer];
+    if (hooks != nullptr && hooks->before_layer) hooks->before_layer(layer);
+    void* layer_base = cache.data() + layer * layer_bytes;
+    // Attention block.
+    TANDEM_RETURN_IF_ERROR(RmsNorm(DType::kF32, x, w.input_norm, xn, T, h, eps, stream));
+    TANDEM_ASSIGN_OR_RETURN(const void* in, ToWeightDType(xn, int64_t{T} * h));
+    TANDEM_RETURN_IF_ERROR(Gemm(cublas_, wdtype_, in, w.qkv, DType::kF32, qkv, T, qkv_dim, h));
+    if (w.qkv_bias != nullptr)
+      TANDEM_RETURN_IF_ERROR(AddRowBias(qkv, w.qkv_bias, T, qkv_dim, stream));
+    TANDEM_RETURN_IF_ERROR(Rope(DType::kF32, qkv, qkv + q_dim, positions, inv_freq_.as<float>(), T,
+                                c.num_heads, c.num_kv_heads, d, qkv_dim, qkv_dim, stream));
+    TANDEM_RETURN_IF_ERROR(WriteKvCache(DType::kF32, qkv + q_dim, qkv + q_dim + kv_dim, qkv_dim,
+                                        DType::kF32, layer_base, attn.shape,
+                                        Input<int64_t>(slots_.slot_mapping), T, stream));
+    attn.layer_base = layer_base;
+    if (batch_.decode_only) {
+      TANDEM_RETURN_IF_ERROR(PagedAttentionDecode(attn, Input<int32_t>(slots_.seq_lens), S,
+                                                  partitions, partials_.as<float>(), stream));
+    } else {
+      TANDEM_RETURN_IF_ERROR(PagedAttentionPrefill(attn, positions, Input<int32_t>(slots_.tiles),
+                                                   batch_.num_tiles(), stream));
+    }
+    if (hooks != nullptr && hooks->after_layer) {
+      TANDEM_RETURN_IF_ERROR(stream_.Synchronize());  // the layer's K/V are in the pool now
+      hooks->after_layer(layer);
+    }
+    TANDEM_ASSIGN_OR_RETURN(in, ToWeightDType(attn_.as<float>(), int64_t{T} * q_dim));
+    TANDEM_RETURN_IF_ERROR(Gemm(cublas_, wdtype_, in, w.o, DType::kF32, x, T, h, q_dim, 1.0f));
+    if (w.o_bias != nullptr) TANDEM_RETURN_IF_ERROR(AddRowBias(x, w.o_bias, T, h, stream));
+    // MLP block: down(silu(gate(x)) * up(x)), added into the residual.
+    TANDEM_RETURN_IF_ERROR(RmsNorm(DType::kF32, x, w.post_norm, xn, T, h, eps, stream));
+    TANDEM_ASSIGN_OR_RETURN(in, ToWeightDType(xn, int64_t{T} * h));
+    TANDEM_RETURN_IF_ERROR(
+        Gemm(cublas_, wdtype_, in, w.gate_up, DType::kF32, mlp_.data(), T, 2 * inter, h));
+    TANDEM_RETURN_IF_ERROR(SiluAndMul(DType::kF32, mlp_.as<float>(), mlp_.as<float>() + inter,
+                                      act_.data(), T, inter, 2 * inter, stream));
+    TANDEM_ASSIGN_OR_RETURN(in, ToWeightDType(act_.as<float>(), int64_t{T} * inter));
+    TANDEM_RETURN_IF_ERROR(Gemm(cublas_, wdtype_, in, w.down, DType::kF32, x, T, h, inter, 1.0f));
+  }
+
+  // Final norm and LM head on the rows that need logits.
+  const float* normed = xn;
+  int32_t rows = T;
+  if (mode == LogitsMode::kLastToken) {
+    rows = S;
+    // The last token of each sequence: a gather over the rows of x (vocab = T rows).
+    TANDEM_RETURN_IF_ERROR(EmbeddingGather(DType::kF32, x, Input<int32_t>(slots_.last_token),
+                                           last_.data(), S, h, T, stream));
+    TANDEM_RETURN_IF_ERROR(
+        RmsNorm(DType::kF32, last_.data(), final_norm_, last_.data(), S, h, eps, stream));
+    normed = last_.as<float>();
+  } else {
+    TANDEM_RETURN_IF_ERROR(RmsNorm(DType::kF32, x, final_norm_, xn, T, h, eps, stream));
+  }
+  TANDEM_ASSIGN_OR_RETURN(const void* in, ToWeightDType(normed, int64_t{rows} * h));
+  return Gemm(cublas_, wdtype_, in, lm_head_, DType::kF32, logits_.data(), rows, c.vocab_size, h);
+}
+
+Status CudaForward::RunGraph(int32_t graph_size, KvCache& cache) {
+  const size_t index =
+      std::find(graph_sizes_.begin(), graph_sizes_.end(), graph_size) - graph_sizes_.begin();
+  Graph& graph = graphs_[index];
+  if (graph.exec.empty() || graph.pool != cache.data()) {
+    // Captured over this pool's addresses and the fixed input slots; replayed from now on.
+    TANDEM_RETURN_IF_ERROR(CudaGraph::BeginCapture(stream_.get()));
+    Status queued = EnqueuePass(cache, LogitsMode::kLastToken, nullptr, graph_partitions_);
+    StatusOr<CudaGraph> exec = CudaGraph::EndCapture(stream_.get());
+    TANDEM_RETURN_IF_ERROR(queued);
+    TANDEM_RETURN_IF_ERROR(exec.status());
+    graph.exec = std::move(exec).value();
+    graph.pool = cache.data();
+  }
+  return graph.exec.Launch(stream_.get());
+}
+
+StatusOr<std::span<const float>> CudaForward::Forward(std::span<const SequenceInput> batch,
+                                                      KvCache& cache, LogitsMode mode,
+                                                      const ForwardHooks* hooks) {
+  TANDEM_RETURN_IF_ERROR(ValidateForwardBatch(model_.config(), options_, batch, cache.layout(),
+                                              cache.num_blocks()));
+  if (cache.memory_kind() != KvMemoryKind::kCudaDevice)
+    return InvalidArgument("forward (cuda): the KV pool is in host memory (allocate it with "
+                           "AllocateKvPool)");
+  if (hooks != nullptr && hooks->all_reduce)
+    return InvalidArgument("forward (cuda): all_reduce hooks reduce host buffers (the CPU "
+                           "backend's tensor parallelism); the CUDA backend has none");
+  TANDEM_RETURN_IF_ERROR(SetDevice(0));
+  const ModelConfig& c = model_.config();
+  const int32_t block_size = cache.layout().block_size;
+  const bool no_hooks = hooks == nullptr || (!hooks->before_layer && !hooks->after_layer);
+  bool decode_only = true;
+  for (const SequenceInput& seq : batch) decode_only = decode_only && seq.tokens.size() == 1;
+  const int32_t graph_size =
+      decode_only && no_hooks && mode == LogitsMode::kLastToken
+          ? GraphBatchSize(graph_sizes_, static_cast<int32_t>(batch.size()))
+          : 0;
+  last_pass_used_graph_ = graph_size > 0;
+
+  int32_t rows = static_cast<int32_t>(batch.size());
+  if (graph_size > 0) {
+    if (block_size != block_size_) {  // a pool of another block size: new table rows, new graphs
+      const int64_t max_len =
+          options_.max_model_len > 0 ? options_.max_model_len : c.max_position_embeddings;
+      block_size_ = block_size;
+      max_blocks_per_seq_ = BlocksForTokens(max_len, block_size);
+      for (Graph& g : graphs_) g = Graph{};
+    }
+    BuildDeviceBatch(batch, block_size, max_blocks_per_seq_, graph_size, kPrefillTileTokens,
+                     &batch_);
+    TANDEM_RETURN_IF_ERROR(UploadInputs());
+    TANDEM_RETURN_IF_ERROR(RunGraph(graph_size, cache));
+  } else {
+    BuildDeviceBatch(batch, block_size, 0, 0, kPrefillTileTokens, &batch_);
+    if (mode == LogitsMode::kAllTokens) rows = batch_.num_tokens;
+    if (static_cast<size_t>(rows) > logits_rows_capacity_) {  // kAllTokens, once
+      TANDEM_RETURN_IF_ERROR(stream_.Synchronize());
+      TANDEM_ASSIGN_OR_RETURN(logits_, DeviceBuffer::Allocate(size_t(rows) * c.vocab_size * 4));
+      TANDEM_ASSIGN_OR_RETURN(logits_host_,
+                              PinnedHostBuffer::Allocate(size_t(rows) * c.vocab_size * 4));
+      logits_rows_capacity_ = rows;
+      for (Graph& g : graphs_) g = Graph{};  // they wrote the old logits buffer
+    }
+    TANDEM_RETURN_IF_ERROR(UploadInputs());
+    TANDEM_RETURN_IF_ERROR(
+        EnqueuePass(cache, mode, hooks, DecodePartitions(batch_.max_context)));
+  }
+  const size_t bytes = size_t(rows) * c.vocab_size * sizeof(float);
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(logits_host_.data(), logits_.data(), bytes,
+                                              cudaMemcpyDeviceToHost, stream_.get()));
+  TANDEM_RETURN_IF_ERROR(stream_.Synchronize());
+  return std::span<const float>(logits_host_.as<float>(), size_t(rows) * c.vocab_size);
+}
+
+StatusOr<std::unique_ptr<ForwardBackend>> CreateCudaBackend(const Model& model,
+                                                            const ForwardOptions& options) {
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<CudaForward> gpu, CudaForward::Create(model, options));
+  return std::unique_ptr<ForwardBackend>(std::move(gpu));
+}
+
+StatusOr<uint64_t> CudaDeviceMemoryBytes() {
+  TANDEM_RETURN_IF_ERROR(DeviceCount().status());
+  TANDEM_RETURN_IF_ERROR(SetDevice(0));
+  return DeviceMemoryBytes();
+}
+
+std::string DescribeCudaDevices() {
+  StatusOr<int> count = DeviceCount();
+  if (!count.ok()) return count.status().message();
+  std::string out = std::to_string(*count) + (*count == 1 ? " device: " : " devices: ");
+  for (int d = 0; d < *count; ++d) {
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, d) != cudaSuccess) return out + "(properties unreadable)";
+    char line[320];
+    std::snprintf(line, sizeof line, "%s%s (%.1f GiB, sm_%d%d)", d > 0 ? ", " : "", prop.name,
+                  static_cast<double>(prop.totalGlobalMem) / (1 << 30), prop.major, prop.minor);
+    out += line;
+  }
+  return out;
+}
+
+}  // namespace tandem::cuda

@@ -1,0 +1,140 @@
+// The CUDA forward pass: the ForwardBackend (common/engine/forward_backend.h) of `device: cuda`.
+//
+// The same pass as CpuForward, on device 0 of the process (CUDA_VISIBLE_DEVICES picks it):
+// - Weights in device memory: bf16 when the model is stored as bf16 or f16 (f16 is rounded to
+//   bf16 on upload: the GEMMs take one 16-bit type), fp32 when it is fp32 (for checks against the
+//   CPU backend: the same arithmetic, tokens equal). Norms and biases fp32.
+// - Activations and the residual stream fp32; a projection's input is rounded to the weights'
+//   dtype just before its cuBLAS GEMM (fp32 accumulation); o_proj and down_proj add into the
+//   residual in the GEMM (beta = 1).
+// - The KV pool in device memory with the CPU pool's block layout (fp32; AllocateKvPool), written
+//   by WriteKvCache; attention is PagedAttentionPrefill (tiles of consecutive tokens, any mix of
+//   sequences and lengths) or, for batches of one token per sequence, PagedAttentionDecode split
+//   into partitions of kDecodePartitionTokens.
+// - Decode steps without hooks are captured as CUDA graphs, one per batch size of
+//   DecodeGraphSizes (padded up to it), on first use, and replayed: a step is then one launch.
+// - Logits go back to the host (page-locked memory) and the engine samples there, as on CPU.
+//   Why not on the device: the host Sampler already does every field (penalties, top-k/top-p,
+//   seeds, logprobs) and is what the CPU backend is checked against; a row of logits is
+//   vocab * 4 bytes (SmolLM2: 192 KiB; Llama 3: 500 KiB), so a 64-sequence step copies 12-32 MiB,
+//   0.5-1.3 ms at PCIe 5 rates, against a step of several ms at that batch. A greedy-only fast
+//   path (ArgmaxRows on the device, ids back) is what to add if that copy shows in profiles.
+//
+// The hooks run on the host: before_layer(l) before layer l's work is queued (so a KV layer
+// landed by then is read); after_layer(l) after the stream finished layer l's attention (one
+// synchronisation per layer, only when after_layer is set). all_reduce is the CPU backend's
+// tensor parallelism over host buffers: the CUDA backend refuses it (tensor parallelism on GPUs
+// is NCCL's, not built yet).
+//
+// Threads: one engine thread calls Forward; it makes the device current for itself each call.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/base/status.h"
+#include "common/engine/cuda/cuda_util.h"
+#include "common/engine/cuda/kernels.h"
+#include "common/engine/device_batch.h"
+#include "common/engine/forward_backend.h"
+
+namespace tandem::cuda {
+
+class CudaForward final : public ForwardBackend {
+ public:
+  // Unavailable when no CUDA device is visible; ResourceExhausted when the weights and
+  // workspaces do not fit; InvalidArgument for options or a model shape out of range
+  // (head_dim > 256, odd head_dim).
+  static StatusOr<std::unique_ptr<CudaForward>> Create(const Model& model,
+                                                       const ForwardOptions& options);
+  ~CudaForward() override;
+
+  KvLayout MakeKvLayout(int block_size = kDefaultBlockSize) const override;
+  // Device memory, zeroed (kind kCudaDevice).
+  StatusOr<KvPoolMemory> AllocateKvPool(size_t bytes) override;
+  StatusOr<std::span<const float>> Forward(std::span<const SequenceInput> batch, KvCache& cache,
+                                           LogitsMode mode = LogitsMode::kLastToken,
+                                           const ForwardHooks* hooks = nullptr) override;
+  const Model& model() const override { return model_; }
+  std::string description() const override { return description_; }
+
+  // Whether the last Forward replayed a captured decode graph (for checks and benchmarks).
+  bool last_pass_used_graph() const { return last_pass_used_graph_; }
+  // Device bytes of the weights as uploaded.
+  size_t weight_bytes() const { return weights_.size(); }
+
+ private:
+  struct DeviceLayer {
+    const float* input_norm = nullptr;
+    const void* qkv = nullptr;
+    const float* qkv_bias = nullptr;
+    const void* o = nullptr;
+    const float* o_bias = nullptr;
+    const float* post_norm = nullptr;
+    const void* gate_up = nullptr;
+    const void* down = nullptr;
+  };
+  // Device addresses of one batch's inputs (DeviceBatch's arrays), at fixed offsets in inputs_.
+  struct InputSlots {
+    size_t token_ids = 0, positions = 0, slot_mapping = 0, seq_lens = 0, last_token = 0,
+           tiles = 0, block_tables = 0, bytes = 0;
+  };
+  struct Graph {
+    const std::byte* pool = nullptr;  // the KV pool it was captured over
+    CudaGraph exec;
+  };
+
+  CudaForward(const Model& model, const ForwardOptions& options);
+  Status UploadWeights();
+  Status AllocateWorkspaces();
+  // Copies batch_'s arrays into inputs_ (through the page-locked mirror) on stream_.
+  Status UploadInputs();
+  // Queues the pass over batch_ on stream_: embeddings, every layer, the final norm and the LM
+  // head into logits_ (rows: `logits_rows` last tokens, or every token). No host
+  // synchronisation unless hooks->after_layer is set; none at all when hooks is null.
+  // Decode attention splits each context into `partitions` (DecodePartitions).
+  Status EnqueuePass(KvCache& cache, LogitsMode mode, const ForwardHooks* hooks,
+                     int32_t partitions);
+  // Rounds n fp32 values to the weights' dtype in lowp_ (or returns src when they are fp32).
+  StatusOr<const void*> ToWeightDType(const float* src, int64_t n);
+  Status RunGraph(int32_t graph_size, KvCache& cache);
+
+  template <typename T>
+  T* Input(size_t offset) const {
+    return reinterpret_cast<T*>(static_cast<std::byte*>(inputs_.data()) + offset);
+  }
+
+  const Model& model_;
+  ForwardOptions options_;
+  std::string description_;
+  DType wdtype_ = DType::kBF16;
+  int32_t max_blocks_per_seq_ = 0;  // block table rows of graph passes: max_model_len
+  int32_t graph_partitions_ = 1;    // decode partitions of graph passes: max_model_len
+  int32_t block_size_ = 0;          // of the pool the graphs were captured for
+  std::vector<int32_t> graph_sizes_;
+  std::vector<Graph> graphs_;  // by index in graph_sizes_
+  bool last_pass_used_graph_ = false;
+
+  CudaStream stream_;
+  CublasHandle cublas_;
+  DeviceBuffer cublas_workspace_;
+  DeviceBuffer weights_;
+  std::vector<DeviceLayer> layers_;
+  const void* embed_ = nullptr;
+  const void* lm_head_ = nullptr;
+  const float* final_norm_ = nullptr;
+  DeviceBuffer inv_freq_;
+
+  DeviceBatch batch_;
+  InputSlots slots_;
+  DeviceBuffer inputs_;
+  PinnedHostBuffer inputs_host_;
+  // Workspaces, sized for max_batch_tokens / max_batch_sequences at Create.
+  DeviceBuffer x_, xn_, qkv_, attn_, mlp_, act_, lowp_, last_, partials_, logits_;
+  PinnedHostBuffer logits_host_;
+  size_t logits_rows_capacity_ = 0;
+};
+
+}  // namespace tandem::cuda

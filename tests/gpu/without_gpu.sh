@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# What a CUDA-on build must do on a machine without a GPU (CI, tests/run.sh): say so everywhere,
+# clearly, and lose nothing.
+#   bash tests/gpu/without_gpu.sh BUILD_DIR    (a build with -DTANDEM_CUDA=ON -DTANDEM_BUILD_TESTS=ON)
+# - `tandem --version` says the CUDA backend is compiled in and why no device is usable;
+# - every GPU check exits 2 (skipped) and says why;
+# - check-config accepts colocated instances on cuda and refuses prefill/decode on cuda, naming
+#   the field (no GPU KV transfer yet);
+# - `tandem serve` with a colocated instance on cuda stops at start-up naming the missing device.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+build=$1
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failed=0
+fail() { echo "FAIL: $*"; failed=1; }
+
+version=$("$build/tandem" --version)
+echo "$version"
+grep -q '^CUDA backend: compiled in' <<<"$version" || fail "--version does not say the CUDA backend is compiled in"
+grep -q 'no usable CUDA device' <<<"$version" || fail "--version does not say that no CUDA device is usable"
+
+for check in cuda_kernels_check cuda_forward_check nccl_transfer_check; do
+  out=$(timeout 60 "$build/tests/gpu/$check" 2>&1)
+  rc=$?
+  echo "$check: exit $rc: $out"
+  ((rc == 2)) || fail "$check exited $rc without a GPU, want 2 (skipped)"
+  grep -qiE 'no usable (CUDA device|GPU)' <<<"$out" || fail "$check does not say why it skipped"
+done
+
+printf 'prefill: {instances: 0}\ndecode: {instances: 0}\ncolocated:\n  instances: 1\n  device: cuda\n' >"$work/colocated.yaml"
+"$build/tandem" check-config "$work/colocated.yaml" >/dev/null || fail "check-config refused colocated on cuda"
+printf 'decode:\n  device: cuda\n' >"$work/decode.yaml"
+out=$("$build/tandem" check-config "$work/decode.yaml" 2>&1)
+echo "check-config decode on cuda: $out"
+grep -q 'decode.yaml:2:11: decode.device: cuda on decode instances needs a GPU-to-GPU KV transfer' <<<"$out" ||
+  fail "check-config did not refuse decode.device cuda with file, line and field"
+
+out=$(cd "$work" && timeout 120 "$OLDPWD/$build/tandem" serve --router.port=0 --prefill.instances=0 \
+  --decode.instances=0 --colocated.instances=1 --colocated.device=cuda 2>&1)
+rc=$?
+echo "$out" | grep -E 'cannot start|exited' | head -n 3
+((rc != 0)) || fail "tandem serve on cuda without a GPU exited 0"
+grep -q 'colocated-0 .*cannot start: Unavailable: no usable CUDA device' <<<"$out" ||
+  fail "tandem serve did not name the missing CUDA device"
+
+((failed == 0)) && echo "without_gpu: ok"
+exit $failed
