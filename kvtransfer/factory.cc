@@ -7,8 +7,12 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 
 #include "kvtransfer/inprocess_transport.h"
+#if TANDEM_HAVE_CUDA  // set for this file only (CMakeLists.txt)
+#include "kvtransfer/cuda_ipc/cuda_ipc_transport.h"
+#endif
 #include "kvtransfer/shm_sweep.h"
 #include "kvtransfer/ucx_transport.h"
 
@@ -21,9 +25,30 @@ std::chrono::milliseconds Millis(double seconds) {
 
 Status CheckBackend(const TransferSection& transfer) {
   if (transfer.backend == "ucx" || transfer.backend == "inproc") return Status();
+  if (transfer.backend == "cuda_ipc") {
+#if TANDEM_HAVE_CUDA
+    return Status();
+#else
+    return InvalidArgument("transfer.backend cuda_ipc needs a build with the CUDA backend "
+                           "(cmake -DTANDEM_CUDA=ON on a machine with nvcc)");
+#endif
+  }
   return InvalidArgument("transfer.backend '" + transfer.backend +
-                         "' is not supported by the instance servers (ucx or inproc)");
+                         "' is not supported by the instance servers (ucx, cuda_ipc or inproc)");
 }
+
+#if TANDEM_HAVE_CUDA
+CudaIpcOptions CudaIpcOptionsFor(const TransferSection& transfer,
+                                 const TransferFactoryOptions& options) {
+  CudaIpcOptions co;
+  co.timeout = Millis(transfer.timeout_s);
+  co.layer_wait_timeout =
+      Millis(options.layer_wait_timeout_s > 0 ? options.layer_wait_timeout_s : transfer.timeout_s);
+  co.lease_timeout = Millis(options.lease_timeout_s);
+  co.metrics = options.metrics;
+  return co;
+}
+#endif
 
 UcxOptions UcxOptionsFor(const TransferSection& transfer, const TransferFactoryOptions& options) {
   UcxOptions uo;
@@ -52,6 +77,14 @@ KvPoolMemory MemoryOf(std::shared_ptr<UcxPool> pool) {
 MemoryRegion RegionOf(const KvPoolMemory& memory) { return {memory.base, memory.bytes}; }
 
 }  // namespace
+
+StatusOr<std::string> MachineBootId() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  if (!std::getline(in, id) || id.empty())
+    return Internal("cannot read /proc/sys/kernel/random/boot_id (this machine's identity)");
+  return id;
+}
 
 StatusOr<std::string> InterfaceOfAddress(const std::string& ip) {
   if (ip.empty() || ip == "0.0.0.0" || ip == "::") return std::string();
@@ -84,6 +117,10 @@ StatusOr<PublisherWithPool> CreatePublisherWithPool(const TransferSection& trans
                                                     size_t pool_bytes,
                                                     const TransferFactoryOptions& options) {
   TANDEM_RETURN_IF_ERROR(CheckBackend(transfer));
+#if TANDEM_HAVE_CUDA
+  if (transfer.backend == "cuda_ipc")
+    return CreateCudaIpcPublisherWithPool(pool_bytes, CudaIpcOptionsFor(transfer, options));
+#endif
   PublisherWithPool out;
   if (transfer.backend == "inproc") {
     TANDEM_ASSIGN_OR_RETURN(out.memory, AllocateKvPoolMemory(pool_bytes));
@@ -102,6 +139,10 @@ StatusOr<PublisherWithPool> CreatePublisherWithPool(const TransferSection& trans
 StatusOr<PullerWithPool> CreatePullerWithPool(const TransferSection& transfer, size_t pool_bytes,
                                               const TransferFactoryOptions& options) {
   TANDEM_RETURN_IF_ERROR(CheckBackend(transfer));
+#if TANDEM_HAVE_CUDA
+  if (transfer.backend == "cuda_ipc")
+    return CreateCudaIpcPullerWithPool(pool_bytes, CudaIpcOptionsFor(transfer, options));
+#endif
   PullerWithPool out;
   UcxOptions uo = UcxOptionsFor(transfer, options);
   if (transfer.backend == "inproc") {

@@ -2,7 +2,8 @@
 // (decode) together with the KV pool's memory, from the cluster config's `transfer` section.
 // Callers hold a KvPublisher/KvPuller and never learn which transport it is.
 //
-// Pool memory: for ucx the transport allocates it (UCX-mapped, so that shared-memory transports
+// Pool memory: for cuda_ipc it is device memory (kvtransfer/cuda_ipc/cuda_ipc_transport.h; CUDA
+// builds only), exported to the puller's process by a CUDA IPC handle; for ucx the transport allocates it (UCX-mapped, so that shared-memory transports
 // do RMA on it: kvtransfer/ucx_transport.h UcxPool) and registers it once; for inproc it is heap
 // memory as KvCache would allocate. KvPoolMemory.owner keeps it alive, so the cache and the
 // publisher/puller may be destroyed in either order.
@@ -18,8 +19,8 @@
 // publishers and pullers built here do not report it over the transport as well
 // (UcxOptions::report_results off): prefill is told once.
 //
-// Errors: InvalidArgument for a backend the instance servers do not run (nccl on this build,
-// unknown names), the backends' own errors otherwise.
+// Errors: InvalidArgument for a backend the instance servers do not run (nccl; cuda_ipc on a
+// build without CUDA; unknown names), the backends' own errors otherwise.
 #pragma once
 
 #include <cstddef>
@@ -58,6 +59,11 @@ struct TransferFactoryOptions {
   // transfer.ucx_tls by ReadsForTls). Required for ucx.
   std::string secret;
 };
+
+// This machine's identity for transports that work within one machine (cuda_ipc): the kernel's
+// boot id (/proc/sys/kernel/random/boot_id), the same in every container and network namespace
+// of one host and new at every boot. Internal when it cannot be read.
+StatusOr<std::string> MachineBootId();
 
 // The network interface that holds `ip` ("lo" for loopback), or "" for 0.0.0.0 / ::.
 // NotFound when no interface of this machine has it.

@@ -5,11 +5,13 @@
 #include <condition_variable>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <random>
 #include <set>
 #include <thread>
 
 #include "common/base/thread_annotations.h"
+#include "kvtransfer/layer_copies.h"
 
 namespace tandem {
 namespace {
@@ -168,12 +170,11 @@ class InProcessPuller final : public KvPuller {
     pull->request_id = d.request_id;
     pull->instance_id = d.instance_id;
     pull->total_bytes = d.total_bytes;
-    pull->num_layers = static_cast<uint32_t>(d.layers.size());
     pull->core = std::move(core);
-    pull->pieces = std::move(pieces);
     pull->callbacks = std::move(callbacks);
     {
       MutexLock lock(&pull->mutex);  // the watchdog reads it once the pull is pending
+      pull->queue.emplace(std::move(pieces), static_cast<uint32_t>(d.layers.size()));
       pull->deadline = Clock::now() + timeout_;
     }
     {
@@ -198,7 +199,7 @@ class InProcessPuller final : public KvPuller {
       pull = it->second;
     }
     MutexLock lock(&pull->mutex);
-    if (pull->finished || layers <= pull->available) return Status();
+    if (pull->finished || layers <= pull->queue->released_layers()) return Status();
     pull->deadline = Clock::now() + timeout_;
     Advance(*pull, layers);
     return Status();
@@ -217,12 +218,10 @@ class InProcessPuller final : public KvPuller {
     std::string request_id;
     uint64_t instance_id = 0;
     uint64_t total_bytes = 0;
-    uint32_t num_layers = 0;
     std::shared_ptr<PublisherCore> core;
-    std::vector<CopyPiece> pieces;                // in layer order
-    size_t next TANDEM_GUARDED_BY(mutex) = 0;     // next piece to copy
-    uint32_t available TANDEM_GUARDED_BY(mutex) = 0;
-    uint32_t layers_reported TANDEM_GUARDED_BY(mutex) = 0;
+    // The pieces and the layers released (copied and reported) so far; set before the pull is
+    // pending.
+    std::optional<LayerCopyQueue> queue TANDEM_GUARDED_BY(mutex);
     PullCallbacks callbacks;
     Clock::time_point deadline TANDEM_GUARDED_BY(mutex);
     // Time spent copying: tandem_kv_transfer_seconds.
@@ -230,36 +229,31 @@ class InProcessPuller final : public KvPuller {
     bool finished TANDEM_GUARDED_BY(mutex) = false;
   };
 
-  // Copies the pieces of layers below `available`, reports finished layers, finishes the pull
-  // when every piece is in. pull.mutex held.
+  // Copies the pieces of the layers below `available` not copied yet, reports those layers,
+  // finishes the pull when every layer is in. pull.mutex held.
   void Advance(Pending& pull, uint32_t available) TANDEM_REQUIRES(pull.mutex) {
-    pull.available = std::max(pull.available, available);
     const auto start = Clock::now();
     Status status;
+    std::vector<LayerBatch> landed;
     {
       MutexLock lock(&pull.core->mutex);
       if (!pull.core->alive) {
         status = Unavailable("publisher shut down");
       } else {
-        for (; pull.next < pull.pieces.size() && pull.pieces[pull.next].layer < pull.available;
-             ++pull.next) {
-          const CopyPiece& p = pull.pieces[pull.next];
-          std::memcpy(static_cast<char*>(region_.base) + p.local_offset,
-                      static_cast<const char*>(pull.core->region.base) + p.remote_offset,
-                      p.length);
-        }
+        landed = pull.queue->Release(available);
+        const std::vector<CopyPiece>& pieces = pull.queue->pieces();
+        for (const LayerBatch& batch : landed)
+          for (size_t i = batch.first; i < batch.last; ++i)
+            std::memcpy(static_cast<char*>(region_.base) + pieces[i].local_offset,
+                        static_cast<const char*>(pull.core->region.base) + pieces[i].remote_offset,
+                        pieces[i].length);
       }
     }
     pull.busy += Clock::now() - start;
     if (!status.ok()) return Finish(pull, status);
-    // Layer l is complete when no piece of it is left to copy.
-    const uint32_t complete = pull.next == pull.pieces.size()
-                                  ? pull.num_layers
-                                  : std::min(pull.available, pull.pieces[pull.next].layer);
-    for (; pull.layers_reported < complete; ++pull.layers_reported) {
-      if (pull.callbacks.on_layer) pull.callbacks.on_layer(pull.layers_reported);
-    }
-    if (pull.next == pull.pieces.size()) Finish(pull, Status());
+    for (const LayerBatch& batch : landed)
+      if (pull.callbacks.on_layer) pull.callbacks.on_layer(batch.layer);
+    if (pull.queue->all_released()) Finish(pull, Status());
   }
 
   // Ends a pull once (pull.mutex held): metrics, the publisher's lease, on_done.

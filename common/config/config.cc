@@ -203,7 +203,7 @@ void ReadTransport(YamlErrors* v, YamlFields& top, const YAML::Node& root, Clust
   }
   {
     YamlFields sec(v, top.Child("transfer"), "transfer");
-    sec.String("backend", &c->transfer.backend, {"ucx", "nccl", "inproc"});
+    sec.String("backend", &c->transfer.backend, {"ucx", "cuda_ipc", "nccl", "inproc"});
     sec.String("ucx_tls", &c->transfer.ucx_tls);
     sec.Double("timeout_s", &c->transfer.timeout_s, 0.001, 3600);
     sec.Int("max_inflight", &c->transfer.max_inflight, 1, 1 << 16);

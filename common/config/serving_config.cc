@@ -33,16 +33,18 @@ class ServingErrors {
   std::vector<std::string> errors_;
 };
 
-void CheckInstance(ServingErrors* errors, const std::string& name, const InstanceSection& s) {
+void CheckInstance(ServingErrors* errors, const ClusterConfig& config, const std::string& name,
+                   const InstanceSection& s) {
   if (s.device == "cuda" && !BuiltWithCuda())
     errors->Add(name + ".device",
                 "cuda cannot be served by this build: it has no CUDA backend (build with cmake "
                 "-DTANDEM_CUDA=ON on a machine with nvcc); use cpu");
-  else if (s.device == "cuda" && name != "colocated" && s.instances > 0)
+  else if (s.device == "cuda" && name != "colocated" && s.instances > 0 &&
+           config.transfer.backend != "cuda_ipc")
     errors->Add(name + ".device",
-                "cuda on " + name + " instances needs a GPU-to-GPU KV transfer (CUDA IPC, NCCL), "
-                "which Tandem does not have yet: run colocated instances on cuda, or prefill and "
-                "decode on cpu");
+                "cuda on " + name + " instances keeps the KV in GPU memory, which transfer.backend " +
+                config.transfer.backend + " cannot move: set transfer.backend: cuda_ipc (prefill "
+                "and decode on one machine)");
   if (s.tensor_parallel > 1)
     errors->Add(name + ".tensor_parallel",
                 std::to_string(s.tensor_parallel) + " cannot be served: a CPU instance is one "
@@ -82,13 +84,25 @@ bool BuiltWithCuda() {
 
 Status ValidateForServing(const ClusterConfig& config) {
   ServingErrors errors(config);
-  CheckInstance(&errors, "prefill", config.prefill);
-  CheckInstance(&errors, "decode", config.decode);
-  CheckInstance(&errors, "colocated", config.colocated);
-  if (config.transfer.backend == "nccl" && !BuiltWithCuda())
+  CheckInstance(&errors, config, "prefill", config.prefill);
+  CheckInstance(&errors, config, "decode", config.decode);
+  CheckInstance(&errors, config, "colocated", config.colocated);
+  const bool moves_kv = config.prefill.instances > 0 || config.decode.instances > 0;
+  if (config.transfer.backend == "nccl" && moves_kv)
     errors.Add("transfer.backend",
-               "nccl needs a build with CUDA (cmake -DTANDEM_CUDA=ON on a machine with nvcc and "
-               "NCCL); this build moves KV with ucx");
+               "nccl is not wired into the instance servers yet (the transport is checked by "
+               "tests/gpu/nccl_transfer_check); use cuda_ipc (GPU pools on one machine) or ucx");
+  if (config.transfer.backend == "cuda_ipc" && !BuiltWithCuda())
+    errors.Add("transfer.backend",
+               "cuda_ipc needs a build with CUDA (cmake -DTANDEM_CUDA=ON on a machine with nvcc); "
+               "this build moves KV with ucx");
+  else if (config.transfer.backend == "cuda_ipc")
+    for (const auto& [name, s] : {std::pair{"prefill", &config.prefill},
+                                  std::pair{"decode", &config.decode}})
+      if (s->instances > 0 && s->device != "cuda")
+        errors.Add("transfer.backend",
+                   std::string("cuda_ipc moves KV between GPU pools, and ") + name +
+                       ".device is " + s->device + ": set it to cuda, or use ucx");
   if (config.transfer.backend == "inproc" &&
       (config.prefill.instances > 0 || config.decode.instances > 0))
     errors.Add("transfer.backend",

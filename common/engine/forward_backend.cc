@@ -55,6 +55,7 @@ StatusOr<uint64_t> KvMemoryBudgetBytes(std::string_view device, size_t weight_by
     return total > weight_bytes ? total - weight_bytes : 0;
   }
 #endif
+  static_cast<void>(weight_bytes);  // only a device pool shares its memory with the weights
   return UnsupportedDevice(device);
 }
 

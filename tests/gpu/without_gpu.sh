@@ -4,9 +4,10 @@
 #   bash tests/gpu/without_gpu.sh BUILD_DIR    (a build with -DTANDEM_CUDA=ON -DTANDEM_BUILD_TESTS=ON)
 # - `tandem --version` says the CUDA backend is compiled in and why no device is usable;
 # - every GPU check exits 2 (skipped) and says why;
-# - check-config accepts colocated instances on cuda and refuses prefill/decode on cuda, naming
-#   the field (no GPU KV transfer yet);
-# - `tandem serve` with a colocated instance on cuda stops at start-up naming the missing device.
+# - check-config accepts colocated instances on cuda, and prefill/decode on cuda with
+#   transfer.backend cuda_ipc; it refuses them on cuda with ucx, naming file, line and field;
+# - `tandem serve` with instances on cuda (colocated; prefill + decode over cuda_ipc) stops at
+#   start-up naming the missing device.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 build=$1
@@ -33,16 +34,26 @@ printf 'prefill: {instances: 0}\ndecode: {instances: 0}\ncolocated:\n  instances
 printf 'decode:\n  device: cuda\n' >"$work/decode.yaml"
 out=$("$build/tandem" check-config "$work/decode.yaml" 2>&1)
 echo "check-config decode on cuda: $out"
-grep -q 'decode.yaml:2:11: decode.device: cuda on decode instances needs a GPU-to-GPU KV transfer' <<<"$out" ||
+grep -q 'decode.yaml:2:11: decode.device: cuda on decode instances keeps the KV in GPU memory, which transfer.backend ucx cannot move' <<<"$out" ||
   fail "check-config did not refuse decode.device cuda with file, line and field"
 
-out=$(cd "$work" && timeout 120 "$OLDPWD/$build/tandem" serve --router.port=0 --prefill.instances=0 \
-  --decode.instances=0 --colocated.instances=1 --colocated.device=cuda 2>&1)
-rc=$?
-echo "$out" | grep -E 'cannot start|exited' | head -n 3
-((rc != 0)) || fail "tandem serve on cuda without a GPU exited 0"
-grep -q 'colocated-0 .*cannot start: Unavailable: no usable CUDA device' <<<"$out" ||
-  fail "tandem serve did not name the missing CUDA device"
+printf 'transfer: {backend: cuda_ipc}\nprefill: {device: cuda}\ndecode: {device: cuda}\n' >"$work/ipc.yaml"
+"$build/tandem" check-config "$work/ipc.yaml" >/dev/null || fail "check-config refused prefill + decode on cuda over cuda_ipc"
+
+serve_without_gpu() {  # NAME ROLE FLAGS...
+  local name=$1 role=$2
+  shift 2
+  out=$(cd "$work" && timeout 120 "$OLDPWD/$build/tandem" serve --router.port=0 "$@" 2>&1)
+  rc=$?
+  echo "$name: $(echo "$out" | grep -E 'cannot start' | head -n 1)"
+  ((rc != 0)) || fail "tandem serve ($name) without a GPU exited 0"
+  grep -q "$role .*cannot start: Unavailable: no usable CUDA device" <<<"$out" ||
+    fail "tandem serve ($name) did not name the missing CUDA device"
+}
+serve_without_gpu "colocated on cuda" colocated-0 --prefill.instances=0 --decode.instances=0 \
+  --colocated.instances=1 --colocated.device=cuda
+serve_without_gpu "prefill + decode over cuda_ipc" "\(prefill\|decode\)-0" \
+  --transfer.backend=cuda_ipc --prefill.device=cuda --decode.device=cuda
 
 ((failed == 0)) && echo "without_gpu: ok"
 exit $failed

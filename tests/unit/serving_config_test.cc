@@ -41,7 +41,8 @@ TEST_CASE("serving config: GPU layouts load for simulation and are refused for s
   CHECK(LoadError(gpu).empty());  // tandem simulate / plan
   const std::string error = ServingError(gpu);
   CHECK(Has(error, BuiltWithCuda() ? "cluster.yaml:2:11: prefill.device: cuda on prefill instances "
-                                      "needs a GPU-to-GPU KV transfer"
+                                      "keeps the KV in GPU memory, which transfer.backend ucx "
+                                      "cannot move: set transfer.backend: cuda_ipc"
                                     : "cluster.yaml:2:11: prefill.device: cuda cannot be served by "
                                       "this build: it has no CUDA backend"));
   CHECK(Has(error, "cluster.yaml:3:20: prefill.tensor_parallel: 2 cannot be served"));
@@ -65,11 +66,20 @@ TEST_CASE("serving config: GPU layouts load for simulation and are refused for s
 }
 
 TEST_CASE("serving config: the KV transports this build cannot serve are refused", "[config]") {
-  const std::string nccl = ServingError("transfer:\n  backend: nccl\n");
+  CHECK(Has(ServingError("transfer:\n  backend: nccl\n"),
+            "cluster.yaml:2:12: transfer.backend: nccl is not wired into the instance servers"));
+  // GPU pools on one machine: cuda_ipc, with prefill and decode both on cuda.
+  const std::string gpu_pools =
+      ServingError("transfer: {backend: cuda_ipc}\nprefill: {device: cuda}\ndecode: {device: cuda}\n");
+  const std::string half =
+      ServingError("transfer:\n  backend: cuda_ipc\nprefill: {device: cuda}\n");
   if (BuiltWithCuda()) {
-    CHECK(nccl.empty());
+    CHECK(gpu_pools.empty());
+    CHECK(Has(half, "cluster.yaml:2:12: transfer.backend: cuda_ipc moves KV between GPU pools, "
+                    "and decode.device is cpu: set it to cuda, or use ucx"));
   } else {
-    CHECK(Has(nccl, "cluster.yaml:2:12: transfer.backend: nccl needs a build with CUDA"));
+    CHECK(Has(gpu_pools, "transfer.backend: cuda_ipc needs a build with CUDA"));
+    CHECK(Has(gpu_pools, "prefill.device: cuda cannot be served by this build"));
   }
   CHECK(Has(ServingError("transfer: {backend: inproc}\n"), "transfer.backend: inproc moves KV"));
   // Colocated instances move no KV: any backend will do.

@@ -1,0 +1,476 @@
+#include "kvtransfer/cuda_ipc/cuda_ipc_transport.h"
+
+#include <cuda_runtime_api.h>
+
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "common/base/thread_annotations.h"
+#include "common/engine/cuda/cuda_util.h"
+#include "kvtransfer/layer_copies.h"
+
+namespace tandem {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+uint64_t RandomInstanceId() {
+  std::random_device rd;
+  uint64_t id = 0;
+  while (id == 0) id = (static_cast<uint64_t>(rd()) << 32) | rd();
+  return id;
+}
+
+std::string CudaErrorText(cudaError_t err) {
+  return std::string(cudaGetErrorName(err)) + ": " + cudaGetErrorString(err);
+}
+
+// A zeroed device allocation of `bytes` on device 0, as a KV pool.
+StatusOr<KvPoolMemory> AllocateDevicePool(size_t bytes) {
+  TANDEM_RETURN_IF_ERROR(cuda::DeviceCount().status());
+  TANDEM_RETURN_IF_ERROR(cuda::SetDevice(0));
+  TANDEM_ASSIGN_OR_RETURN(cuda::DeviceBuffer buffer, cuda::DeviceBuffer::Allocate(bytes));
+  TANDEM_RETURN_IF_ERROR(buffer.Zero());
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  auto owner = std::make_shared<cuda::DeviceBuffer>(std::move(buffer));
+  KvPoolMemory memory;
+  memory.base = static_cast<std::byte*>(owner->data());
+  memory.bytes = owner->size();
+  memory.kind = KvMemoryKind::kCudaDevice;
+  memory.owner = std::move(owner);
+  return memory;
+}
+
+// ---- publisher ---------------------------------------------------------------------------------
+
+class CudaIpcPublisher final : public KvPublisher {
+ public:
+  CudaIpcPublisher(MemoryRegion region, PeerInfo info, std::chrono::milliseconds lease_timeout)
+      : region_(region), info_(std::move(info)), lease_timeout_(lease_timeout) {
+    expiry_ = std::thread([this] { ExpireLeases(); });
+  }
+
+  ~CudaIpcPublisher() override {
+    std::map<std::string, Lease> left;
+    {
+      MutexLock lock(&mutex_);
+      stopping_ = true;
+      left.swap(leases_);
+    }
+    cv_.notify_all();
+    expiry_.join();
+    for (auto& [id, lease] : left) lease.on_release(id, Cancelled("publisher shut down"));
+  }
+
+  const PeerInfo& peer_info() const override { return info_; }
+
+  StatusOr<KvDescriptor> Publish(const std::string& request_id, LayerRanges layers,
+                                 ReleaseCallback on_release) override {
+    TANDEM_RETURN_IF_ERROR(CheckRanges(layers, region_.bytes));
+    TANDEM_ASSIGN_OR_RETURN(KvDescriptor d,
+                            MakeDescriptor(info_.instance_id, request_id, std::move(layers)));
+    MutexLock lock(&mutex_);
+    if (stopping_) return FailedPrecondition("publisher is stopping");
+    if (!leases_.emplace(request_id, Lease{std::move(on_release), Clock::now() + lease_timeout_})
+             .second)
+      return InvalidArgument("request " + request_id + " is already published");
+    return d;
+  }
+
+  Status Release(const TransferResult& result) override {
+    if (result.instance_id != info_.instance_id)
+      return InvalidArgument("result for another publisher instance");
+    Lease lease;
+    {
+      MutexLock lock(&mutex_);
+      auto it = leases_.find(result.request_id);
+      if (it == leases_.end()) return NotFound("request " + result.request_id + " not published");
+      lease = std::move(it->second);
+      leases_.erase(it);
+    }
+    lease.on_release(result.request_id, result.ToStatus());
+    return Status();
+  }
+
+  size_t published_count() const override {
+    MutexLock lock(&mutex_);
+    return leases_.size();
+  }
+
+ private:
+  struct Lease {
+    ReleaseCallback on_release;
+    Clock::time_point deadline;
+  };
+
+  // Drops publications nobody released within the lease (the servers' hold timer comes first).
+  void ExpireLeases() {
+    for (;;) {
+      std::vector<std::pair<std::string, Lease>> expired;
+      {
+        MutexLock lock(&mutex_);
+        if (!stopping_) cv_.wait_for(mutex_, std::chrono::milliseconds(100));
+        if (stopping_) return;
+        const auto now = Clock::now();
+        for (auto it = leases_.begin(); it != leases_.end();) {
+          if (now < it->second.deadline) {
+            ++it;
+            continue;
+          }
+          expired.emplace_back(it->first, std::move(it->second));
+          it = leases_.erase(it);
+        }
+      }
+      for (auto& [id, lease] : expired)
+        lease.on_release(id, DeadlineExceeded("request " + id + " was not released within the "
+                                              "lease of " +
+                                              std::to_string(lease_timeout_.count()) + " ms"));
+    }
+  }
+
+  const MemoryRegion region_;
+  const PeerInfo info_;
+  const std::chrono::milliseconds lease_timeout_;
+  mutable Mutex mutex_;
+  std::condition_variable_any cv_;
+  std::map<std::string, Lease> leases_ TANDEM_GUARDED_BY(mutex_);
+  bool stopping_ TANDEM_GUARDED_BY(mutex_) = false;
+  std::thread expiry_;
+};
+
+// ---- puller ------------------------------------------------------------------------------------
+
+// A publisher's pool mapped into this process; closed when the last pull from it ends.
+struct MappedPeer {
+  void* base = nullptr;
+  uint64_t bytes = 0;
+  ~MappedPeer() {
+    if (base != nullptr) static_cast<void>(cudaIpcCloseMemHandle(base));
+  }
+};
+
+class CudaIpcPuller final : public KvPuller {
+ public:
+  CudaIpcPuller(MemoryRegion region, std::string boot_id, cudaStream_t stream,
+                const CudaIpcOptions& options)
+      : region_(region),
+        boot_id_(std::move(boot_id)),
+        stream_(stream),
+        timeout_(options.timeout),
+        layer_wait_(options.layer_wait_timeout),
+        metrics_(options.metrics) {
+    progress_ = std::thread([this] { Progress(); });
+  }
+
+  ~CudaIpcPuller() override {
+    {
+      MutexLock lock(&mutex_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    progress_.join();  // returns once every queued copy completed
+    std::vector<std::shared_ptr<PullState>> left;
+    {
+      MutexLock lock(&mutex_);
+      for (auto& [id, pull] : pulls_) left.push_back(pull);
+      pulls_.clear();
+    }
+    for (auto& pull : left) {
+      metrics_.Failed(Seconds(pull->busy), "cancelled");
+      pull->callbacks.on_done(pull->request_id, Cancelled("puller shut down"));
+    }
+    for (cudaEvent_t e : free_events_) static_cast<void>(cudaEventDestroy(e));
+    static_cast<void>(cudaStreamDestroy(stream_));
+  }
+
+  Status Connect(const PeerInfo& peer) override {
+    if (peer.transport != kCudaIpcTransport)
+      return InvalidArgument("peer transport is '" + peer.transport + "', not cuda_ipc");
+    if (peer.worker_address != boot_id_)
+      return InvalidArgument("cuda_ipc moves KV within one machine, and the publisher is on "
+                             "another (boot id " + peer.worker_address + ", ours " + boot_id_ +
+                             "): use transfer.backend ucx between machines");
+    if (peer.packed_rkey.size() != sizeof(cudaIpcMemHandle_t))
+      return InvalidArgument("cuda_ipc: the publisher's memory handle has " +
+                             std::to_string(peer.packed_rkey.size()) + " bytes, not " +
+                             std::to_string(sizeof(cudaIpcMemHandle_t)));
+    {
+      MutexLock lock(&mutex_);
+      if (peers_.count(peer.instance_id)) return Status();
+    }
+    cudaIpcMemHandle_t handle;
+    std::memcpy(&handle, peer.packed_rkey.data(), sizeof handle);
+    TANDEM_RETURN_IF_ERROR(cuda::SetDevice(0));
+    auto mapped = std::make_shared<MappedPeer>();
+    const cudaError_t err =
+        cudaIpcOpenMemHandle(&mapped->base, handle, cudaIpcMemLazyEnablePeerAccess);
+    if (err != cudaSuccess) {
+      mapped->base = nullptr;
+      static_cast<void>(cudaGetLastError());
+      return Unavailable("cuda_ipc: cannot map publisher " + std::to_string(peer.instance_id) +
+                         "'s KV pool: " + CudaErrorText(err));
+    }
+    mapped->bytes = peer.region_bytes;
+    MutexLock lock(&mutex_);
+    peers_.emplace(peer.instance_id, std::move(mapped));
+    return Status();
+  }
+
+  Status Pull(const KvDescriptor& d, LayerRanges local, PullCallbacks callbacks,
+              uint32_t layers_available) override {
+    if (!callbacks.on_done) return InvalidArgument("Pull needs an on_done callback");
+    std::shared_ptr<MappedPeer> peer;
+    {
+      MutexLock lock(&mutex_);
+      if (stopping_) return FailedPrecondition("puller is stopping");
+      auto it = peers_.find(d.instance_id);
+      if (it == peers_.end()) return NotFound("publisher not connected");
+      if (pulls_.count(d.request_id))
+        return FailedPrecondition("request " + d.request_id + " is already pulling");
+      peer = it->second;
+    }
+    TANDEM_ASSIGN_OR_RETURN(std::vector<CopyPiece> pieces,
+                            PlanCopies(d.layers, peer->bytes, local, region_.bytes));
+    auto pull = std::make_shared<PullState>(std::move(pieces), static_cast<uint32_t>(d.layers.size()));
+    pull->request_id = d.request_id;
+    pull->total_bytes = d.total_bytes;
+    pull->peer = std::move(peer);
+    pull->callbacks = std::move(callbacks);
+    pull->copy_deadline = pull->layer_deadline = Clock::now() + layer_wait_;  // until a layer comes
+    {
+      MutexLock lock(&mutex_);
+      if (!pulls_.emplace(d.request_id, pull).second)
+        return FailedPrecondition("request " + d.request_id + " is already pulling");
+      metrics_.Started();
+      Raise(*pull, layers_available);
+    }
+    cv_.notify_all();
+    return Status();
+  }
+
+  Status SetLayersAvailable(const std::string& request_id, uint32_t layers) override {
+    {
+      MutexLock lock(&mutex_);
+      auto it = pulls_.find(request_id);
+      if (it == pulls_.end()) return NotFound("request " + request_id + " is not pulling");
+      Raise(*it->second, layers);
+    }
+    cv_.notify_all();
+    return Status();
+  }
+
+  size_t inflight_count() const override {
+    MutexLock lock(&mutex_);
+    return pulls_.size();
+  }
+
+ private:
+  struct PullState {
+    PullState(std::vector<CopyPiece> pieces, uint32_t layers) : queue(std::move(pieces), layers) {}
+    std::string request_id;
+    uint64_t total_bytes = 0;
+    std::shared_ptr<MappedPeer> peer;
+    PullCallbacks callbacks;
+    LayerCopyQueue queue;         // layers whose copies are queued on the stream
+    uint32_t landed = 0;          // layers whose copies completed (reported in order)
+    uint32_t queued_batches = 0;  // event records of this pull not yet completed
+    std::optional<Status> error;  // set: finish with it once queued_batches is 0
+    Clock::time_point copy_deadline;
+    Clock::time_point layer_deadline;  // meaningful while every queued layer has landed
+    Clock::time_point busy_since;      // while queued_batches > 0
+    Clock::duration busy{0};
+  };
+  struct QueuedLayer {
+    std::shared_ptr<PullState> pull;
+    uint32_t layer = 0;
+    cudaEvent_t event = nullptr;
+  };
+
+  static double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+  // Queues the copies of the layers below `available` not queued yet, each followed by an
+  // event. mutex_ held.
+  void Raise(PullState& pull, uint32_t available) TANDEM_REQUIRES(mutex_) {
+    if (pull.error || available <= pull.queue.released_layers()) return;
+    const auto now = Clock::now();
+    pull.copy_deadline = now + timeout_;
+    pull.layer_deadline = now + layer_wait_;
+    const std::vector<LayerBatch> batches = pull.queue.Release(available);
+    if (batches.empty()) return;
+    Status status = cuda::SetDevice(0);
+    for (const LayerBatch& batch : batches) {
+      for (size_t i = batch.first; i < batch.last && status.ok(); ++i) {
+        const CopyPiece& p = pull.queue.pieces()[i];
+        const cudaError_t err = cudaMemcpyAsync(
+            static_cast<char*>(region_.base) + p.local_offset,
+            static_cast<const char*>(pull.peer->base) + p.remote_offset, p.length,
+            cudaMemcpyDeviceToDevice, stream_);
+        if (err != cudaSuccess) status = Internal("cuda_ipc copy: " + CudaErrorText(err));
+      }
+      cudaEvent_t event = nullptr;
+      if (status.ok()) {
+        if (!free_events_.empty()) {
+          event = free_events_.back();
+          free_events_.pop_back();
+        } else if (cudaError_t err = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+                   err != cudaSuccess) {
+          status = Internal("cuda_ipc event: " + CudaErrorText(err));
+        }
+      }
+      if (status.ok()) {
+        if (cudaError_t err = cudaEventRecord(event, stream_); err != cudaSuccess)
+          status = Internal("cuda_ipc event: " + CudaErrorText(err));
+      }
+      if (!status.ok()) {
+        if (event != nullptr) free_events_.push_back(event);
+        pull.error = status;
+        return;
+      }
+      if (pull.queued_batches++ == 0) pull.busy_since = now;
+      queued_.push_back({pulls_.at(pull.request_id), batch.layer, event});
+    }
+  }
+
+  // The progress thread: completes queued layers in stream order, enforces the deadlines, and
+  // runs every callback (outside the lock).
+  void Progress() {
+    static_cast<void>(cuda::SetDevice(0));
+    for (;;) {
+      std::vector<std::function<void()>> actions;
+      bool idle = false;
+      {
+        MutexLock lock(&mutex_);
+        if (stopping_ && queued_.empty()) return;
+        CompleteLanded(actions);
+        EnforceDeadlines(actions);
+        idle = queued_.empty();
+        if (idle && !stopping_) cv_.wait_for(mutex_, std::chrono::milliseconds(10));
+      }
+      for (auto& action : actions) action();
+      // Copies in flight: poll often (a layer of a small model lands in microseconds).
+      if (!idle) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+  void CompleteLanded(std::vector<std::function<void()>>& actions) TANDEM_REQUIRES(mutex_) {
+    while (!queued_.empty()) {
+      QueuedLayer& front = queued_.front();
+      const cudaError_t q = cudaEventQuery(front.event);
+      if (q == cudaErrorNotReady) return;
+      std::shared_ptr<PullState> pull = std::move(front.pull);
+      const uint32_t layer = front.layer;
+      free_events_.push_back(front.event);
+      queued_.pop_front();
+      const auto now = Clock::now();
+      if (--pull->queued_batches == 0) {
+        pull->busy += now - pull->busy_since;
+        pull->layer_deadline = now + layer_wait_;  // every queued layer is in: wait for more
+      }
+      if (q != cudaSuccess && !pull->error) pull->error = Internal("cuda_ipc copy failed: " + CudaErrorText(q));
+      if (pull->error) {
+        if (pull->queued_batches == 0) Finish(pull, *pull->error, actions);
+        continue;
+      }
+      pull->landed = layer + 1;
+      if (pull->callbacks.on_layer)
+        actions.push_back([cb = pull->callbacks.on_layer, layer] { cb(layer); });
+      if (pull->landed == pull->queue.num_layers()) Finish(pull, Status(), actions);
+    }
+  }
+
+  void EnforceDeadlines(std::vector<std::function<void()>>& actions) TANDEM_REQUIRES(mutex_) {
+    const auto now = Clock::now();
+    std::vector<std::shared_ptr<PullState>> done;
+    for (auto& [id, pull] : pulls_) {
+      if (pull->queued_batches > 0) {
+        if (!pull->error && now >= pull->copy_deadline)
+          pull->error = DeadlineExceeded("pull of " + id + ": the available layers did not land "
+                                         "within " + std::to_string(timeout_.count()) + " ms");
+        continue;  // finishes when its queued copies drained
+      }
+      if (pull->error) {
+        done.push_back(pull);
+      } else if (pull->queue.num_layers() == 0) {
+        done.push_back(pull);  // nothing to move
+      } else if (now >= pull->layer_deadline) {
+        pull->error = DeadlineExceeded("pull of " + id + ": no layer announced within " +
+                                       std::to_string(layer_wait_.count()) + " ms");
+        done.push_back(pull);
+      }
+    }
+    for (auto& pull : done) Finish(pull, pull->error.value_or(Status()), actions);
+  }
+
+  // Ends a pull (mutex_ held; its queued copies drained): metrics, then on_done (as an action).
+  void Finish(const std::shared_ptr<PullState>& pull, const Status& status,
+              std::vector<std::function<void()>>& actions) TANDEM_REQUIRES(mutex_) {
+    if (pulls_.erase(pull->request_id) == 0) return;
+    if (status.ok()) {
+      metrics_.Succeeded(Seconds(pull->busy), pull->total_bytes);
+    } else {
+      metrics_.Failed(Seconds(pull->busy), TransferMetrics::ReasonFor(status));
+    }
+    actions.push_back([pull, status] { pull->callbacks.on_done(pull->request_id, status); });
+  }
+
+  const MemoryRegion region_;
+  const std::string boot_id_;
+  cudaStream_t stream_;
+  const std::chrono::milliseconds timeout_;
+  const std::chrono::milliseconds layer_wait_;
+  TransferMetrics metrics_;
+  mutable Mutex mutex_;
+  std::condition_variable_any cv_;
+  std::map<uint64_t, std::shared_ptr<MappedPeer>> peers_ TANDEM_GUARDED_BY(mutex_);
+  std::map<std::string, std::shared_ptr<PullState>> pulls_ TANDEM_GUARDED_BY(mutex_);
+  std::deque<QueuedLayer> queued_ TANDEM_GUARDED_BY(mutex_);  // in stream order
+  std::vector<cudaEvent_t> free_events_ TANDEM_GUARDED_BY(mutex_);
+  bool stopping_ TANDEM_GUARDED_BY(mutex_) = false;
+  std::thread progress_;
+};
+
+}  // namespace
+
+StatusOr<PublisherWithPool> CreateCudaIpcPublisherWithPool(size_t pool_bytes,
+                                                           const CudaIpcOptions& options) {
+  if (pool_bytes == 0) return InvalidArgument("cuda_ipc: empty KV pool");
+  TANDEM_ASSIGN_OR_RETURN(std::string boot_id, MachineBootId());
+  PublisherWithPool out;
+  TANDEM_ASSIGN_OR_RETURN(out.memory, AllocateDevicePool(pool_bytes));
+  cudaIpcMemHandle_t handle;
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaIpcGetMemHandle(&handle, out.memory.base));
+  PeerInfo info;
+  info.instance_id = RandomInstanceId();
+  info.transport = std::string(kCudaIpcTransport);
+  info.worker_address = boot_id;
+  info.packed_rkey.assign(reinterpret_cast<const char*>(&handle), sizeof handle);
+  info.region_base = reinterpret_cast<uint64_t>(out.memory.base);
+  info.region_bytes = out.memory.bytes;
+  out.publisher = std::make_unique<CudaIpcPublisher>(
+      MemoryRegion{out.memory.base, out.memory.bytes}, std::move(info), options.lease_timeout);
+  return out;
+}
+
+StatusOr<PullerWithPool> CreateCudaIpcPullerWithPool(size_t pool_bytes,
+                                                     const CudaIpcOptions& options) {
+  if (pool_bytes == 0) return InvalidArgument("cuda_ipc: empty KV pool");
+  TANDEM_ASSIGN_OR_RETURN(std::string boot_id, MachineBootId());
+  PullerWithPool out;
+  TANDEM_ASSIGN_OR_RETURN(out.memory, AllocateDevicePool(pool_bytes));
+  cudaStream_t stream = nullptr;
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  out.puller = std::make_unique<CudaIpcPuller>(MemoryRegion{out.memory.base, out.memory.bytes},
+                                               std::move(boot_id), stream, options);
+  return out;
+}
+
+}  // namespace tandem
