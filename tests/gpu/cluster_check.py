@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""The disaggregated cluster on one GPU (tests/gpu/run.sh): `tandem serve` with one prefill and
+one decode instance, both `device: cuda`, sharing the GPU, the KV moving between their pools
+over CUDA IPC (`transfer.backend: cuda_ipc`), SmolLM2-135M-Instruct, driven by the official
+`openai` client. Then one long prompt, to time the KV transfer against the device-to-device copy
+bandwidth.
+
+  .venv/bin/python tests/gpu/cluster_check.py TANDEM_BINARY LOG_DIR [--d2d-gbps X] [--cpu]
+
+--cpu runs the same checks on the CPU cluster (ucx, device cpu): the script's own check where no
+GPU is.
+
+Judged: the greedy answer names Paris; streaming and non-streaming give the same text; eight
+concurrent requests all finish with their max_tokens or a stop; every pull succeeded
+(tandem_kv_transfer_* on the decode instance). Printed as "ROW|name|result|detail" lines for
+run.sh's table; exit 0 = pass. The cluster is stopped in a finally block.
+"""
+import argparse
+import concurrent.futures
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
+from cluster_util import free_base, metric, stop_process, tail_file  # noqa: E402
+
+MODEL = "smollm2-135m-instruct"
+READY_TIMEOUT_S = 120
+
+
+def row(name, result, detail):
+    print(f"ROW|{name}|{result}|{detail}", flush=True)
+
+
+def start(binary, log_dir, cpu):
+    router, metrics = free_base(1), free_base(1)
+    log_path = os.path.join(log_dir, "cluster-cuda-ipc.log")
+    log = open(log_path, "w")
+    placement = [] if cpu else ["--transfer.backend=cuda_ipc", "--prefill.device=cuda",
+                                "--decode.device=cuda"]
+    proc = subprocess.Popen(
+        # A loose TTFT SLO: the long prompt below must be served, not refused as too slow.
+        [os.path.abspath(binary), "serve", f"--router.port={router}",
+         f"--decode.metrics_port={metrics}", "--slo.ttft_s=120"] + placement,
+        stdout=log, stderr=subprocess.STDOUT, cwd=log_dir)
+    url = f"http://127.0.0.1:{router}"
+    deadline = time.time() + READY_TIMEOUT_S
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError("tandem serve exited: " + tail_file(log_path, 30))
+        if f"tandem: ready at {url}" in tail_file(log_path, 400):
+            return proc, url, metrics, log_path
+        time.sleep(0.25)
+    stop_process(proc, 10)
+    raise RuntimeError(f"not ready in {READY_TIMEOUT_S} s: " + tail_file(log_path, 30))
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("binary")
+    parser.add_argument("log_dir")
+    parser.add_argument("--d2d-gbps", type=float, default=0.0,
+                        help="bytes a device-to-device copy moves per second, in GB/s")
+    parser.add_argument("--cpu", action="store_true")
+    args = parser.parse_args()
+    proc = None
+    failed = []
+    try:
+        started = time.time()
+        proc, url, metrics_port, log_path = start(args.binary, args.log_dir, args.cpu)
+        ready_s = time.time() - started
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120,
+                               http_client=httpx.Client(trust_env=False, timeout=120))
+        question = [{"role": "user", "content": "What is the capital of France?"}]
+        t0 = time.time()
+        reply = client.chat.completions.create(model=MODEL, messages=question, temperature=0,
+                                               max_tokens=32)
+        first_s = time.time() - t0
+        text = reply.choices[0].message.content
+        streamed = "".join(
+            (chunk.choices[0].delta.content or "") for chunk in client.chat.completions.create(
+                model=MODEL, messages=question, temperature=0, max_tokens=32, stream=True)
+            if chunk.choices)
+        if "Paris" not in text:
+            failed.append(f"the answer does not name Paris: {text!r}")
+        if streamed != text:
+            failed.append(f"streamed {streamed!r} != {text!r}")
+
+        def ask(i):
+            r = client.chat.completions.create(
+                model=MODEL, temperature=0, max_tokens=64,
+                messages=[{"role": "user", "content": f"Count from {i} to {i + 40}."}])
+            return r.choices[0].finish_reason, r.usage.completion_tokens
+
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(ask, range(8)))
+        bad = [r for r in results if r[0] not in ("stop", "length")]
+        if bad:
+            failed.append(f"concurrent requests ended {bad}")
+        failures = metric(metrics_port, "tandem_kv_transfer_failures_total") or 0
+        pulls = metric(metrics_port, "tandem_kv_transfer_seconds_count") or 0
+        if failures or pulls < 10:
+            failed.append(f"{pulls:.0f} pulls, {failures:.0f} failed")
+        detail = (f"ready in {ready_s:.1f} s; {text!r} in {first_s * 1000:.0f} ms; stream equal; "
+                  f"8 concurrent ok; {pulls:.0f} pulls, {failures:.0f} failed")
+        row("cluster 1P+1D over CUDA IPC (openai)", "FAIL" if failed else "ok",
+            "; ".join(failed) if failed else detail)
+
+        # The transfer of one long prompt's KV (about 46 KB per token for SmolLM2 in fp32).
+        bytes0 = metric(metrics_port, "tandem_kv_transfer_bytes_total") or 0
+        seconds0 = metric(metrics_port, "tandem_kv_transfer_seconds_sum") or 0
+        client.completions.create(model=MODEL, prompt="word " * 3000, max_tokens=1,
+                                  temperature=0)
+        moved = (metric(metrics_port, "tandem_kv_transfer_bytes_total") or 0) - bytes0
+        took = (metric(metrics_port, "tandem_kv_transfer_seconds_sum") or 0) - seconds0
+        if moved > 0 and took > 0:
+            gbps = moved / took / 1e9
+            ratio = f" ({100 * gbps / args.d2d_gbps:.0f}% of the D2D copy's {args.d2d_gbps:.0f} GB/s)" \
+                if args.d2d_gbps > 0 else ""
+            row("KV transfer (cuda_ipc) vs D2D copy", "info",
+                f"{moved / 1e6:.1f} MB in {took * 1000:.2f} ms of copying: {gbps:.1f} GB/s{ratio} "
+                f"(layer-wise: the waits for prefill's layers are not counted)")
+        else:
+            row("KV transfer (cuda_ipc) vs D2D copy", "FAIL", f"no transfer measured ({moved} B)")
+            failed.append("no transfer measured")
+    except Exception as e:  # noqa: BLE001 - reported as a row
+        row("cluster 1P+1D over CUDA IPC (openai)", "FAIL", f"{type(e).__name__}: {e}"[:400])
+        failed.append(str(e))
+    finally:
+        stop_process(proc, 20)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
