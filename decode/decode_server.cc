@@ -214,7 +214,8 @@ Status BatchDriver::InitTransferAndEngine(const RoleArgs& args,
                                                    const InstanceSection& section) {
   const ClusterConfig& config = args.config;
   TANDEM_ASSIGN_OR_RETURN(std::string dir, ResolveModelDir(config.model));
-  TANDEM_ASSIGN_OR_RETURN(model_, Model::Load(dir, {ParseWeightDType(config.model.dtype)}));
+  TANDEM_ASSIGN_OR_RETURN(model_,
+                          Model::Load(dir, {LoadDTypeFor(config.model.dtype, section.device)}));
   BatchEngineOptions eo;
   eo.device = section.device;
   eo.threads = section.threads;

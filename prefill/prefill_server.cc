@@ -109,7 +109,8 @@ Status PrefillDriver::Init(const RoleArgs& args) {
                                         "Requests whose KV could not be handed to decode.")
                            .Get();
   TANDEM_ASSIGN_OR_RETURN(std::string dir, ResolveModelDir(config.model));
-  TANDEM_ASSIGN_OR_RETURN(model_, Model::Load(dir, {ParseWeightDType(config.model.dtype)}));
+  TANDEM_ASSIGN_OR_RETURN(model_,
+                          Model::Load(dir, {LoadDTypeFor(config.model.dtype, section.device)}));
   const ModelConfig& mc = model_->config();
   PrefillEngineOptions eo;
   eo.device = section.device;

@@ -32,6 +32,12 @@ bool ForwardBackendHasCuda() {
 #endif
 }
 
+std::optional<WeightDType> LoadDTypeFor(std::string_view configured, std::string_view device) {
+  if (std::optional<WeightDType> named = ParseWeightDType(configured)) return named;
+  if (device == "cuda") return WeightDType::kBF16;
+  return std::nullopt;
+}
+
 StatusOr<std::unique_ptr<ForwardBackend>> CreateForwardBackend(const Model& model,
                                                                const ForwardOptions& options,
                                                                std::string_view device) {

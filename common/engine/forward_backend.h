@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -111,6 +112,13 @@ StatusOr<uint64_t> KvMemoryBudgetBytes(std::string_view device, size_t weight_by
 
 // Whether this build has the CUDA backend.
 bool ForwardBackendHasCuda();
+
+// The storage dtype to load a model as for `device`, from model.dtype (`configured`: "auto" or a
+// dtype name): a named dtype as named; auto on cpu is the checkpoint's (nullopt: Model::Load
+// decides); auto on cuda is bfloat16, whatever the checkpoint (float32 and dequantized GGUF
+// weights too, as vLLM's auto does for 16-bit GPUs; float32 only when asked for, e.g. to check
+// tokens against the CPU).
+std::optional<WeightDType> LoadDTypeFor(std::string_view configured, std::string_view device);
 
 // The checks both backends run before a pass (nothing is computed or written when one fails):
 // InvalidArgument for a cache layout that does not match `config`, an empty batch or sequence,

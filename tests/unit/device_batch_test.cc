@@ -124,6 +124,15 @@ TEST_CASE("forward backend: the device names the backend; cuda needs a CUDA buil
   CHECK((*cpu)->Forward(batch, **cache).ok());
 }
 
+TEST_CASE("forward backend: model.dtype auto is bfloat16 on cuda, the checkpoint's on cpu",
+          "[device_batch]") {
+  CHECK(LoadDTypeFor("auto", "cpu") == std::nullopt);
+  CHECK(LoadDTypeFor("auto", "cuda") == WeightDType::kBF16);
+  CHECK(LoadDTypeFor("float32", "cuda") == WeightDType::kF32);  // checks against the CPU
+  CHECK(LoadDTypeFor("float16", "cpu") == WeightDType::kF16);
+  CHECK(LoadDTypeFor("bfloat16", "cpu") == WeightDType::kBF16);
+}
+
 TEST_CASE("kv cache: a pool in device memory is never touched by the host", "[device_batch]") {
   // An address the host must not dereference: nothing is mapped at a page of 0xdead0000.
   const KvLayout layout{2, 2, 8, 4};
