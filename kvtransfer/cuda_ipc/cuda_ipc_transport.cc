@@ -4,6 +4,7 @@
 
 #include <condition_variable>
 #include <cstring>
+#include <algorithm>
 #include <deque>
 #include <functional>
 #include <map>
@@ -149,7 +150,10 @@ class CudaIpcPublisher final : public KvPublisher {
 
 // ---- puller ------------------------------------------------------------------------------------
 
-// A publisher's pool mapped into this process; closed when the last pull from it ends.
+// A publisher's pool mapped into this process; unmapped when the last reference goes (the
+// puller's peer table drops it once it has been idle for kUnmapIdle, pulls hold their own).
+constexpr auto kUnmapIdle = std::chrono::seconds(30);
+
 struct MappedPeer {
   void* base = nullptr;
   uint64_t bytes = 0;
@@ -178,6 +182,7 @@ class CudaIpcPuller final : public KvPuller {
     }
     cv_.notify_all();
     progress_.join();  // returns once every queued copy completed
+    static_cast<void>(cudaStreamSynchronize(stream_));  // and nothing was queued after that
     std::vector<std::shared_ptr<PullState>> left;
     {
       MutexLock lock(&mutex_);
@@ -203,25 +208,15 @@ class CudaIpcPuller final : public KvPuller {
       return InvalidArgument("cuda_ipc: the publisher's memory handle has " +
                              std::to_string(peer.packed_rkey.size()) + " bytes, not " +
                              std::to_string(sizeof(cudaIpcMemHandle_t)));
-    {
-      MutexLock lock(&mutex_);
-      if (peers_.count(peer.instance_id)) return Status();
-    }
-    cudaIpcMemHandle_t handle;
-    std::memcpy(&handle, peer.packed_rkey.data(), sizeof handle);
-    TANDEM_RETURN_IF_ERROR(cuda::SetDevice(0));
-    auto mapped = std::make_shared<MappedPeer>();
-    const cudaError_t err =
-        cudaIpcOpenMemHandle(&mapped->base, handle, cudaIpcMemLazyEnablePeerAccess);
-    if (err != cudaSuccess) {
-      mapped->base = nullptr;
-      static_cast<void>(cudaGetLastError());
-      return Unavailable("cuda_ipc: cannot map publisher " + std::to_string(peer.instance_id) +
-                         "'s KV pool: " + CudaErrorText(err));
-    }
-    mapped->bytes = peer.region_bytes;
+    // Mapped under the lock: two Connects to one publisher must not open its handle twice.
     MutexLock lock(&mutex_);
-    peers_.emplace(peer.instance_id, std::move(mapped));
+    if (stopping_) return FailedPrecondition("puller is stopping");
+    if (peers_.count(peer.instance_id)) return Status();
+    PeerEntry entry;
+    std::memcpy(&entry.handle, peer.packed_rkey.data(), sizeof entry.handle);
+    entry.bytes = peer.region_bytes;
+    TANDEM_RETURN_IF_ERROR(Map(peer.instance_id, entry));
+    peers_.emplace(peer.instance_id, std::move(entry));
     return Status();
   }
 
@@ -236,7 +231,10 @@ class CudaIpcPuller final : public KvPuller {
       if (it == peers_.end()) return NotFound("publisher not connected");
       if (pulls_.count(d.request_id))
         return FailedPrecondition("request " + d.request_id + " is already pulling");
-      peer = it->second;
+      if (it->second.mapped == nullptr)  // unmapped while idle: map it again
+        TANDEM_RETURN_IF_ERROR(Map(d.instance_id, it->second));
+      it->second.last_used = Clock::now();
+      peer = it->second.mapped;
     }
     TANDEM_ASSIGN_OR_RETURN(std::vector<CopyPiece> pieces,
                             PlanCopies(d.layers, peer->bytes, local, region_.bytes));
@@ -260,6 +258,7 @@ class CudaIpcPuller final : public KvPuller {
   Status SetLayersAvailable(const std::string& request_id, uint32_t layers) override {
     {
       MutexLock lock(&mutex_);
+      if (stopping_) return FailedPrecondition("puller is stopping");
       auto it = pulls_.find(request_id);
       if (it == pulls_.end()) return NotFound("request " + request_id + " is not pulling");
       Raise(*it->second, layers);
@@ -295,12 +294,48 @@ class CudaIpcPuller final : public KvPuller {
     cudaEvent_t event = nullptr;
   };
 
+  struct PeerEntry {
+    cudaIpcMemHandle_t handle;
+    uint64_t bytes = 0;
+    std::shared_ptr<MappedPeer> mapped;  // null while unmapped
+    Clock::time_point last_used = Clock::now();
+  };
+
   static double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+  // Opens entry's handle into entry.mapped. mutex_ held.
+  Status Map(uint64_t instance_id, PeerEntry& entry) TANDEM_REQUIRES(mutex_) {
+    TANDEM_RETURN_IF_ERROR(cuda::SetDevice(0));
+    auto mapped = std::make_shared<MappedPeer>();
+    const cudaError_t err =
+        cudaIpcOpenMemHandle(&mapped->base, entry.handle, cudaIpcMemLazyEnablePeerAccess);
+    if (err != cudaSuccess) {
+      mapped->base = nullptr;
+      static_cast<void>(cudaGetLastError());
+      return Unavailable("cuda_ipc: cannot map publisher " + std::to_string(instance_id) +
+                         "'s KV pool (is it alive, on this machine?): " + CudaErrorText(err));
+    }
+    mapped->bytes = entry.bytes;
+    entry.mapped = std::move(mapped);
+    entry.last_used = Clock::now();
+    return Status();
+  }
+
+  // Unmaps the pools of publishers no pull has used for kUnmapIdle (a restarted or dead
+  // prefill's pool would otherwise stay allocated on its GPU). mutex_ held.
+  void UnmapIdle() TANDEM_REQUIRES(mutex_) {
+    const auto now = Clock::now();
+    for (auto& [id, entry] : peers_)
+      if (entry.mapped != nullptr && entry.mapped.use_count() == 1 &&
+          now - entry.last_used > kUnmapIdle)
+        entry.mapped.reset();
+  }
 
   // Queues the copies of the layers below `available` not queued yet, each followed by an
   // event. mutex_ held.
   void Raise(PullState& pull, uint32_t available) TANDEM_REQUIRES(mutex_) {
-    if (pull.error || available <= pull.queue.released_layers()) return;
+    if (pull.error || std::min(available, pull.queue.num_layers()) <= pull.queue.released_layers())
+      return;  // nothing new: the deadlines run on
     const auto now = Clock::now();
     pull.copy_deadline = now + timeout_;
     pull.layer_deadline = now + layer_wait_;
@@ -332,6 +367,9 @@ class CudaIpcPuller final : public KvPuller {
       }
       if (!status.ok()) {
         if (event != nullptr) free_events_.push_back(event);
+        // Copies of this batch queued before the failure have no event: wait for them, so that
+        // nothing writes the local ranges once on_done runs.
+        static_cast<void>(cudaStreamSynchronize(stream_));
         pull.error = status;
         return;
       }
@@ -352,6 +390,7 @@ class CudaIpcPuller final : public KvPuller {
         if (stopping_ && queued_.empty()) return;
         CompleteLanded(actions);
         EnforceDeadlines(actions);
+        UnmapIdle();
         idle = queued_.empty();
         if (idle && !stopping_) cv_.wait_for(mutex_, std::chrono::milliseconds(10));
       }
@@ -430,7 +469,7 @@ class CudaIpcPuller final : public KvPuller {
   TransferMetrics metrics_;
   mutable Mutex mutex_;
   std::condition_variable_any cv_;
-  std::map<uint64_t, std::shared_ptr<MappedPeer>> peers_ TANDEM_GUARDED_BY(mutex_);
+  std::map<uint64_t, PeerEntry> peers_ TANDEM_GUARDED_BY(mutex_);
   std::map<std::string, std::shared_ptr<PullState>> pulls_ TANDEM_GUARDED_BY(mutex_);
   std::deque<QueuedLayer> queued_ TANDEM_GUARDED_BY(mutex_);  // in stream order
   std::vector<cudaEvent_t> free_events_ TANDEM_GUARDED_BY(mutex_);

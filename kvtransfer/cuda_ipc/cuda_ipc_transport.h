@@ -23,7 +23,9 @@
 //   pull touches the local ranges once on_done runs).
 // - A publisher that died: its pool stays mapped until the puller closes it (the driver keeps
 //   the memory while a mapping exists), so a pull in flight completes with stale bytes; the
-//   decode server fails the requests of a dead prefill peer through the control plane.
+//   decode server fails the requests of a dead prefill peer through the control plane. The
+//   puller unmaps a publisher's pool once no pull has used it for 30 s (and maps it again for
+//   the next pull), so a dead or restarted prefill's memory goes back to its GPU.
 // - Callbacks run on the puller's progress thread (one per puller, which polls the events).
 //
 // Device-only code, built with the CUDA backend (kvtransfer/cuda_ipc/*.cc go to tandem_cuda).

@@ -6,6 +6,8 @@
 // References are deliberately naive (double accumulation, one loop per formula). bf16 cases
 // round the inputs on the host first, so the tolerance only covers output rounding and
 // summation order.
+#include <cuda_runtime_api.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -287,17 +289,31 @@ void RefAttend(const float* q, const std::vector<float>& k, const std::vector<fl
   }
 }
 
-// Decode (split over partitions or not, with and without a sliding window) and prefill
-// attention over one paged cache of sequences of different lengths, in shuffled blocks.
-void CheckAttention(DType kv_dt, int head_dim, cudaStream_t s) {
-  const int heads = 8, kv_heads = 2, block_size = 16;
-  const std::vector<int32_t> lens = {1, 17, 100, 1100, 0, 16, 513};
-  const int num_seqs = lens.size();
-  const int max_len = *std::max_element(lens.begin(), lens.end());
-  const int max_blocks = (max_len + block_size - 1) / block_size;
-  const PagedKvShape shape{kv_heads, head_dim, block_size};
+// One paged cache of sequences of different lengths, in shuffled blocks, written through
+// WriteKvCache, with the host copies of its K/V that the references read.
+struct AttentionFixture {
+  int heads = 8, kv_heads = 2, block_size = 16, head_dim = 0, kv_row = 0, max_len = 0;
+  int total_tokens = 0;
+  float scale = 0;
+  std::vector<int32_t> lens = {1, 17, 100, 1100, 0, 16, 513};
+  std::vector<int32_t> positions, first_row;  // every token's position; each sequence's first row
+  std::vector<float> k, v;                    // [total_tokens][kv_row], rounded as stored
+  DeviceBuffer cache, dtables, dlens;
+  PagedAttentionArgs args;  // everything but q, out and the window
+  int num_seqs() const { return static_cast<int>(lens.size()); }
+  int q_stride() const { return heads * head_dim + 2 * kv_row; }  // padded, as in qkv
+};
+
+AttentionFixture MakeAttentionFixture(DType kv_dt, int head_dim, cudaStream_t s) {
+  AttentionFixture f;
+  f.head_dim = head_dim;
+  f.kv_row = f.kv_heads * head_dim;
+  const int num_seqs = f.num_seqs(), block_size = f.block_size;
+  f.max_len = *std::max_element(f.lens.begin(), f.lens.end());
+  const int max_blocks = (f.max_len + block_size - 1) / block_size;
+  const PagedKvShape shape{f.kv_heads, head_dim, block_size};
   int total_blocks = 0;
-  for (int len : lens) total_blocks += (len + block_size - 1) / block_size;
+  for (int len : f.lens) total_blocks += (len + block_size - 1) / block_size;
   total_blocks += 3;  // spare blocks, never referenced
   // Block tables: a shuffled assignment, so that sequences are not contiguous.
   std::vector<int32_t> free_blocks(total_blocks);
@@ -306,110 +322,132 @@ void CheckAttention(DType kv_dt, int head_dim, cudaStream_t s) {
   std::vector<int32_t> tables(num_seqs * max_blocks, 0);
   size_t next = 0;
   for (int sq = 0; sq < num_seqs; ++sq) {
-    for (int b = 0; b < (lens[sq] + block_size - 1) / block_size; ++b) {
+    for (int b = 0; b < (f.lens[sq] + block_size - 1) / block_size; ++b) {
       tables[sq * max_blocks + b] = free_blocks[next++];
     }
   }
   // K/V of every token of every sequence, written through WriteKvCache (fp32 source).
-  const int kv_row = kv_heads * head_dim;
-  int total_tokens = std::accumulate(lens.begin(), lens.end(), 0);
-  std::vector<float> k = Random(size_t(total_tokens) * kv_row), v = Random(size_t(total_tokens) * kv_row);
+  f.total_tokens = std::accumulate(f.lens.begin(), f.lens.end(), 0);
+  f.k = Random(size_t(f.total_tokens) * f.kv_row);
+  f.v = Random(size_t(f.total_tokens) * f.kv_row);
   std::vector<int64_t> slots;
-  std::vector<int32_t> positions, first_row(num_seqs);
+  f.first_row.resize(num_seqs);
   for (int sq = 0; sq < num_seqs; ++sq) {
-    first_row[sq] = slots.size();
-    for (int t = 0; t < lens[sq]; ++t) {
+    f.first_row[sq] = slots.size();
+    for (int t = 0; t < f.lens[sq]; ++t) {
       slots.push_back(int64_t{tables[sq * max_blocks + t / block_size]} * block_size + t % block_size);
-      positions.push_back(t);
+      f.positions.push_back(t);
     }
   }
-  DeviceBuffer dk = Upload(k), dv = Upload(v), dslots = Upload(slots);
-  DeviceBuffer cache = Scratch(size_t(total_blocks) * shape.BlockElements() * DTypeSize(kv_dt));
-  Must(cache.Zero(g_stream), "memset");
-  Must(WriteKvCache(DType::kF32, dk.data(), dv.data(), kv_row, kv_dt, cache.data(), shape,
-                    dslots.as<int64_t>(), total_tokens, s),
+  DeviceBuffer dk = Upload(f.k), dv = Upload(f.v), dslots = Upload(slots);
+  f.cache = Scratch(size_t(total_blocks) * shape.BlockElements() * DTypeSize(kv_dt));
+  Must(f.cache.Zero(g_stream), "memset");
+  Must(WriteKvCache(DType::kF32, dk.data(), dv.data(), f.kv_row, kv_dt, f.cache.data(), shape,
+                    dslots.as<int64_t>(), f.total_tokens, s),
        "WriteKvCache");
-  if (kv_dt == DType::kBF16) k = RoundBf16(k), v = RoundBf16(v);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-  DeviceBuffer dtables = Upload(tables), dlens = Upload(lens);
-  PagedAttentionArgs args;
-  args.kv_dtype = kv_dt;
-  args.layer_base = cache.data();
-  args.shape = shape;
-  args.block_tables = dtables.as<int32_t>();
-  args.max_blocks_per_seq = max_blocks;
-  args.num_heads = heads;
-  args.scale = scale;
+  // dk, dv and dslots are freed on return: the writes must be done.
+  Must(cudaStreamSynchronize(s) == cudaSuccess ? Status::Ok() : Internal("stream failed"),
+       "WriteKvCache");
+  if (kv_dt == DType::kBF16) f.k = RoundBf16(f.k), f.v = RoundBf16(f.v);
+  f.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  f.dtables = Upload(tables);
+  f.dlens = Upload(f.lens);
+  f.args.kv_dtype = kv_dt;
+  f.args.layer_base = f.cache.data();
+  f.args.shape = shape;
+  f.args.block_tables = f.dtables.as<int32_t>();
+  f.args.max_blocks_per_seq = max_blocks;
+  f.args.num_heads = f.heads;
+  f.args.scale = f.scale;
+  return f;
+}
 
-  // Decode: one query per sequence over its whole context (row stride padded, as in qkv).
-  const int q_stride = heads * head_dim + 2 * kv_row;
+// The reference attention of query row `q` (head h) over rows [lo, hi] of sequence sq.
+void RefHead(const AttentionFixture& f, const float* q, int sq, int h, int lo, int hi,
+             double* out) {
+  RefAttend(q, f.k, f.v, f.first_row[sq], lo, hi, f.kv_row, (h / (f.heads / f.kv_heads)) * f.head_dim,
+            f.head_dim, f.scale, out);
+}
+
+// Decode: one query per sequence over its whole context, split over partitions or not, with
+// and without a sliding window.
+void CheckDecodeAttention(AttentionFixture& f, const std::string& what, cudaStream_t s) {
+  const int num_seqs = f.num_seqs(), heads = f.heads, head_dim = f.head_dim;
+  PagedAttentionArgs args = f.args;
   for (int window : {0, 300}) {
-    for (int partitions : {1, DecodePartitions(max_len)}) {
-      std::vector<float> q = Random(size_t(num_seqs) * q_stride);
+    for (int partitions : {1, DecodePartitions(f.max_len)}) {
+      std::vector<float> q = Random(size_t(num_seqs) * f.q_stride());
       DeviceBuffer dq = Upload(q);
       DeviceBuffer dout = Scratch(size_t(num_seqs) * heads * head_dim * 4);
       DeviceBuffer dpartials =
           Scratch(DecodePartialFloats(num_seqs, heads, head_dim, partitions) * 4);
       args.q = dq.as<float>();
-      args.q_stride = q_stride;
+      args.q_stride = f.q_stride();
       args.out = dout.as<float>();
       args.out_stride = heads * head_dim;
       args.sliding_window = window;
-      Must(PagedAttentionDecode(args, dlens.as<int32_t>(), num_seqs, partitions,
+      Must(PagedAttentionDecode(args, f.dlens.as<int32_t>(), num_seqs, partitions,
                                 dpartials.as<float>(), s),
            "PagedAttentionDecode");
       std::vector<float> got = Download<float>(dout, size_t(num_seqs) * heads * head_dim);
       std::vector<double> want(got.size(), 0.0);
       for (int sq = 0; sq < num_seqs; ++sq) {
-        const int hi = lens[sq] - 1, lo = window > 0 ? std::max(0, hi - window + 1) : 0;
-        for (int h = 0; h < heads; ++h) {
-          RefAttend(&q[size_t(sq) * q_stride + h * head_dim], k, v, first_row[sq], lo, hi, kv_row,
-                    (h / (heads / kv_heads)) * head_dim, head_dim, scale,
-                    &want[(size_t(sq) * heads + h) * head_dim]);
-        }
+        const int hi = f.lens[sq] - 1, lo = window > 0 ? std::max(0, hi - window + 1) : 0;
+        for (int h = 0; h < heads; ++h)
+          RefHead(f, &q[size_t(sq) * f.q_stride() + h * head_dim], sq, h, lo, hi,
+                  &want[(size_t(sq) * heads + h) * head_dim]);
       }
-      Report("PagedAttentionDecode GQA 8/2 d" + std::to_string(head_dim) + " kv " + Name(kv_dt) +
-                 " parts " + std::to_string(partitions) + " window " + std::to_string(window),
+      Report("PagedAttentionDecode " + what + " parts " + std::to_string(partitions) +
+                 " window " + std::to_string(window),
              MaxAbsDiff(got, want), 2e-5);
     }
   }
+}
 
-  // Prefill: every token of every sequence is a query (tiles of up to kPrefillTileTokens).
+// Prefill: every token of every sequence is a query (tiles of up to kPrefillTileTokens).
+void CheckPrefillAttention(AttentionFixture& f, const std::string& what, cudaStream_t s) {
+  const int heads = f.heads, head_dim = f.head_dim;
   std::vector<int32_t> tiles;
-  for (int sq = 0; sq < num_seqs; ++sq) {
-    for (int t = 0; t < lens[sq]; t += kPrefillTileTokens) {
-      tiles.insert(tiles.end(), {sq, first_row[sq] + t, std::min(kPrefillTileTokens, lens[sq] - t)});
+  for (int sq = 0; sq < f.num_seqs(); ++sq) {
+    for (int t = 0; t < f.lens[sq]; t += kPrefillTileTokens) {
+      tiles.insert(tiles.end(),
+                   {sq, f.first_row[sq] + t, std::min(kPrefillTileTokens, f.lens[sq] - t)});
     }
   }
+  PagedAttentionArgs args = f.args;
   for (int window : {0, 37}) {
-    std::vector<float> q = Random(size_t(total_tokens) * q_stride);
-    DeviceBuffer dq = Upload(q), dpos = Upload(positions), dtiles = Upload(tiles);
-    DeviceBuffer dout = Scratch(size_t(total_tokens) * heads * head_dim * 4);
+    std::vector<float> q = Random(size_t(f.total_tokens) * f.q_stride());
+    DeviceBuffer dq = Upload(q), dpos = Upload(f.positions), dtiles = Upload(tiles);
+    DeviceBuffer dout = Scratch(size_t(f.total_tokens) * heads * head_dim * 4);
     args.q = dq.as<float>();
-    args.q_stride = q_stride;
+    args.q_stride = f.q_stride();
     args.out = dout.as<float>();
     args.out_stride = heads * head_dim;
     args.sliding_window = window;
     Must(PagedAttentionPrefill(args, dpos.as<int32_t>(), dtiles.as<int32_t>(),
                                static_cast<int32_t>(tiles.size() / 3), s),
          "PagedAttentionPrefill");
-    std::vector<float> got = Download<float>(dout, size_t(total_tokens) * heads * head_dim);
+    std::vector<float> got = Download<float>(dout, size_t(f.total_tokens) * heads * head_dim);
     std::vector<double> want(got.size(), 0.0);
-    for (int sq = 0; sq < num_seqs; ++sq) {
-      for (int t = 0; t < lens[sq]; ++t) {
-        const size_t row = first_row[sq] + t;
+    for (int sq = 0; sq < f.num_seqs(); ++sq) {
+      for (int t = 0; t < f.lens[sq]; ++t) {
+        const size_t row = f.first_row[sq] + t;
         const int lo = window > 0 ? std::max(0, t - window + 1) : 0;
-        for (int h = 0; h < heads; ++h) {
-          RefAttend(&q[row * q_stride + h * head_dim], k, v, first_row[sq], lo, t, kv_row,
-                    (h / (heads / kv_heads)) * head_dim, head_dim, scale,
-                    &want[(row * heads + h) * head_dim]);
-        }
+        for (int h = 0; h < heads; ++h)
+          RefHead(f, &q[row * f.q_stride() + h * head_dim], sq, h, lo, t,
+                  &want[(row * heads + h) * head_dim]);
       }
     }
-    Report("PagedAttentionPrefill GQA 8/2 d" + std::to_string(head_dim) + " kv " + Name(kv_dt) +
-               " window " + std::to_string(window),
+    Report("PagedAttentionPrefill " + what + " window " + std::to_string(window),
            MaxAbsDiff(got, want), 2e-5);
   }
+}
+
+void CheckAttention(DType kv_dt, int head_dim, cudaStream_t s) {
+  AttentionFixture f = MakeAttentionFixture(kv_dt, head_dim, s);
+  const std::string what = "GQA 8/2 d" + std::to_string(head_dim) + " kv " + Name(kv_dt);
+  CheckDecodeAttention(f, what, s);
+  CheckPrefillAttention(f, what, s);
 }
 
 void CheckArgmax(cudaStream_t s) {

@@ -87,7 +87,7 @@ TEST_CASE("device batch: graph sizes cover every batch up to the maximum", "[dev
   CHECK(DecodeGraphSizes(0).empty());
 }
 
-TEST_CASE("forward backend: the device names the backend; cuda needs a CUDA build",
+TEST_CASE("forward backend: the device names the backend, and cuda needs a CUDA build",
           "[device_batch]") {
   test::TempDir dir;
   MakeModelOptions options;

@@ -372,7 +372,7 @@ Status CudaForward::RunGraph(int32_t graph_size, KvCache& cache) {
   const size_t index =
       std::find(graph_sizes_.begin(), graph_sizes_.end(), graph_size) - graph_sizes_.begin();
   Graph& graph = graphs_[index];
-  if (graph.exec.empty() || graph.pool != cache.data()) {
+  if (graph.exec.empty() || graph.pool != cache.data() || graph.num_blocks != cache.num_blocks()) {
     // Captured over this pool's addresses and the fixed input slots; replayed from now on.
     TANDEM_RETURN_IF_ERROR(CudaGraph::BeginCapture(stream_.get()));
     Status queued = EnqueuePass(cache, LogitsMode::kLastToken, nullptr, graph_partitions_);
@@ -381,6 +381,7 @@ Status CudaForward::RunGraph(int32_t graph_size, KvCache& cache) {
     TANDEM_RETURN_IF_ERROR(exec.status());
     graph.exec = std::move(exec).value();
     graph.pool = cache.data();
+    graph.num_blocks = cache.num_blocks();  // the per-layer offsets baked into the graph
   }
   return graph.exec.Launch(stream_.get());
 }
@@ -393,6 +394,14 @@ StatusOr<std::span<const float>> CudaForward::Forward(std::span<const SequenceIn
   if (cache.memory_kind() != KvMemoryKind::kCudaDevice)
     return InvalidArgument("forward (cuda): the KV pool is in host memory (allocate it with "
                            "AllocateKvPool)");
+  // The block tables of graph passes and the decode partials are sized for max_model_len.
+  const int64_t max_len = options_.max_model_len > 0 ? options_.max_model_len
+                                                     : model_.config().max_position_embeddings;
+  for (const SequenceInput& seq : batch)
+    if (seq.start_position + static_cast<int64_t>(seq.tokens.size()) > max_len)
+      return TooLarge("forward (cuda): a sequence of " +
+                      std::to_string(seq.start_position + seq.tokens.size()) +
+                      " tokens exceeds max_model_len " + std::to_string(max_len));
   if (hooks != nullptr && hooks->all_reduce)
     return InvalidArgument("forward (cuda): all_reduce hooks reduce host buffers (the CPU "
                            "backend's tensor parallelism); the CUDA backend has none");
@@ -411,8 +420,6 @@ StatusOr<std::span<const float>> CudaForward::Forward(std::span<const SequenceIn
   int32_t rows = static_cast<int32_t>(batch.size());
   if (graph_size > 0) {
     if (block_size != block_size_) {  // a pool of another block size: new table rows, new graphs
-      const int64_t max_len =
-          options_.max_model_len > 0 ? options_.max_model_len : c.max_position_embeddings;
       block_size_ = block_size;
       max_blocks_per_seq_ = BlocksForTokens(max_len, block_size);
       for (Graph& g : graphs_) g = Graph{};

@@ -83,6 +83,7 @@ class CudaForward final : public ForwardBackend {
   };
   struct Graph {
     const std::byte* pool = nullptr;  // the KV pool it was captured over
+    int num_blocks = 0;
     CudaGraph exec;
   };
 
