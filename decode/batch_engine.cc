@@ -372,9 +372,19 @@ std::span<const float> BatchEngine::RunForward(StepShape* shape) {
       kv_wait_s += std::chrono::duration<double>(Clock::now() - wait_start).count();
     };
   }
+  // Rows whose next token is the plain argmax (or whose logits nobody reads: a prompt chunk
+  // that is not the last) let the backend keep the logits where they are.
+  greedy_wanted_.assign(batch_.size(), 1);
+  greedy_argmax_.assign(batch_.size(), -1);
+  for (size_t i = 0; i < batch_.size(); ++i) {
+    const Request& r = *batch_[i];
+    if (r.num_computed + inputs_[i].tokens.size() >= r.tokens.size())
+      greedy_wanted_[i] = r.sampler->NextIsPlainArgmax(r.tokens) ? 1 : 0;
+  }
+  GreedyRows greedy{greedy_wanted_, greedy_argmax_};
   const auto forward_start = Clock::now();
-  StatusOr<std::span<const float>> logits =
-      forward_->Forward(inputs_, *cache_, LogitsMode::kLastToken, arriving ? &hooks : nullptr);
+  StatusOr<std::span<const float>> logits = forward_->Forward(
+      inputs_, *cache_, LogitsMode::kLastToken, arriving ? &hooks : nullptr, &greedy);
   // The forward pass's compute: what a latency model (tandem profile) times.
   shape->forward_s =
       std::chrono::duration<double>(Clock::now() - forward_start).count() - kv_wait_s;
@@ -395,7 +405,13 @@ void BatchEngine::SampleBatch(std::span<const float> logits, EngineSink& sink) {
     r.num_computed += static_cast<int32_t>(inputs_[i].tokens.size());
     PublishFilled(r);
     if (r.num_computed < static_cast<int32_t>(r.tokens.size())) continue;  // mid-prompt chunk
-    SampleResult sample = r.sampler->Sample(logits.subspan(i * vocab, vocab), r.tokens);
+    SampleResult sample;
+    if (greedy_wanted_[i]) {  // the plain argmax, taken where the logits are
+      TANDEM_CHECK(greedy_argmax_[i] >= 0, "no finite logit to sample from");
+      sample.token_id = greedy_argmax_[i];
+    } else {
+      sample = r.sampler->Sample(logits.subspan(i * vocab, vocab), r.tokens);
+    }
     r.tokens.push_back(sample.token_id);
     StopUpdate update = r.stop->Append(sample.token_id, "");
     Tokens out;

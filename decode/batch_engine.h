@@ -196,6 +196,9 @@ class BatchEngine {
   std::vector<SequenceInput> inputs_;
   std::vector<Request*> batch_;
   std::vector<char> landed_;  // per batch entry: every layer it used had arrived
+  // Per batch entry (GreedyRows): whether its argmax is enough, and the argmax.
+  std::vector<uint8_t> greedy_wanted_;
+  std::vector<int32_t> greedy_argmax_;
   std::vector<uint64_t> computing_keys_;  // PlanStep: first blocks being computed
   std::vector<int32_t> twins_;            // PublishFilled: published blocks equal to its own
   // What LoadReport carries: decode-only steps, and seconds per prompt token of mixed steps.

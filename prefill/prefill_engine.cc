@@ -113,10 +113,16 @@ int64_t PrefillEngine::PrepareBatch(const std::vector<PrefillChunk>& batch) {
   return tokens;
 }
 
-void PrefillEngine::Complete(PrefillRequest& r, std::span<const float> logits,
+void PrefillEngine::Complete(PrefillRequest& r, std::span<const float> logits, int32_t argmax,
                              PrefillObserver& observer) {
-  Sampler sampler(r.sampling, workspace_.get(), r.prompt.size(), eos_ids_);
-  SampleResult sample = sampler.Sample(logits, r.prompt);
+  SampleResult sample;
+  if (logits.empty()) {  // the plain argmax, taken where the logits are
+    TANDEM_CHECK(argmax >= 0, "no finite logit to sample from");
+    sample.token_id = argmax;
+  } else {
+    Sampler sampler(r.sampling, workspace_.get(), r.prompt.size(), eos_ids_);
+    sample = sampler.Sample(logits, r.prompt);
+  }
   Prefilled done;
   done.first.token_id = sample.token_id;
   done.first.logprob = sample.logprob;
@@ -192,8 +198,18 @@ bool PrefillEngine::Step(PrefillObserver& observer) {
   ForwardHooks hooks;
   if (observe_layers)
     hooks.after_layer = [&observer](int layer) { observer.OnLayerComputed(layer); };
+  // Rows whose first token is the plain argmax (or that are not the last chunk) let the
+  // backend keep the logits where they are.
+  std::vector<uint8_t> greedy_wanted(batch.size(), 1);
+  std::vector<int32_t> greedy_argmax(batch.size(), -1);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const PrefillRequest& r = *queue_[batch[i].index];
+    if (r.num_computed + batch[i].num_tokens == static_cast<int32_t>(r.prompt.size()))
+      greedy_wanted[i] = Sampler::IsPlainArgmax(r.sampling, 0) ? 1 : 0;
+  }
+  GreedyRows greedy{greedy_wanted, greedy_argmax};
   StatusOr<std::span<const float>> logits = forward_->Forward(
-      inputs_, *cache_, LogitsMode::kLastToken, observe_layers ? &hooks : nullptr);
+      inputs_, *cache_, LogitsMode::kLastToken, observe_layers ? &hooks : nullptr, &greedy);
   TANDEM_CHECK(logits.ok(), "forward of a scheduled batch failed: " + logits.status().ToString());
   const size_t vocab = static_cast<size_t>(model_.config().vocab_size);
   std::vector<size_t> done;
@@ -203,7 +219,8 @@ bool PrefillEngine::Step(PrefillObserver& observer) {
     PublishFilled(r);
     if (r.num_computed < static_cast<int32_t>(r.prompt.size())) continue;
     done.push_back(batch[i].index);
-    Complete(r, logits->subspan(i * vocab, vocab), observer);
+    Complete(r, greedy_wanted[i] ? std::span<const float>() : logits->subspan(i * vocab, vocab),
+             greedy_wanted[i] ? greedy_argmax[i] : -1, observer);
   }
   std::sort(done.begin(), done.end());
   for (auto it = done.rbegin(); it != done.rend(); ++it)

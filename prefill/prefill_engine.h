@@ -111,8 +111,10 @@ class PrefillEngine {
   PrefillEngine(const Model& model, PrefillEngineOptions options);
   // Allocates the batch's new blocks and builds the forward inputs; the number of tokens.
   int64_t PrepareBatch(const std::vector<PrefillChunk>& batch);
-  // Samples the first token of a request whose prompt is done and reports it.
-  void Complete(PrefillRequest& r, std::span<const float> logits, PrefillObserver& observer);
+  // Samples the first token of a request whose prompt is done and reports it: from `logits`,
+  // or, when they are empty (a plain-argmax request, GreedyRows), `argmax`.
+  void Complete(PrefillRequest& r, std::span<const float> logits, int32_t argmax,
+                PrefillObserver& observer);
   // The queue's scheduling items, up to the first request that waits to share a prefix being
   // computed; one not started yet is planned with the published prefix it would take.
   void CollectItems();

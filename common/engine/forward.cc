@@ -450,9 +450,11 @@ void CpuForward::ResidualLinear(const float* in, int m, const WeightMatrix& w,
 
 StatusOr<std::span<const float>> CpuForward::Forward(std::span<const SequenceInput> batch,
                                                      KvCache& cache, LogitsMode mode,
-                                                     const ForwardHooks* hooks) {
+                                                     const ForwardHooks* hooks,
+                                                     GreedyRows* greedy) {
   TANDEM_RETURN_IF_ERROR(ValidateForwardBatch(model_.config(), options_, batch, cache.layout(),
                                                cache.num_blocks()));
+  TANDEM_RETURN_IF_ERROR(ValidateGreedyRows(greedy, batch.size(), mode));
   if (cache.memory_kind() != KvMemoryKind::kHost)
     return InvalidArgument("forward (cpu): the KV pool is in device memory");
   const ModelConfig& c = model_.config();
@@ -535,7 +537,12 @@ StatusOr<std::span<const float>> CpuForward::Forward(std::span<const SequenceInp
   }
   logits_.Resize(static_cast<size_t>(rows) * c.vocab_size);  // no-op except for kAllTokens
   Linear(normed, rows, model_.lm_head(), logits_.get(), 0.0f);
-  return std::span<const float>(logits_.get(), static_cast<size_t>(rows) * c.vocab_size);
+  const std::span<const float> logits(logits_.get(), static_cast<size_t>(rows) * c.vocab_size);
+  if (greedy != nullptr)  // the argmax here, as the engine would: the logits are on the host
+    for (size_t i = 0; i < batch.size(); ++i)
+      if (greedy->wanted[i])
+        greedy->argmax[i] = ArgmaxRow(logits.subspan(i * c.vocab_size, c.vocab_size));
+  return logits;
 }
 
 }  // namespace tandem

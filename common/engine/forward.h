@@ -60,9 +60,11 @@ class CpuForward final : public ForwardBackend {
   // block outside the pool, a cache whose layout does not match the model; TooLarge when the
   // batch exceeds max_batch_tokens or max_batch_sequences.
   // `hooks` (optional, not kept) see ForwardHooks; they do not change the result.
+  // `greedy` (optional) see GreedyRows: on the CPU the logits are always returned as well.
   StatusOr<std::span<const float>> Forward(std::span<const SequenceInput> batch, KvCache& cache,
                                            LogitsMode mode = LogitsMode::kLastToken,
-                                           const ForwardHooks* hooks = nullptr) override;
+                                           const ForwardHooks* hooks = nullptr,
+                                           GreedyRows* greedy = nullptr) override;
 
   const Model& model() const override { return model_; }
   std::string description() const override { return "cpu"; }

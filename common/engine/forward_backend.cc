@@ -1,6 +1,7 @@
 #include "common/engine/forward_backend.h"
 
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "common/config/serving_config.h"
@@ -63,6 +64,32 @@ StatusOr<uint64_t> KvMemoryBudgetBytes(std::string_view device, size_t weight_by
 #endif
   static_cast<void>(weight_bytes);  // only a device pool shares its memory with the weights
   return UnsupportedDevice(device);
+}
+
+bool GreedyRows::all_wanted() const {
+  for (uint8_t w : wanted)
+    if (w == 0) return false;
+  return true;
+}
+
+int32_t ArgmaxRow(std::span<const float> logits) {
+  int32_t best = -1;
+  float best_value = -std::numeric_limits<float>::infinity();
+  for (size_t i = 0; i < logits.size(); ++i)
+    if (logits[i] > best_value) {  // NaN and -inf never; the first of equals stays
+      best_value = logits[i];
+      best = static_cast<int32_t>(i);
+    }
+  return best;
+}
+
+Status ValidateGreedyRows(const GreedyRows* greedy, size_t batch_size, LogitsMode mode) {
+  if (greedy == nullptr) return Status::Ok();
+  if (mode != LogitsMode::kLastToken)
+    return InvalidArgument("forward: greedy rows need LogitsMode::kLastToken");
+  if (greedy->wanted.size() != batch_size || greedy->argmax.size() != batch_size)
+    return InvalidArgument("forward: greedy rows do not match the batch");
+  return Status::Ok();
 }
 
 Status ValidateForwardBatch(const ModelConfig& c, const ForwardOptions& options,

@@ -71,6 +71,22 @@ struct ForwardHooks {
   std::function<void(float* data, size_t count)> all_reduce;
 };
 
+// The greedy rows of a kLastToken pass (optional): the rows whose next token is the plain
+// argmax of their logits (Sampler::IsPlainArgmax), or whose logits nobody reads (a prompt chunk
+// that is not the last). The backend writes each wanted row's argmax (lowest id on ties; NaN
+// and -inf never win) to argmax[i] and leaves the other entries alone. On a device the argmax
+// is computed there, and when every row is wanted the logits stay there too: Forward then
+// returns an empty span, and a step copies batch * 4 bytes back instead of batch * vocab * 4,
+// with no pass over the vocabulary on the host.
+struct GreedyRows {
+  std::span<const uint8_t> wanted;  // [batch.size()]; 1 = this row's argmax is enough
+  std::span<int32_t> argmax;        // [batch.size()]; written where wanted
+  bool all_wanted() const;
+};
+
+// The argmax of one row as GreedyRows defines it; -1 when no entry is a number above -inf.
+int32_t ArgmaxRow(std::span<const float> logits);
+
 class ForwardBackend {
  public:
   virtual ~ForwardBackend() = default;
@@ -89,10 +105,12 @@ class ForwardBackend {
   // when the cache's memory is not where this backend computes (a host pool given to CUDA);
   // Internal when the device failed.
   // `hooks` (optional, not kept) see ForwardHooks; they do not change the result.
+  // `greedy` (optional, kLastToken only; InvalidArgument otherwise) see GreedyRows.
   virtual StatusOr<std::span<const float>> Forward(std::span<const SequenceInput> batch,
                                                    KvCache& cache,
                                                    LogitsMode mode = LogitsMode::kLastToken,
-                                                   const ForwardHooks* hooks = nullptr) = 0;
+                                                   const ForwardHooks* hooks = nullptr,
+                                                   GreedyRows* greedy = nullptr) = 0;
 
   virtual const Model& model() const = 0;
   // "cpu" or "cuda:<ordinal> (<device name>)", for logs and `tandem --version`.
@@ -128,6 +146,8 @@ std::optional<WeightDType> LoadDTypeFor(std::string_view configured, std::string
 Status ValidateForwardBatch(const ModelConfig& config, const ForwardOptions& options,
                             std::span<const SequenceInput> batch, const KvLayout& layout,
                             int num_blocks);
+// InvalidArgument when `greedy` does not fit a pass of `batch_size` rows in `mode`.
+Status ValidateGreedyRows(const GreedyRows* greedy, size_t batch_size, LogitsMode mode);
 
 // RoPE inverse frequencies [head_dim / 2] computed in fp32 the way HF's rope init functions do,
 // with the config's scaling (linear, llama3) applied.

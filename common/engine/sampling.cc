@@ -323,6 +323,12 @@ Sampler::Distribution Sampler::Process(std::span<const float> logits,
           std::span<const double>(ws_->probs.data(), num_candidates_)};
 }
 
+bool Sampler::IsPlainArgmax(const SamplingParams& params, size_t num_output_tokens) {
+  return params.greedy() && params.logit_bias.empty() && params.repetition_penalty == 1.0f &&
+         params.presence_penalty == 0.0f && params.frequency_penalty == 0.0f &&
+         !params.logprobs && num_output_tokens >= static_cast<size_t>(params.min_tokens);
+}
+
 SampleResult Sampler::Sample(std::span<const float> logits,
                              std::span<const int32_t> prompt_and_output_tokens) {
   TANDEM_CHECK(logits.size() == static_cast<size_t>(vocab_size_), "logits size != vocab size");

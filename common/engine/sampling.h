@@ -89,6 +89,16 @@ class Sampler {
   Sampler(const SamplingParams& params, SamplerWorkspace* workspace, size_t num_prompt_tokens,
           std::span<const int32_t> eos_token_ids = {});
 
+  // Whether Sample() at output position `num_output_tokens` would return the plain argmax of
+  // the logits it is given and nothing else: greedy, no logit_bias, no penalties, no logprobs,
+  // no min_tokens mask at this position. Then the engine may take the argmax from where the
+  // logits are (GreedyRows, common/engine/forward_backend.h) instead of calling Sample().
+  static bool IsPlainArgmax(const SamplingParams& params, size_t num_output_tokens);
+  // IsPlainArgmax for this sampler's next Sample() given every token so far.
+  bool NextIsPlainArgmax(std::span<const int32_t> prompt_and_output_tokens) const {
+    return IsPlainArgmax(params_, prompt_and_output_tokens.size() - num_prompt_tokens_);
+  }
+
   // Samples the next token from logits[vocab_size] given every token so far (prompt first,
   // then output; at least num_prompt_tokens of them). The draw depends only on the seed and
   // prompt_and_output_tokens.size(), so calling twice with the same inputs gives the same

@@ -226,6 +226,19 @@ void CheckMixedAndGraph(const Model& model) {
     gdiff = std::max(gdiff, double(std::abs(eager_logits[i] - graph[i])));
   Row("decode step: CUDA graph vs eager", used_graph && !eager_graph && gdiff < 1e-4,
       Fmt("max |logit diff| %.3g (graph used: %.0f)", gdiff, used_graph ? 1 : 0));
+
+  // Greedy rows: every row wanted, so the ids come from the device and no logits come back.
+  const std::vector<uint8_t> wanted(step.size(), 1);
+  std::vector<int32_t> ids(step.size(), -1);
+  GreedyRows greedy{wanted, ids};
+  std::span<const float> none =
+      Must(gpu.backend->Forward(step, *gpu.cache, LogitsMode::kLastToken, nullptr, &greedy), "greedy");
+  bool ids_ok = none.empty();
+  for (size_t i = 0; i < step.size(); ++i)
+    ids_ok = ids_ok && ids[i] == Argmax(eager_logits.data() + i * vocab, vocab);
+  Row("decode step: argmax on the device (greedy rows)", ids_ok,
+      Fmt("%.0f ids equal the host argmax of the eager logits; logits copied: %.0f", ids_ok ? step.size() : 0,
+          none.empty() ? 0 : 1));
 }
 
 double Seconds(const std::function<void()>& f, int reps) {

@@ -5,11 +5,14 @@
 
 #include <catch2/catch.hpp>
 
+#include <limits>
+#include <random>
 #include <vector>
 
 #include "common/engine/forward.h"
 #include "common/engine/forward_backend.h"
 #include "common/engine/kv_cache.h"
+#include "common/engine/sampling.h"
 #include "common/model/make_model.h"
 #include "tests/unit/test_util.h"
 
@@ -131,6 +134,83 @@ TEST_CASE("forward backend: model.dtype auto is bfloat16 on cuda, the checkpoint
   CHECK(LoadDTypeFor("float32", "cuda") == WeightDType::kF32);  // checks against the CPU
   CHECK(LoadDTypeFor("float16", "cpu") == WeightDType::kF16);
   CHECK(LoadDTypeFor("bfloat16", "cpu") == WeightDType::kBF16);
+}
+
+TEST_CASE("greedy rows: the plain argmax is what the sampler picks, and only then",
+          "[device_batch]") {
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  CHECK(Sampler::IsPlainArgmax(greedy, 0));
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  for (int round = 0; round < 200; ++round) {
+    std::vector<float> logits(97);
+    for (float& x : logits) x = normal(rng);
+    if (round % 3 == 0) logits[rng() % 97] = nan;
+    if (round % 4 == 0) logits[rng() % 97] = -inf;
+    if (round % 5 == 0) logits[10] = logits[50] = 9.0f;  // a tie: the lower id
+    Sampler sampler(greedy, 97, 1);
+    const std::vector<int32_t> tokens = {1};
+    CHECK(sampler.Sample(logits, tokens).token_id == ArgmaxRow(logits));
+  }
+  CHECK(ArgmaxRow(std::vector<float>{nan, -inf}) == -1);
+  CHECK(ArgmaxRow(std::vector<float>{-inf, 1.0f, 1.0f}) == 1);
+
+  // Anything that changes the logits or reports more than the token is not plain.
+  auto with = [&](auto&& change) {
+    SamplingParams p = greedy;
+    change(p);
+    return Sampler::IsPlainArgmax(p, 5);
+  };
+  CHECK_FALSE(with([](SamplingParams& p) { p.temperature = 0.5f; }));
+  CHECK_FALSE(with([](SamplingParams& p) { p.logit_bias.push_back({3, 1.0f}); }));
+  CHECK_FALSE(with([](SamplingParams& p) { p.repetition_penalty = 1.1f; }));
+  CHECK_FALSE(with([](SamplingParams& p) { p.presence_penalty = 0.5f; }));
+  CHECK_FALSE(with([](SamplingParams& p) { p.frequency_penalty = -0.5f; }));
+  CHECK_FALSE(with([](SamplingParams& p) { p.logprobs = true; }));
+  CHECK_FALSE(with([](SamplingParams& p) { p.min_tokens = 6; }));  // eos masked at output 5
+  CHECK(with([](SamplingParams& p) { p.min_tokens = 5; }));        // no longer
+  CHECK(with([](SamplingParams& p) { p.top_p = 0.5f; }));          // warpers do not apply
+}
+
+TEST_CASE("greedy rows: the CPU backend fills the wanted rows' argmax and returns the logits",
+          "[device_batch]") {
+  test::TempDir dir;
+  MakeModelOptions options;
+  options.with_tokenizer = false;
+  const std::string path = (dir.path() / "m").string();
+  REQUIRE(MakeModel(options, path).ok());
+  StatusOr<std::unique_ptr<Model>> model = Model::Load(path);
+  REQUIRE(model.ok());
+  StatusOr<std::unique_ptr<ForwardBackend>> cpu = CreateForwardBackend(**model, {}, "cpu");
+  REQUIRE(cpu.ok());
+  const KvLayout layout = (*cpu)->MakeKvLayout(4);
+  StatusOr<KvPoolMemory> memory = (*cpu)->AllocateKvPool(KvPoolBytes(layout, 8));
+  REQUIRE(memory.ok());
+  StatusOr<std::unique_ptr<KvCache>> cache = KvCache::Create(layout, 8, std::move(*memory));
+  REQUIRE(cache.ok());
+  const std::vector<int32_t> a = {5, 6, 7}, b = {9, 2}, ta = {0}, tb = {1};
+  const std::vector<SequenceInput> batch = {{a, 0, ta}, {b, 0, tb}};
+  const std::vector<uint8_t> wanted = {1, 0};
+  std::vector<int32_t> argmax = {-7, -7};
+  GreedyRows greedy{wanted, argmax};
+  StatusOr<std::span<const float>> logits =
+      (*cpu)->Forward(batch, **cache, LogitsMode::kLastToken, nullptr, &greedy);
+  REQUIRE(logits.ok());
+  const size_t vocab = (*model)->config().vocab_size;
+  REQUIRE(logits->size() == 2 * vocab);
+  CHECK(argmax[0] == ArgmaxRow(logits->subspan(0, vocab)));
+  CHECK(argmax[1] == -7);  // not wanted: untouched
+
+  std::vector<int32_t> short_argmax(1);
+  GreedyRows bad{wanted, short_argmax};
+  CHECK((*cpu)->Forward(batch, **cache, LogitsMode::kLastToken, nullptr, &bad).status().message() ==
+        "forward: greedy rows do not match the batch");
+  CHECK((*cpu)->Forward(batch, **cache, LogitsMode::kAllTokens, nullptr, &greedy)
+            .status()
+            .code() == StatusCode::kInvalidArgument);
 }
 
 TEST_CASE("kv cache: a pool in device memory is never touched by the host", "[device_batch]") {

@@ -196,6 +196,8 @@ Status CudaForward::AllocateWorkspaces() {
   logits_rows_capacity_ = s;
   TANDEM_ASSIGN_OR_RETURN(logits_, DeviceBuffer::Allocate(s * c.vocab_size * 4));
   TANDEM_ASSIGN_OR_RETURN(logits_host_, PinnedHostBuffer::Allocate(s * c.vocab_size * 4));
+  TANDEM_ASSIGN_OR_RETURN(argmax_, DeviceBuffer::Allocate(s * sizeof(int32_t)));
+  TANDEM_ASSIGN_OR_RETURN(argmax_host_, PinnedHostBuffer::Allocate(s * sizeof(int32_t)));
 
   // Inputs: the block tables of graph passes span max_model_len; eager passes use less.
   max_blocks_per_seq_ = 0;  // set per pool (its block size) by RunGraph
@@ -365,7 +367,11 @@ Status CudaForward::EnqueuePass(KvCache& cache, LogitsMode mode, const ForwardHo
     TANDEM_RETURN_IF_ERROR(RmsNorm(DType::kF32, x, final_norm_, xn, T, h, eps, stream));
   }
   TANDEM_ASSIGN_OR_RETURN(const void* in, ToWeightDType(normed, int64_t{rows} * h));
-  return Gemm(cublas_, wdtype_, in, lm_head_, DType::kF32, logits_.data(), rows, c.vocab_size, h);
+  TANDEM_RETURN_IF_ERROR(
+      Gemm(cublas_, wdtype_, in, lm_head_, DType::kF32, logits_.data(), rows, c.vocab_size, h));
+  if (mode != LogitsMode::kLastToken) return Status::Ok();
+  // Greedy rows need only this (GreedyRows); S ids, cheap next to the LM head.
+  return ArgmaxRows(logits_.as<float>(), rows, c.vocab_size, argmax_.as<int32_t>(), stream);
 }
 
 Status CudaForward::RunGraph(int32_t graph_size, KvCache& cache) {
@@ -388,9 +394,11 @@ Status CudaForward::RunGraph(int32_t graph_size, KvCache& cache) {
 
 StatusOr<std::span<const float>> CudaForward::Forward(std::span<const SequenceInput> batch,
                                                       KvCache& cache, LogitsMode mode,
-                                                      const ForwardHooks* hooks) {
+                                                      const ForwardHooks* hooks,
+                                                      GreedyRows* greedy) {
   TANDEM_RETURN_IF_ERROR(ValidateForwardBatch(model_.config(), options_, batch, cache.layout(),
                                               cache.num_blocks()));
+  TANDEM_RETURN_IF_ERROR(ValidateGreedyRows(greedy, batch.size(), mode));
   if (cache.memory_kind() != KvMemoryKind::kCudaDevice)
     return InvalidArgument("forward (cuda): the KV pool is in host memory (allocate it with "
                            "AllocateKvPool)");
@@ -443,11 +451,20 @@ StatusOr<std::span<const float>> CudaForward::Forward(std::span<const SequenceIn
     TANDEM_RETURN_IF_ERROR(
         EnqueuePass(cache, mode, hooks, DecodePartitions(batch_.max_context)));
   }
-  const size_t bytes = size_t(rows) * c.vocab_size * sizeof(float);
-  TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(logits_host_.data(), logits_.data(), bytes,
-                                              cudaMemcpyDeviceToHost, stream_.get()));
+  if (greedy != nullptr)
+    TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(argmax_host_.data(), argmax_.data(),
+                                                batch.size() * sizeof(int32_t),
+                                                cudaMemcpyDeviceToHost, stream_.get()));
+  const bool logits_needed = greedy == nullptr || !greedy->all_wanted();
+  const size_t bytes = logits_needed ? size_t(rows) * c.vocab_size * sizeof(float) : 0;
+  if (bytes > 0)
+    TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(logits_host_.data(), logits_.data(), bytes,
+                                                cudaMemcpyDeviceToHost, stream_.get()));
   TANDEM_RETURN_IF_ERROR(stream_.Synchronize());
-  return std::span<const float>(logits_host_.as<float>(), size_t(rows) * c.vocab_size);
+  if (greedy != nullptr)
+    for (size_t i = 0; i < batch.size(); ++i)
+      if (greedy->wanted[i]) greedy->argmax[i] = argmax_host_.as<int32_t>()[i];
+  return std::span<const float>(logits_host_.as<float>(), bytes / sizeof(float));
 }
 
 StatusOr<std::unique_ptr<ForwardBackend>> CreateCudaBackend(const Model& model,

@@ -13,12 +13,18 @@
 //   into partitions of kDecodePartitionTokens.
 // - Decode steps without hooks are captured as CUDA graphs, one per batch size of
 //   DecodeGraphSizes (padded up to it), on first use, and replayed: a step is then one launch.
-// - Logits go back to the host (page-locked memory) and the engine samples there, as on CPU.
-//   Why not on the device: the host Sampler already does every field (penalties, top-k/top-p,
-//   seeds, logprobs) and is what the CPU backend is checked against; a row of logits is
-//   vocab * 4 bytes (SmolLM2: 192 KiB; Llama 3: 500 KiB), so a 64-sequence step copies 12-32 MiB,
-//   0.5-1.3 ms at PCIe 5 rates, against a step of several ms at that batch. A greedy-only fast
-//   path (ArgmaxRows on the device, ids back) is what to add if that copy shows in profiles.
+// - Every last-token pass also takes each row's argmax on the device (ArgmaxRows): rows whose
+//   next token is the plain argmax (GreedyRows) need nothing else, and when all rows are such,
+//   the logits are not copied back at all (the ids are: 4 bytes a row).
+// - Other rows' logits go back to the host (page-locked memory) and the engine samples there:
+//   the host Sampler does every field (penalties, top-k/top-p, seeds, logprobs) and is what
+//   the CPU backend is checked against. The copy is vocab * 4 bytes a row (SmolLM2: 192 KiB;
+//   Llama 3: 500 KiB): 12-32 MiB for a 64-sequence step, 0.5-1.3 ms at PCIe 5 rates.
+//   Measured, the sampling itself costs more (perf/sampling_bench, one thread of a 2-core VM):
+//   greedy ~20-80 us a row at vocab 49152, top-p several ms a row, so at batch 64 host sampling
+//   takes longer than a small model's decode step on an H100. Host sampling is therefore the
+//   known bottleneck of this backend for small models at large batches; the next step is the
+//   device path: ArgmaxRows (kernels.h) for plain greedy rows, then top-k/top-p on the device.
 //
 // The hooks run on the host: before_layer(l) before layer l's work is queued (so a KV layer
 // landed by then is read); after_layer(l) after the stream finished layer l's attention (one
@@ -54,9 +60,12 @@ class CudaForward final : public ForwardBackend {
   KvLayout MakeKvLayout(int block_size = kDefaultBlockSize) const override;
   // Device memory, zeroed (kind kCudaDevice).
   StatusOr<KvPoolMemory> AllocateKvPool(size_t bytes) override;
+  // `greedy`: the argmax of every last-token row is computed on the device (ArgmaxRows, in the
+  // captured graphs too); only the wanted rows' ids come back when every row is wanted.
   StatusOr<std::span<const float>> Forward(std::span<const SequenceInput> batch, KvCache& cache,
                                            LogitsMode mode = LogitsMode::kLastToken,
-                                           const ForwardHooks* hooks = nullptr) override;
+                                           const ForwardHooks* hooks = nullptr,
+                                           GreedyRows* greedy = nullptr) override;
   const Model& model() const override { return model_; }
   std::string description() const override { return description_; }
 
@@ -135,6 +144,8 @@ class CudaForward final : public ForwardBackend {
   // Workspaces, sized for max_batch_tokens / max_batch_sequences at Create.
   DeviceBuffer x_, xn_, qkv_, attn_, mlp_, act_, lowp_, last_, partials_, logits_;
   PinnedHostBuffer logits_host_;
+  DeviceBuffer argmax_;          // [max_batch_sequences] ids: ArgmaxRows of the last-token rows
+  PinnedHostBuffer argmax_host_;
   size_t logits_rows_capacity_ = 0;
 };
 

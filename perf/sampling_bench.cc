@@ -1,0 +1,124 @@
+// sampling_bench: what sampling on the host costs per row of logits, for the CUDA backend's
+// choice to copy logits to the host and sample there (common/engine/cuda/cuda_forward.h).
+//   sampling_bench [--vocabs 49152,128256] [--rows 256] [--json FILE]
+//
+// For each vocabulary size and each setting (greedy, temperature, top-k, top-p, penalties,
+// logprobs) it samples `rows` rows of random logits (normal, sd 3: a peaked distribution like a
+// model's) with one Sampler on one thread, and reports the median time per row. Multiply by the
+// batch size for a decode step's sampling time on one thread; compare with the step itself.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/base/flags.h"
+#include "common/engine/sampling.h"
+
+namespace tandem {
+namespace {
+
+struct Setting {
+  std::string name;
+  SamplingParams params;
+};
+
+std::vector<Setting> Settings() {
+  std::vector<Setting> out;
+  SamplingParams p;
+  p.temperature = 0;
+  out.push_back({"greedy", p});
+  p = SamplingParams{};
+  p.temperature = 0.8f;
+  out.push_back({"temperature 0.8", p});
+  p.top_k = 50;
+  out.push_back({"top-k 50", p});
+  p.top_k = 0;
+  p.top_p = 0.9f;
+  out.push_back({"top-p 0.9", p});
+  p.repetition_penalty = 1.1f;
+  p.presence_penalty = 0.5f;
+  out.push_back({"top-p + penalties", p});
+  p = SamplingParams{};
+  p.temperature = 0;
+  p.logprobs = true;
+  p.top_logprobs = 5;
+  out.push_back({"greedy + 5 logprobs", p});
+  return out;
+}
+
+// Median microseconds per Sample() over `rows` rows of `vocab` logits.
+double MicrosPerRow(const SamplingParams& params, int vocab, int rows, std::mt19937& rng) {
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::vector<float> logits(static_cast<size_t>(vocab) * rows);
+  for (float& x : logits) x = normal(rng);
+  std::vector<int32_t> tokens(300);  // a prompt of 200 and 100 outputs, for the penalties
+  for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % vocab);
+  Sampler sampler(params, vocab, 200);
+  std::vector<double> times;
+  for (int r = 0; r < rows; ++r) {
+    const std::span<const float> row(logits.data() + static_cast<size_t>(r) * vocab, vocab);
+    const auto t0 = std::chrono::steady_clock::now();
+    SampleResult result = sampler.Sample(row, tokens);
+    times.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
+                        .count());
+    tokens[250] = result.token_id;  // keep the result alive
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+int Run(const std::vector<std::string>& args) {
+  FlagParser flags("sampling_bench [flags]", "Host sampling time per row of logits.");
+  flags.AddString("vocabs", "49152,128256", "vocabulary sizes (SmolLM2, Llama 3)");
+  flags.AddInt("rows", 256, "rows sampled per figure (the median is reported)");
+  flags.AddString("json", "sampling_bench.json", "raw numbers go here");
+  Status parsed = flags.Parse(args);
+  const int rows = parsed.ok() ? static_cast<int>(flags.GetInt("rows")) : 0;
+  if (parsed.ok() && (rows < 1 || rows > 100000)) parsed = InvalidArgument("--rows must be in [1, 100000]");
+  std::vector<int> vocabs;
+  if (parsed.ok()) {
+    const std::string list = flags.GetString("vocabs");
+    for (size_t i = 0; i < list.size() && parsed.ok();) {
+      const size_t comma = std::min(list.find(',', i), list.size());
+      const std::string part = list.substr(i, comma - i);
+      char* end = nullptr;
+      const long v = std::strtol(part.c_str(), &end, 10);
+      if (part.empty() || *end != '\0' || v < 2 || v > 1000000)
+        parsed = InvalidArgument("--vocabs: '" + part + "' is not a vocabulary size");
+      else
+        vocabs.push_back(static_cast<int>(v));
+      i = comma + 1;
+    }
+  }
+  if (!parsed.ok() || flags.help_requested()) {
+    std::fputs(parsed.ok() ? flags.Help().c_str() : (parsed.message() + "\n").c_str(),
+               parsed.ok() ? stdout : stderr);
+    return parsed.ok() ? 0 : 2;
+  }
+  std::mt19937 rng(1);
+  nlohmann::json out = nlohmann::json::array();
+  std::printf("| setting | vocab | us per row | 64 rows (ms, one thread) | logits row (KiB) |\n");
+  std::printf("|---|---|---|---|---|\n");
+  for (int vocab : vocabs) {
+    for (const Setting& s : Settings()) {
+      const double us = MicrosPerRow(s.params, vocab, rows, rng);
+      std::printf("| %s | %d | %.1f | %.2f | %.0f |\n", s.name.c_str(), vocab, us, us * 64 / 1000,
+                  vocab * 4 / 1024.0);
+      out.push_back({{"setting", s.name}, {"vocab", vocab}, {"us_per_row", us}, {"rows", rows}});
+    }
+  }
+  std::ofstream(flags.GetString("json")) << out.dump(2) << "\n";
+  return 0;
+}
+
+}  // namespace
+}  // namespace tandem
+
+int main(int argc, char** argv) {
+  return tandem::Run(std::vector<std::string>(argv + 1, argv + argc));
+}
