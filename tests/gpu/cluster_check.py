@@ -30,6 +30,9 @@ from cluster_util import free_base, metric, stop_process, tail_file  # noqa: E40
 
 MODEL = "smollm2-135m-instruct"
 READY_TIMEOUT_S = 120
+CLUSTER_ROW = {False: "cluster 1P+1D over CUDA IPC (openai)",
+               True: "cluster 1P+1D on the CPU over UCX (openai; the script's own check)"}
+TRANSFER_ROW = {False: "KV transfer (cuda_ipc) vs D2D copy", True: "KV transfer (ucx, CPU)"}
 
 
 def row(name, result, detail):
@@ -107,7 +110,7 @@ def main():
             failed.append(f"{pulls:.0f} pulls, {failures:.0f} failed")
         detail = (f"ready in {ready_s:.1f} s; {text!r} in {first_s * 1000:.0f} ms; stream equal; "
                   f"8 concurrent ok; {pulls:.0f} pulls, {failures:.0f} failed")
-        row("cluster 1P+1D over CUDA IPC (openai)", "FAIL" if failed else "ok",
+        row(CLUSTER_ROW[args.cpu], "FAIL" if failed else "ok",
             "; ".join(failed) if failed else detail)
 
         # The transfer of one long prompt's KV (about 46 KB per token for SmolLM2 in fp32).
@@ -121,14 +124,14 @@ def main():
             gbps = moved / took / 1e9
             ratio = f" ({100 * gbps / args.d2d_gbps:.0f}% of the D2D copy's {args.d2d_gbps:.0f} GB/s)" \
                 if args.d2d_gbps > 0 else ""
-            row("KV transfer (cuda_ipc) vs D2D copy", "info",
+            row(TRANSFER_ROW[args.cpu], "info",
                 f"{moved / 1e6:.1f} MB in {took * 1000:.2f} ms of copying: {gbps:.1f} GB/s{ratio} "
                 f"(layer-wise: the waits for prefill's layers are not counted)")
         else:
-            row("KV transfer (cuda_ipc) vs D2D copy", "FAIL", f"no transfer measured ({moved} B)")
+            row(TRANSFER_ROW[args.cpu], "FAIL", f"no transfer measured ({moved} B)")
             failed.append("no transfer measured")
     except Exception as e:  # noqa: BLE001 - reported as a row
-        row("cluster 1P+1D over CUDA IPC (openai)", "FAIL", f"{type(e).__name__}: {e}"[:400])
+        row(CLUSTER_ROW[args.cpu], "FAIL", f"{type(e).__name__}: {e}"[:400])
         failed.append(str(e))
     finally:
         stop_process(proc, 20)

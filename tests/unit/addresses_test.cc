@@ -104,6 +104,29 @@ TEST_CASE("addresses: the UCX data plane offers only the interface of S.host", "
   CHECK(InterfaceOfAddress("nohost").status().code() == StatusCode::kInvalidArgument);
 }
 
+TEST_CASE("transfer factory: cuda_ipc needs a CUDA build and one machine", "[kvtransfer]") {
+  // The machine's identity for cuda_ipc: the kernel's boot id, the same on every call.
+  StatusOr<std::string> boot = MachineBootId();
+  REQUIRE(boot.ok());
+  CHECK(boot->size() == 36);  // a UUID
+  CHECK(*MachineBootId() == *boot);
+  TransferSection transfer;
+  transfer.backend = "cuda_ipc";
+  StatusOr<PublisherWithPool> pub = CreatePublisherWithPool(transfer, 1 << 20, {});
+  StatusOr<PullerWithPool> pull = CreatePullerWithPool(transfer, 1 << 20, {});
+  REQUIRE_FALSE(pub.ok());
+  REQUIRE_FALSE(pull.ok());
+  if (!BuiltWithCuda()) {
+    CHECK(Has(pub.status().message(), "transfer.backend cuda_ipc needs a build with the CUDA backend"));
+    CHECK(pull.status().code() == StatusCode::kInvalidArgument);
+  } else {  // a CUDA build on a machine without a GPU
+    CHECK(pub.status().code() == StatusCode::kUnavailable);
+  }
+  transfer.backend = "nccl";
+  CHECK(Has(CreatePublisherWithPool(transfer, 1 << 20, {}).status().message(),
+            "is not supported by the instance servers (ucx, cuda_ipc or inproc)"));
+}
+
 TEST_CASE("cluster secret: from a private file or the environment, never too short",
           "[config]") {
   test::TempDir dir;
