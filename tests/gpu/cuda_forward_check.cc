@@ -4,8 +4,10 @@
 //
 // Correctness (each a table row; any FAIL makes the exit code 1):
 //   - random Llama and Qwen2 (biases) models in fp32: batched greedy decoding of prompts of
-//     different lengths (one mixed prefill batch, then decode steps replayed from CUDA graphs):
-//     the tokens equal the CPU backend's, and the largest logit difference is reported;
+//     different lengths (one mixed prefill batch, then decode steps replayed from CUDA graphs),
+//     teacher-forced by the CPU: every token whose CPU top-2 margin exceeds 1e-3 (what the
+//     summation order of two fp32 GEMMs cannot flip) equals the CPU backend's; all equal tokens
+//     and the largest logit difference are reported;
 //   - a mixed batch (a prefill chunk next to decode tokens) and a decode step run eagerly (with
 //     hooks) vs from its graph: the same logits;
 //   - bf16 weights: GPU bf16 vs CPU bf16, the relative logit error and token agreement (reported;
@@ -119,14 +121,30 @@ int32_t Argmax(const float* row, int vocab) {
 
 struct Comparison {
   int steps = 0, equal_tokens = 0;
-  bool all_equal = true;
+  int decided = 0, decided_equal = 0;  // steps whose CPU top-2 margin is above the noise
   double max_abs = 0, max_rel = 0;
 };
 
-// Greedy decoding of `prompts` on both backends in lockstep (each side feeds its own tokens
-// back): one prefill batch of every prompt, then `steps` batched decode steps.
+// The gap between the two largest logits of a row.
+double TopTwoMargin(const float* row, int vocab) {
+  float a = -INFINITY, b = -INFINITY;
+  for (int v = 0; v < vocab; ++v) {
+    if (row[v] > a) {
+      b = a;
+      a = row[v];
+    } else if (row[v] > b) {
+      b = row[v];
+    }
+  }
+  return double(a) - double(b);
+}
+
+// Greedy decoding of `prompts` on both backends in lockstep, teacher-forced by the CPU (both
+// are fed the CPU's tokens, so one near-tie does not send the rest of a sequence elsewhere):
+// one prefill batch of every prompt, then `steps` batched decode steps. A step counts as
+// decided when the CPU's top-2 margin exceeds `noise` (summation order alone cannot flip it).
 Comparison GreedyBoth(const Model& cpu_model, const Model& gpu_model,
-                      const std::vector<std::vector<int32_t>>& prompts, int steps) {
+                      const std::vector<std::vector<int32_t>>& prompts, int steps, double noise) {
   const int vocab = cpu_model.config().vocab_size;
   const int max_len = 1024;
   ForwardOptions options;
@@ -136,15 +154,14 @@ Comparison GreedyBoth(const Model& cpu_model, const Model& gpu_model,
              max_len);
   Runner gpu(Must(CreateForwardBackend(gpu_model, options, "cuda"), "cuda backend"),
              prompts.size(), max_len);
-  std::vector<std::vector<int32_t>> cpu_seq = prompts, gpu_seq = prompts;
+  std::vector<std::vector<int32_t>> seq = prompts;
   Comparison cmp;
   for (int step = 0; step <= steps; ++step) {
     std::vector<SequenceInput> cpu_batch, gpu_batch;
     for (size_t s = 0; s < prompts.size(); ++s) {
-      const int start = step == 0 ? 0 : static_cast<int>(cpu_seq[s].size()) - 1;
-      cpu_batch.push_back({std::span(cpu_seq[s]).subspan(start), start, cpu.tables[s]});
-      const int gstart = step == 0 ? 0 : static_cast<int>(gpu_seq[s].size()) - 1;
-      gpu_batch.push_back({std::span(gpu_seq[s]).subspan(gstart), gstart, gpu.tables[s]});
+      const int start = step == 0 ? 0 : static_cast<int>(seq[s].size()) - 1;
+      cpu_batch.push_back({std::span(seq[s]).subspan(start), start, cpu.tables[s]});
+      gpu_batch.push_back({std::span(seq[s]).subspan(start), start, gpu.tables[s]});
     }
     std::span<const float> a = Must(cpu.backend->Forward(cpu_batch, *cpu.cache), "cpu forward");
     std::vector<float> cpu_logits(a.begin(), a.end());
@@ -161,24 +178,29 @@ Comparison GreedyBoth(const Model& cpu_model, const Model& gpu_model,
       const int32_t ta = Argmax(ra, vocab), tb = Argmax(rb, vocab);
       ++cmp.steps;
       cmp.equal_tokens += ta == tb;
-      cmp.all_equal = cmp.all_equal && ta == tb;
-      cpu_seq[s].push_back(ta);
-      gpu_seq[s].push_back(tb);
+      if (TopTwoMargin(ra, vocab) > noise) {
+        ++cmp.decided;
+        cmp.decided_equal += ta == tb;
+      }
+      seq[s].push_back(ta);
     }
   }
   return cmp;
 }
 
+// fp32 (tokens_must_match): every decided step's token equal; bf16: reported.
 void CheckGreedy(const std::string& name, const Model& cpu_model, const Model& gpu_model,
                  bool tokens_must_match) {
   const int vocab = cpu_model.config().vocab_size;
   const std::vector<std::vector<int32_t>> prompts = {Prompt(5, 1, vocab), Prompt(40, 2, vocab),
                                                      Prompt(130, 3, vocab), Prompt(17, 4, vocab)};
-  const Comparison c = GreedyBoth(cpu_model, gpu_model, prompts, 24);
-  const std::string detail = Fmt("%.0f of %.0f greedy tokens equal; max |logit diff| %.3g", c.equal_tokens,
-                                 c.steps, c.max_abs) +
-                             Fmt(" (relative %.3g)", c.max_rel);
-  Row(name, !tokens_must_match || c.all_equal, detail, tokens_must_match);
+  const Comparison c = GreedyBoth(cpu_model, gpu_model, prompts, 24, 1e-3);
+  const std::string detail =
+      Fmt("%.0f of %.0f greedy tokens equal", c.equal_tokens, c.steps) +
+      Fmt(" (%.0f of %.0f with a top-2 margin > 1e-3)", c.decided_equal, c.decided) +
+      Fmt("; max |logit diff| %.3g (relative %.3g)", c.max_abs, c.max_rel);
+  Row(name, !tokens_must_match || (c.decided_equal == c.decided && c.decided > c.steps / 2),
+      detail, tokens_must_match);
 }
 
 // A prefill chunk next to decode tokens in one pass; then one decode step eagerly (an empty
