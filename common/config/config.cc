@@ -91,6 +91,16 @@ void ReadInstance(YamlErrors* v, YAML::Node node, const std::string& name, Insta
   sec.Int("instances", &s->instances, 0, 1024);
   sec.Int("threads", &s->threads, 1, 1024);
   sec.String("device", &s->device, {"cpu", "cuda"});
+  sec.StringList("cuda_devices", &s->cuda_devices);
+  for (const std::string& d : s->cuda_devices) {
+    const bool ordinal = !d.empty() && d.find_first_not_of("0123456789") == std::string::npos;
+    const bool uuid = d.rfind("GPU-", 0) == 0 || d.rfind("MIG-", 0) == 0;
+    if (!ordinal && !uuid) {
+      v->Add(node["cuda_devices"], name + ".cuda_devices",
+             "'" + d + "' is not a GPU (an ordinal such as 0, or a GPU-/MIG- UUID)");
+      break;
+    }
+  }
   sec.Int("tensor_parallel", &s->tensor_parallel, 1, 64);
   sec.Int("pipeline_parallel", &s->pipeline_parallel, 1, 64);
   sec.Int("kv_blocks", &s->kv_blocks, 0, 1 << 24);
@@ -359,6 +369,7 @@ std::string ConfigToYaml(const ClusterConfig& c) {
     out << YAML::Key << "instances" << YAML::Value << s.instances;
     out << YAML::Key << "threads" << YAML::Value << s.threads;
     out << YAML::Key << "device" << YAML::Value << s.device;
+    out << YAML::Key << "cuda_devices" << YAML::Value << YAML::Flow << s.cuda_devices;
     out << YAML::Key << "tensor_parallel" << YAML::Value << s.tensor_parallel;
     out << YAML::Key << "pipeline_parallel" << YAML::Value << s.pipeline_parallel;
     out << YAML::Key << "kv_blocks" << YAML::Value << s.kv_blocks;

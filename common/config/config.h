@@ -71,6 +71,10 @@ struct InstanceSection {
   int instances = 1;
   int threads = 1;            // CPU threads for the forward pass
   std::string device = "cpu";  // cpu|cuda
+  // device cuda: the GPUs of the instances, one entry each (instance i takes entry i modulo
+  // the list's length: a CUDA_VISIBLE_DEVICES value, an ordinal or a GPU-/MIG- UUID). Empty:
+  // every instance inherits the launcher's CUDA_VISIBLE_DEVICES (they share its first GPU).
+  std::vector<std::string> cuda_devices;
   int tensor_parallel = 1;
   int pipeline_parallel = 1;  // pipeline stages (GPU planner output; CPU instances use 1)
   int kv_blocks = 0;          // 0 = kv_cache.memory_fraction of the machine's memory

@@ -45,6 +45,9 @@ void CheckInstance(ServingErrors* errors, const ClusterConfig& config, const std
                 "cuda on " + name + " instances keeps the KV in GPU memory, which transfer.backend " +
                 config.transfer.backend + " cannot move: set transfer.backend: cuda_ipc (prefill "
                 "and decode on one machine)");
+  if (!s.cuda_devices.empty() && s.device != "cuda")
+    errors->Add(name + ".cuda_devices",
+                "has no effect on " + s.device + " instances: it picks the GPUs of device cuda");
   if (s.tensor_parallel > 1)
     errors->Add(name + ".tensor_parallel",
                 std::to_string(s.tensor_parallel) + " cannot be served: a CPU instance is one "
@@ -132,6 +135,11 @@ std::string ChatTemplateSetting(const ClusterConfig& config) {
   const std::string& setting = config.model.chat_template;
   if (setting == "auto" || setting == "none" || setting.empty()) return setting;
   return ConfigRelativePath(config, setting);
+}
+
+std::string CudaVisibleDevicesFor(const InstanceSection& section, int index) {
+  if (section.device != "cuda" || section.cuda_devices.empty() || index < 0) return "";
+  return section.cuda_devices[static_cast<size_t>(index) % section.cuda_devices.size()];
 }
 
 bool IsMultiHost(const ClusterConfig& config) {

@@ -7,6 +7,7 @@
 //   - S.device cuda on a build without CUDA, and on prefill or decode instances unless
 //     transfer.backend is cuda_ipc (their KV is in GPU memory: only cuda_ipc moves it);
 //   - S.tensor_parallel or S.pipeline_parallel > 1 (a CPU instance is one process; use S.threads);
+//   - S.cuda_devices on an instance that is not on cuda (it would pick nothing);
 //   - S.preemption swap (decode preempts by recompute only);
 //   - S.scheduling prefill_first on prefill or decode (only colocated instances schedule steps);
 //   - transfer.backend nccl with prefill or decode instances (the transport is not wired into
@@ -46,6 +47,10 @@ StatusOr<std::string> LoadClusterSecret(const ClusterConfig& config);
 
 // The environment variable that names the address peers dial (a pod's status.podIP).
 inline constexpr const char* kAdvertiseHostEnv = "TANDEM_ADVERTISE_HOST";
+
+// The CUDA_VISIBLE_DEVICES of instance `index` of `section`: its S.cuda_devices entry (index
+// modulo the list), or "" to inherit the launcher's (device cpu, or no list).
+std::string CudaVisibleDevicesFor(const InstanceSection& section, int index);
 
 // Whether the instances of this config run on other machines: some S.addresses entry is not a
 // loopback address.

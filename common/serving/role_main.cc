@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
@@ -147,11 +148,19 @@ int RunRoleMain(const RoleSpec& spec, const std::vector<std::string>& args) {
     return kExitFailure;
   }
   RoleArgs role_args;
+  std::string gpu;  // this instance's CUDA_VISIBLE_DEVICES from S.cuda_devices, if any
   role_args.control = MakeControlOptions(config->control, std::move(*secret));
   role_args.config = std::move(*config);
   if (spec.instance) {
     role_args.index = static_cast<int>(flags.GetInt("index"));
     SetLogRole(spec.command + "-" + std::to_string(role_args.index));
+    // S.cuda_devices: this instance's GPU, before anything initialises CUDA.
+    const ClusterConfig& c = role_args.config;
+    const InstanceSection& section = spec.command == "prefill" ? c.prefill
+                                     : spec.command == "decode" ? c.decode
+                                                                : c.colocated;
+    gpu = CudaVisibleDevicesFor(section, role_args.index);
+    if (!gpu.empty()) ::setenv("CUDA_VISIBLE_DEVICES", gpu.c_str(), 1);
   } else {
     SetLogRole(spec.command);
   }
@@ -161,6 +170,9 @@ int RunRoleMain(const RoleSpec& spec, const std::vector<std::string>& args) {
     return kExitUsage;
   }
   ApplyLogging(role_args.config);
+  if (!gpu.empty()) {
+    TANDEM_LOG(kInfo) << "CUDA_VISIBLE_DEVICES=" << gpu << " (" << spec.command << ".cuda_devices)";
+  }
   RaiseFdLimit();
 
   // Signals are taken by sigwait; blocked before any thread starts, so every thread inherits

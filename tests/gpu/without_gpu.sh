@@ -6,8 +6,8 @@
 # - every GPU check exits 2 (skipped) and says why;
 # - check-config accepts colocated instances on cuda, and prefill/decode on cuda with
 #   transfer.backend cuda_ipc; it refuses them on cuda with ucx, naming file, line and field;
-# - `tandem serve` with instances on cuda (colocated; prefill + decode over cuda_ipc) stops at
-#   start-up naming the missing device.
+# - `tandem serve` with instances on cuda (colocated; prefill + decode over cuda_ipc; an instance
+#   given its GPU by S.cuda_devices) stops at start-up naming the missing device.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 build=$1
@@ -54,6 +54,11 @@ serve_without_gpu "colocated on cuda" colocated-0 --prefill.instances=0 --decode
   --colocated.instances=1 --colocated.device=cuda
 serve_without_gpu "prefill + decode over cuda_ipc" "\(prefill\|decode\)-0" \
   --transfer.backend=cuda_ipc --prefill.device=cuda --decode.device=cuda
+# S.cuda_devices: the instance runs under its own CUDA_VISIBLE_DEVICES, and says which.
+serve_without_gpu "colocated on cuda_devices [3]" colocated-0 --prefill.instances=0 \
+  --decode.instances=0 --colocated.instances=1 --colocated.device=cuda '--colocated.cuda_devices=[3]'
+grep -q 'colocated-0 .*no usable CUDA device (CUDA_VISIBLE_DEVICES=3)' <<<"$out" ||
+  fail "colocated.cuda_devices [3] did not reach the instance's CUDA_VISIBLE_DEVICES"
 
 ((failed == 0)) && echo "without_gpu: ok"
 exit $failed

@@ -88,6 +88,22 @@ TEST_CASE("serving config: the KV transports this build cannot serve are refused
             .empty());
 }
 
+TEST_CASE("serving config: S.cuda_devices picks each instance's GPU, on cuda only", "[config]") {
+  CHECK(Has(LoadError("decode:\n  cuda_devices: [0, 'GPU-1f2e', 'x1']\n"),
+            "cluster.yaml:2:17: decode.cuda_devices: 'x1' is not a GPU"));
+  CHECK(Has(ServingError("prefill:\n  cuda_devices: [1]\n"),
+            "cluster.yaml:2:17: prefill.cuda_devices: has no effect on cpu instances"));
+  InstanceSection s;
+  s.device = "cuda";
+  CHECK(CudaVisibleDevicesFor(s, 3).empty());  // no list: inherit the launcher's
+  s.cuda_devices = {"2", "MIG-abc"};
+  CHECK(CudaVisibleDevicesFor(s, 0) == "2");
+  CHECK(CudaVisibleDevicesFor(s, 1) == "MIG-abc");
+  CHECK(CudaVisibleDevicesFor(s, 2) == "2");  // more instances than GPUs: they share
+  s.device = "cpu";
+  CHECK(CudaVisibleDevicesFor(s, 0).empty());
+}
+
 TEST_CASE("serving config: LoadServingConfig refuses what ValidateForServing does", "[config]") {
   test::TempDir dir;
   const std::string path = dir.Write("c.yaml", "decode:\n  device: cuda\n");
