@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/base/thread_annotations.h"
+#include "common/engine/cuda/cuda_backend.h"
 #include "common/engine/cuda/cuda_util.h"
 #include "kvtransfer/layer_copies.h"
 
@@ -33,22 +34,6 @@ uint64_t RandomInstanceId() {
 
 std::string CudaErrorText(cudaError_t err) {
   return std::string(cudaGetErrorName(err)) + ": " + cudaGetErrorString(err);
-}
-
-// A zeroed device allocation of `bytes` on device 0, as a KV pool.
-StatusOr<KvPoolMemory> AllocateDevicePool(size_t bytes) {
-  TANDEM_RETURN_IF_ERROR(cuda::DeviceCount().status());
-  TANDEM_RETURN_IF_ERROR(cuda::SetDevice(0));
-  TANDEM_ASSIGN_OR_RETURN(cuda::DeviceBuffer buffer, cuda::DeviceBuffer::Allocate(bytes));
-  TANDEM_RETURN_IF_ERROR(buffer.Zero());
-  TANDEM_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
-  auto owner = std::make_shared<cuda::DeviceBuffer>(std::move(buffer));
-  KvPoolMemory memory;
-  memory.base = static_cast<std::byte*>(owner->data());
-  memory.bytes = owner->size();
-  memory.kind = KvMemoryKind::kCudaDevice;
-  memory.owner = std::move(owner);
-  return memory;
 }
 
 // ---- publisher ---------------------------------------------------------------------------------
@@ -484,7 +469,7 @@ StatusOr<PublisherWithPool> CreateCudaIpcPublisherWithPool(size_t pool_bytes,
   if (pool_bytes == 0) return InvalidArgument("cuda_ipc: empty KV pool");
   TANDEM_ASSIGN_OR_RETURN(std::string boot_id, MachineBootId());
   PublisherWithPool out;
-  TANDEM_ASSIGN_OR_RETURN(out.memory, AllocateDevicePool(pool_bytes));
+  TANDEM_ASSIGN_OR_RETURN(out.memory, cuda::AllocateCudaKvPool(pool_bytes));
   cudaIpcMemHandle_t handle;
   TANDEM_CUDA_RETURN_IF_ERROR(cudaIpcGetMemHandle(&handle, out.memory.base));
   PeerInfo info;
@@ -504,7 +489,7 @@ StatusOr<PullerWithPool> CreateCudaIpcPullerWithPool(size_t pool_bytes,
   if (pool_bytes == 0) return InvalidArgument("cuda_ipc: empty KV pool");
   TANDEM_ASSIGN_OR_RETURN(std::string boot_id, MachineBootId());
   PullerWithPool out;
-  TANDEM_ASSIGN_OR_RETURN(out.memory, AllocateDevicePool(pool_bytes));
+  TANDEM_ASSIGN_OR_RETURN(out.memory, cuda::AllocateCudaKvPool(pool_bytes));
   cudaStream_t stream = nullptr;
   TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   out.puller = std::make_unique<CudaIpcPuller>(MemoryRegion{out.memory.base, out.memory.bytes},

@@ -39,6 +39,13 @@ budget() {  # WANTED_SECONDS -> the limit for the next step
 }
 
 rows=()
+# The table rows a check printed as "ROW|name|result|detail" lines in its log.
+rows_from() {
+  local name result detail
+  while IFS='|' read -r _ name result detail; do
+    row "$name" "$result" "$detail"
+  done < <(grep '^ROW|' "$1")
+}
 row() { rows+=("$(printf '| %-34s | %-8s | %s |' "$1" "$2" "$3")"); }
 
 # Build: the CUDA backend and its checks (ccache when present: a rerun rebuilds nothing).
@@ -83,9 +90,7 @@ fi
 
 timeout "$(budget 180)" "$build/tests/gpu/cuda_forward_check" >"$logs/cuda_forward.log" 2>&1
 rc=$?
-while IFS='|' read -r _ name result detail; do
-  row "$name" "$result" "$detail"
-done < <(grep '^ROW|' "$logs/cuda_forward.log")
+rows_from "$logs/cuda_forward.log"
 if ((rc != 0)); then
   row "cuda_forward_check" "FAIL" "rc $rc ($logs/cuda_forward.log)"
   tail -n 5 "$logs/cuda_forward.log"
@@ -115,9 +120,7 @@ if [[ -n "$smollm2" ]]; then
   timeout "$(budget 150)" .venv/bin/python tests/gpu/cluster_check.py "$build/tandem" "$logs" --d2d-gbps "$d2d" \
     >"$logs/cluster.log" 2>&1
   rc=$?
-  while IFS='|' read -r _ name result detail; do
-    row "$name" "$result" "$detail"
-  done < <(grep '^ROW|' "$logs/cluster.log")
+  rows_from "$logs/cluster.log"
   if ((rc != 0)); then
     row "cluster_check.py" "FAIL" "rc $rc ($logs/cluster.log)"
     failed=1

@@ -19,6 +19,15 @@
 namespace tandem {
 namespace {
 
+// The default make-model preset (no tokenizer), written under dir and loaded.
+StatusOr<std::unique_ptr<Model>> TinyModel(const test::TempDir& dir) {
+  MakeModelOptions options;
+  options.with_tokenizer = false;
+  const std::string path = (dir.path() / "m").string();
+  TANDEM_RETURN_IF_ERROR(MakeModel(options, path));
+  return Model::Load(path);
+}
+
 TEST_CASE("device batch: a mixed batch flattens as the CPU pass walks it", "[device_batch]") {
   // Sequence 0: a 10-token prefill chunk from position 3 (blocks 7, 2 of size 4: positions
   // 0-3, 4-7, then block 9: 8-11, block 5: 12-15); sequence 1: one decode token at 5.
@@ -93,11 +102,7 @@ TEST_CASE("device batch: graph sizes cover every batch up to the maximum", "[dev
 TEST_CASE("forward backend: the device names the backend, and cuda needs a CUDA build",
           "[device_batch]") {
   test::TempDir dir;
-  MakeModelOptions options;
-  options.with_tokenizer = false;
-  const std::string path = (dir.path() / "m").string();
-  REQUIRE(MakeModel(options, path).ok());
-  StatusOr<std::unique_ptr<Model>> model = Model::Load(path);
+  StatusOr<std::unique_ptr<Model>> model = TinyModel(dir);
   REQUIRE(model.ok());
   StatusOr<std::unique_ptr<ForwardBackend>> cpu = CreateForwardBackend(**model, {}, "cpu");
   REQUIRE(cpu.ok());
@@ -178,11 +183,7 @@ TEST_CASE("greedy rows: the plain argmax is what the sampler picks, and only the
 TEST_CASE("greedy rows: the CPU backend fills the wanted rows' argmax and returns the logits",
           "[device_batch]") {
   test::TempDir dir;
-  MakeModelOptions options;
-  options.with_tokenizer = false;
-  const std::string path = (dir.path() / "m").string();
-  REQUIRE(MakeModel(options, path).ok());
-  StatusOr<std::unique_ptr<Model>> model = Model::Load(path);
+  StatusOr<std::unique_ptr<Model>> model = TinyModel(dir);
   REQUIRE(model.ok());
   StatusOr<std::unique_ptr<ForwardBackend>> cpu = CreateForwardBackend(**model, {}, "cpu");
   REQUIRE(cpu.ok());
@@ -233,11 +234,7 @@ TEST_CASE("kv cache: a pool in device memory is never touched by the host", "[de
 
   // The CPU pass refuses it with a message instead of reading device memory.
   test::TempDir dir;
-  MakeModelOptions options;
-  options.with_tokenizer = false;
-  const std::string path = (dir.path() / "m").string();
-  REQUIRE(MakeModel(options, path).ok());
-  StatusOr<std::unique_ptr<Model>> model = Model::Load(path);
+  StatusOr<std::unique_ptr<Model>> model = TinyModel(dir);
   REQUIRE(model.ok());
   StatusOr<std::unique_ptr<CpuForward>> cpu = CpuForward::Create(**model, {});
   REQUIRE(cpu.ok());

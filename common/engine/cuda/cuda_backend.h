@@ -17,6 +17,10 @@ namespace tandem::cuda {
 StatusOr<std::unique_ptr<ForwardBackend>> CreateCudaBackend(const Model& model,
                                                             const ForwardOptions& options);
 
+// A zeroed KV pool of `bytes` in the memory of device 0 (kind kCudaDevice; cudaMalloc, so that
+// CUDA IPC can export it). Unavailable (no device), ResourceExhausted (out of memory).
+StatusOr<KvPoolMemory> AllocateCudaKvPool(size_t bytes);
+
 // Total memory of device 0 in bytes; Unavailable when no device is visible.
 StatusOr<uint64_t> CudaDeviceMemoryBytes();
 

@@ -229,10 +229,15 @@ KvLayout CudaForward::MakeKvLayout(int block_size) const {
 }
 
 StatusOr<KvPoolMemory> CudaForward::AllocateKvPool(size_t bytes) {
+  return AllocateCudaKvPool(bytes);
+}
+
+StatusOr<KvPoolMemory> AllocateCudaKvPool(size_t bytes) {
+  TANDEM_RETURN_IF_ERROR(DeviceCount().status());
   TANDEM_RETURN_IF_ERROR(SetDevice(0));
   TANDEM_ASSIGN_OR_RETURN(DeviceBuffer buffer, DeviceBuffer::Allocate(bytes));
-  TANDEM_RETURN_IF_ERROR(buffer.Zero(stream_.get()));
-  TANDEM_RETURN_IF_ERROR(stream_.Synchronize());
+  TANDEM_RETURN_IF_ERROR(buffer.Zero());
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
   auto owner = std::make_shared<DeviceBuffer>(std::move(buffer));
   KvPoolMemory memory;
   memory.base = static_cast<std::byte*>(owner->data());
