@@ -7,7 +7,8 @@
 //   - S.device cuda on a build without CUDA, and on prefill or decode instances unless
 //     transfer.backend is cuda_ipc (their KV is in GPU memory: only cuda_ipc moves it);
 //   - S.tensor_parallel or S.pipeline_parallel > 1 (a CPU instance is one process; use S.threads);
-//   - S.cuda_devices on an instance that is not on cuda (it would pick nothing);
+//   - S.cuda_devices on an instance that is not on cuda (it would pick nothing), and S.threads
+//     above 1 on one that is (one host thread drives the GPU);
 //   - S.preemption swap (decode preempts by recompute only);
 //   - S.scheduling prefill_first on prefill or decode (only colocated instances schedule steps);
 //   - transfer.backend nccl with prefill or decode instances (the transport is not wired into
