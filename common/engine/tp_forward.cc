@@ -8,7 +8,8 @@ TpCpuForward::TpCpuForward(TpPlan plan, std::chrono::milliseconds collective_tim
     : plan_(std::move(plan)),
       all_reduce_(plan_.degree, collective_timeout),
       forward_status_(plan_.degree),
-      collective_status_(plan_.degree) {}
+      collective_status_(plan_.degree),
+      threads_(plan_.degree) {}
 
 StatusOr<std::unique_ptr<TpCpuForward>> TpCpuForward::Create(
     const Model& full, int degree, const ForwardOptions& options,
@@ -33,18 +34,7 @@ StatusOr<std::unique_ptr<TpCpuForward>> TpCpuForward::Create(
     }
     tp->hooks_.push_back(std::move(hooks));
   }
-  for (int r = 1; r < degree; ++r)
-    tp->threads_.emplace_back([self = tp.get(), r] { self->RankLoop(r); });
   return tp;
-}
-
-TpCpuForward::~TpCpuForward() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
-  }
-  start_.notify_all();
-  for (std::thread& t : threads_) t.join();
 }
 
 KvLayout TpCpuForward::MakeKvLayout(int block_size) const {
@@ -56,25 +46,6 @@ void TpCpuForward::RunRank(int rank) {
       forwards_[rank]->Forward(batch_, *caches_[rank], mode_, &hooks_[rank]);
   forward_status_[rank] = out.status();
   if (rank == 0 && out.ok()) logits_ = *out;
-}
-
-void TpCpuForward::RankLoop(int rank) {
-  uint64_t seen = 0;
-  while (true) {
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      // Waits for work with no bound: this thread is idle until Forward or the destructor.
-      start_.wait(lock, [&] { return stop_ || call_ != seen; });
-      if (stop_) return;
-      seen = call_;
-    }
-    RunRank(rank);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      --running_;
-    }
-    done_.notify_all();
-  }
 }
 
 StatusOr<std::span<const float>> TpCpuForward::Forward(std::span<const SequenceInput> batch,
@@ -100,19 +71,8 @@ StatusOr<std::span<const float>> TpCpuForward::Forward(std::span<const SequenceI
   batch_ = batch;
   caches_ = caches;
   mode_ = mode;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    running_ = t - 1;
-    ++call_;
-  }
-  start_.notify_all();
-  RunRank(0);
-  {
-    // Bounded by the ranks' work: a rank that waits for another in the collective gives up
-    // after the collective timeout.
-    std::unique_lock<std::mutex> lock(mu_);
-    done_.wait(lock, [&] { return running_ == 0; });
-  }
+  // Bounded: a rank that waits for another in the collective gives up after its timeout.
+  threads_.Run([this](int rank) { RunRank(rank); });
   // A timeout first: the FailedPrecondition of the other ranks follows from it.
   for (int r = 0; r < t; ++r)
     if (collective_status_[r].code() == StatusCode::kDeadlineExceeded) return collective_status_[r];

@@ -9,20 +9,18 @@
 // blocks; a sequence's block table names the same block ids in every rank's pool.
 //
 // Threads: Forward is called by one thread at a time (the engine thread), which runs rank 0;
-// ranks 1..t-1 run on threads this object owns, joined by its destructor. The Model must
-// outlive it only until Create returns (the shards own their weights).
+// ranks 1..t-1 run on threads this object owns (RankThreads), joined by its destructor. The
+// Model must outlive it only until Create returns (the shards own their weights).
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <span>
-#include <thread>
 #include <vector>
 
 #include "common/engine/cpu_all_reduce.h"
 #include "common/engine/forward.h"
+#include "common/engine/rank_threads.h"
 #include "common/engine/tensor_parallel.h"
 
 namespace tandem {
@@ -35,7 +33,6 @@ class TpCpuForward {
   static StatusOr<std::unique_ptr<TpCpuForward>> Create(
       const Model& full, int degree, const ForwardOptions& options,
       std::chrono::milliseconds collective_timeout);
-  ~TpCpuForward();
 
   TpCpuForward(const TpCpuForward&) = delete;
   TpCpuForward& operator=(const TpCpuForward&) = delete;
@@ -58,7 +55,6 @@ class TpCpuForward {
 
  private:
   TpCpuForward(TpPlan plan, std::chrono::milliseconds collective_timeout);
-  void RankLoop(int rank);
   void RunRank(int rank);
 
   TpPlan plan_;
@@ -75,12 +71,7 @@ class TpCpuForward {
   std::vector<Status> collective_status_;  // per rank, its first all-reduce failure
   std::span<const float> logits_;          // rank 0's
 
-  std::mutex mu_;
-  std::condition_variable start_, done_;
-  uint64_t call_ = 0;                 // guarded by mu_: calls started
-  int running_ = 0;                   // guarded by mu_: ranks 1..t-1 still running the current call
-  bool stop_ = false;                 // guarded by mu_
-  std::vector<std::thread> threads_;  // ranks 1..t-1
+  RankThreads threads_;  // last: its destructor joins ranks that may still read the above
 };
 
 }  // namespace tandem
