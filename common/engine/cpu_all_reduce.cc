@@ -18,6 +18,14 @@ bool CpuAllReduce::broken() const {
   return broken_;
 }
 
+void CpuAllReduce::Break() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    broken_ = true;
+  }
+  cv_.notify_all();
+}
+
 Status CpuAllReduce::Barrier(std::unique_lock<std::mutex>& lock, int rank) {
   if (broken_) return FailedPrecondition("all-reduce: broken by an earlier timeout");
   const uint64_t generation = generation_;

@@ -1,6 +1,6 @@
 // An in-process all-reduce (sum) over `participants` threads: the CPU stand-in for NCCL's
 // ncclAllReduce in a tensor-parallel forward pass (ForwardHooks::all_reduce,
-// common/engine/forward.h), used by TpCpuForward and tests.
+// common/engine/forward.h), used by CreateTpCpuForward (common/engine/tp_forward.h) and tests.
 //
 // Rank r calls AllReduce(r, data, count) from its own thread; the call returns once every rank
 // has called it with the same count, with each rank's `data` replaced by the element-wise sum
@@ -40,6 +40,9 @@ class CpuAllReduce {
 
   int participants() const { return participants_; }
   bool broken() const;
+  // Breaks the collective now (the owner gave up on a rank): waiting ranks return
+  // FailedPrecondition at once, and so does every later call. Any thread.
+  void Break();
 
  private:
   // Waits until every rank reached this barrier (or the timeout: breaks the collective).

@@ -42,7 +42,14 @@ std::optional<WeightDType> LoadDTypeFor(std::string_view configured, std::string
 StatusOr<std::unique_ptr<ForwardBackend>> CreateForwardBackend(const Model& model,
                                                                const ForwardOptions& options,
                                                                std::string_view device) {
+  if (options.tensor_parallel < 1)
+    return InvalidArgument("tensor_parallel must be at least 1, not " +
+                           std::to_string(options.tensor_parallel));
   if (device == "cpu") {
+    if (options.tensor_parallel > 1)
+      return InvalidArgument("tensor_parallel " + std::to_string(options.tensor_parallel) +
+                             " on device cpu: a CPU instance is one CpuForward (use threads; "
+                             "CreateTpCpuForward is the test reference of the GPU ranks)");
     TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<CpuForward> cpu, CpuForward::Create(model, options));
     return std::unique_ptr<ForwardBackend>(std::move(cpu));
   }

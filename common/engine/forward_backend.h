@@ -13,6 +13,7 @@
 // shows; a process is one instance). A build without CUDA refuses "cuda" with a message.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -44,6 +45,13 @@ struct ForwardOptions {
   int max_model_len = 0;
   // CUDA: capture decode steps (one token per sequence, no hooks) as CUDA graphs.
   bool cuda_graphs = true;
+  // S.tensor_parallel: ranks of one instance (CUDA: GPUs 0..t-1 of the process, NCCL between
+  // them; common/engine/tp_forward.h). The CPU backend serves 1 only.
+  int tensor_parallel = 1;
+  // Tensor parallelism: bounds a rank's wait for the others (the layer gate; on CUDA each wait
+  // for a stream that runs collectives). A pass past it fails with DeadlineExceeded and breaks
+  // the instance. Longer than any before_layer hook waits (decode: a pulled KV layer).
+  std::chrono::milliseconds collective_timeout{60000};
 };
 
 enum class LogitsMode { kLastToken, kAllTokens };
@@ -56,7 +64,7 @@ enum class LogitsMode { kLastToken, kAllTokens };
 // Both run for l = 0, 1, ..., num_layers - 1 in order; either may be empty. They must not call
 // back into the backend. They run only when validation passed.
 //
-// all_reduce (tensor parallelism, common/engine/tensor_parallel.h; CPU backend): when set, the
+// all_reduce (tensor parallelism, common/engine/tp_forward.h; CPU ranks): when set, the
 // model is one rank's shard, and the outputs of the row-parallel projections (o_proj and
 // down_proj) are partial sums. Each layer then calls all_reduce(data, count) twice, after o_proj
 // and after down_proj, with the partial sums of the batch ([tokens, hidden] row major, count =

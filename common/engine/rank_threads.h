@@ -1,7 +1,7 @@
 // The threads of a tensor-parallel pass: one per rank, rank 0 being the caller. Run(fn) runs
 // fn(r) for every rank r at once, fn(0) on the calling thread and fn(1..t-1) on threads this
-// object owns, and returns when all have returned. TpCpuForward (ranks over CpuAllReduce) and the
-// CUDA backend's TpCudaForward (ranks over NCCL) share it.
+// object owns, and returns when all have returned. TpForward (common/engine/tp_forward.h) runs
+// its ranks on it, CPU ranks and CUDA ranks alike.
 //
 // A rank that waits for another inside fn (a collective) must bound that wait itself: Run
 // waits for every fn to return, and fn is what can give up.

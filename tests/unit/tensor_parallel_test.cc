@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/engine/cpu_all_reduce.h"
+#include "common/engine/forward.h"
 #include "common/engine/kv_reshard.h"
 #include "common/engine/tp_forward.h"
 #include "common/model/make_model.h"
@@ -166,7 +167,7 @@ FullRun RunUnsharded(const Model& model, const Script& s) {
 }
 
 struct TpRun {
-  std::unique_ptr<TpCpuForward> tp;
+  std::unique_ptr<TpForward> tp;
   std::vector<std::unique_ptr<KvCache>> caches;
   std::vector<KvCache*> pools;
   std::vector<std::vector<float>> logits;
@@ -174,7 +175,7 @@ struct TpRun {
   TpRun(const Model& model, int degree, int pool_blocks = Script::kPoolBlocks, int threads = 1) {
     ForwardOptions options;
     options.num_threads = threads;
-    auto made = TpCpuForward::Create(model, degree, options, kCollectiveTimeout);
+    auto made = CreateTpCpuForward(model, degree, options, kCollectiveTimeout);
     REQUIRE(made.ok());
     tp = std::move(*made);
     for (int r = 0; r < degree; ++r) {
@@ -186,7 +187,7 @@ struct TpRun {
   }
   BatchFn Fn() {
     return [this](std::span<const SequenceInput> b) {
-      auto out = tp->Forward(b, pools);
+      auto out = tp->ForwardRanks(b, pools);
       REQUIRE(out.ok());
       return *out;
     };
@@ -477,18 +478,18 @@ TEST_CASE("a tensor-parallel forward refuses pools of the wrong layout", "[tenso
   std::vector<int32_t> table{0};
   SequenceInput seq{tokens, 0, table};
   std::vector<KvCache*> one{tp.pools[0]};
-  CHECK(tp.tp->Forward({&seq, 1}, one).status().message() ==
+  CHECK(tp.tp->ForwardRanks({&seq, 1}, one).status().message() ==
         "tensor-parallel forward: 1 KV pools for 2 ranks");
   auto full_layout = KvCache::Create(KvLayout{2, 2, 32, 16}, Script::kPoolBlocks);
   REQUIRE(full_layout.ok());
   std::vector<KvCache*> wrong{tp.pools[0], full_layout->get()};
-  CHECK(tp.tp->Forward({&seq, 1}, wrong).status().code() == StatusCode::kInvalidArgument);
+  CHECK(tp.tp->ForwardRanks({&seq, 1}, wrong).status().code() == StatusCode::kInvalidArgument);
   // A bad token fails on every rank alike: no rank is left waiting in the collective.
   std::vector<int32_t> bad{1, 100000};
   SequenceInput bad_seq{bad, 0, table};
-  CHECK(tp.tp->Forward({&bad_seq, 1}, tp.pools).status().code() == StatusCode::kInvalidArgument);
-  CHECK(tp.tp->Forward({&seq, 1}, tp.pools).ok());
-  CHECK(TpCpuForward::Create(*model, 3, ForwardOptions{}, kCollectiveTimeout).status().message() ==
+  CHECK(tp.tp->ForwardRanks({&bad_seq, 1}, tp.pools).status().code() == StatusCode::kInvalidArgument);
+  CHECK(tp.tp->ForwardRanks({&seq, 1}, tp.pools).ok());
+  CHECK(CreateTpCpuForward(*model, 3, ForwardOptions{}, kCollectiveTimeout).status().message() ==
         "tensor_parallel 3 does not divide num_attention_heads 4");
 }
 
@@ -575,7 +576,7 @@ TEST_CASE("re-sharded KV equals a forward's at the new degree and decodes on",
     REQUIRE(plan->destination_layout() == destination.tp->MakeKvLayout());
     std::vector<const KvCache*> sources(source.pools.begin(), source.pools.end());
     for (int seq = 0; seq < 2; ++seq) {
-      // A source's ranks share a block table (TpCpuForward), the destination has its own.
+      // A source's ranks share a block table (TpForward), the destination has its own.
       const std::vector<int32_t>& from_table = seq == 0 ? script.table_a : script.table_b;
       const std::vector<int32_t>& to_table = seq == 0 ? moved.table_a : moved.table_b;
       std::vector<KvRankBlocks> src(from, KvRankBlocks{Script::kPoolBlocks, from_table});
@@ -610,4 +611,121 @@ TEST_CASE("re-sharded KV equals a forward's at the new degree and decodes on",
   }
 }
 
+}  // namespace tandem
+
+namespace tandem {
+namespace {
+
+// TpForward as the engines see it (ForwardBackend): one pool from AllocateKvPool, the other
+// ranks' pools behind it. What the GPU ranks run through, on CPU ranks.
+TEST_CASE("a tensor-parallel backend serves through the backend seam", "[tensor_parallel]") {
+  auto model = RandomModel(Shape(4, 2, 32, 384));
+  const int vocab = model->config().vocab_size;
+  Script script(vocab);
+  FullRun plain = RunUnsharded(*model, script);
+  auto made = CreateTpCpuForward(*model, 2, ForwardOptions{}, kCollectiveTimeout);
+  REQUIRE(made.ok());
+  std::unique_ptr<ForwardBackend> backend = std::move(*made);
+  auto* tp = static_cast<TpForward*>(backend.get());
+  const KvLayout layout = backend->MakeKvLayout();
+  CHECK(layout.num_kv_heads == 1);  // the rank's share of 2
+  CHECK(backend->description() == "cpu tensor_parallel 2");
+  auto memory = backend->AllocateKvPool(KvPoolBytes(layout, Script::kPoolBlocks));
+  REQUIRE(memory.ok());
+  auto cache = KvCache::Create(layout, Script::kPoolBlocks, *memory);
+  REQUIRE(cache.ok());
+  *memory = KvPoolMemory{};  // the cache alone keeps every rank's pool alive
+
+  SECTION("logits equal the unsharded pass; each rank's pool is its own") {
+    auto logits = RunScript(script, vocab, [&](std::span<const SequenceInput> b) {
+      auto out = backend->Forward(b, **cache);
+      REQUIRE(out.ok());
+      return *out;
+    });
+    for (size_t i = 0; i < logits.size(); ++i) CHECK(RelErr(logits[i], plain.logits[i]) < 1e-5f);
+    auto ranks = tp->RankCaches(**cache);
+    REQUIRE(ranks.ok());
+    REQUIRE(ranks->size() == 2);
+    CHECK((*ranks)[0] == cache->get());
+    CHECK((*ranks)[1]->data() != (*cache)->data());
+    CheckPoolsMatch(*plain.cache, script.Blocks(), *ranks, script.Blocks(), 2, kKvTolerance);
+  }
+  SECTION("greedy rows come from rank 0, as the logits' argmax") {
+    std::vector<uint8_t> wanted{1, 1};
+    std::vector<int32_t> ids{-1, -1};
+    GreedyRows greedy{wanted, ids};
+    std::vector<SequenceInput> batch{{script.prompt_a, 0, script.table_a},
+                                     {script.prompt_b, 0, script.table_b}};
+    auto out = backend->Forward(batch, **cache, LogitsMode::kLastToken, nullptr, &greedy);
+    REQUIRE(out.ok());
+    CHECK(ids[0] == Argmax(std::span<const float>(plain.logits[0]).subspan(0, vocab)));
+    CHECK(ids[1] == Argmax(std::span<const float>(plain.logits[0]).subspan(vocab, vocab)));
+  }
+  SECTION("before_layer runs once per layer on the caller, before any rank's layer") {
+    std::vector<int> seen;
+    const std::thread::id caller = std::this_thread::get_id();
+    bool on_caller = true;
+    ForwardHooks hooks;
+    hooks.before_layer = [&](int layer) {
+      seen.push_back(layer);
+      on_caller = on_caller && std::this_thread::get_id() == caller;
+      // A slow layer (a KV layer still arriving): the other rank must wait, not run ahead.
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    };
+    std::vector<SequenceInput> batch{{script.prompt_a, 0, script.table_a},
+                                     {script.prompt_b, 0, script.table_b}};
+    auto out = backend->Forward(batch, **cache, LogitsMode::kLastToken, &hooks);
+    REQUIRE(out.ok());
+    CHECK(seen == std::vector<int>{0, 1});
+    CHECK(on_caller);
+    CHECK(RelErr(*out, plain.logits[0]) < 1e-5f);
+  }
+  SECTION("a pool it did not allocate is refused; a refused batch does not break it") {
+    auto foreign = KvCache::Create(layout, Script::kPoolBlocks);
+    REQUIRE(foreign.ok());
+    std::vector<int32_t> tokens{1, 2, 3};
+    std::vector<int32_t> table{0};
+    SequenceInput seq{tokens, 0, table};
+    CHECK(backend->Forward({&seq, 1}, **foreign).status().message() ==
+          "tensor-parallel forward: the KV pool was not made by this backend's AllocateKvPool "
+          "(each rank keeps its own pool)");
+    std::vector<int32_t> bad{1, 100000};
+    SequenceInput bad_seq{bad, 0, table};
+    CHECK(backend->Forward({&bad_seq, 1}, **cache).status().code() ==
+          StatusCode::kInvalidArgument);
+    CHECK_FALSE(tp->broken());
+    CHECK(backend->Forward({&seq, 1}, **cache).ok());
+  }
+  SECTION("a rank left waiting at the gate breaks the backend for good") {
+    auto slow = CreateTpCpuForward(*model, 2, ForwardOptions{}, std::chrono::milliseconds(30));
+    REQUIRE(slow.ok());
+    auto slow_memory = (*slow)->AllocateKvPool(KvPoolBytes(layout, Script::kPoolBlocks));
+    REQUIRE(slow_memory.ok());
+    auto slow_cache = KvCache::Create(layout, Script::kPoolBlocks, *slow_memory);
+    REQUIRE(slow_cache.ok());
+    ForwardHooks hooks;
+    hooks.before_layer = [](int) { std::this_thread::sleep_for(std::chrono::milliseconds(100)); };
+    std::vector<int32_t> tokens{1, 2, 3};
+    std::vector<int32_t> table{0};
+    SequenceInput seq{tokens, 0, table};
+    auto out = (*slow)->Forward({&seq, 1}, **slow_cache, LogitsMode::kLastToken, &hooks);
+    CHECK(out.status().code() == StatusCode::kDeadlineExceeded);
+    CHECK(out.status().message().find("waited 30 ms for rank 0 to release layer 0") !=
+          std::string::npos);
+    CHECK((*slow)->broken());
+    CHECK((*slow)->Forward({&seq, 1}, **slow_cache).status().code() ==
+          StatusCode::kFailedPrecondition);
+  }
+}
+
+TEST_CASE("the CPU backend serves tensor_parallel 1 only", "[tensor_parallel]") {
+  auto model = RandomModel(Shape(4, 2, 32, 384));
+  ForwardOptions options;
+  options.tensor_parallel = 2;
+  auto made = CreateForwardBackend(*model, options, "cpu");
+  REQUIRE_FALSE(made.ok());
+  CHECK(made.status().message().starts_with("tensor_parallel 2 on device cpu"));
+}
+
+}  // namespace
 }  // namespace tandem

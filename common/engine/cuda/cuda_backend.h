@@ -13,15 +13,20 @@
 
 namespace tandem::cuda {
 
-// A CudaForward (common/engine/cuda/cuda_forward.h) on device 0 of the process.
+// A CudaForward (common/engine/cuda/cuda_forward.h) on device 0 of the process; with
+// options.tensor_parallel t > 1 a TpForward (common/engine/tp_forward.h) of t CudaForward ranks
+// on devices 0..t-1, their partial sums reduced by NCCL (NcclClique). InvalidArgument when
+// fewer than t devices are visible or the model's shape does not split t ways.
 StatusOr<std::unique_ptr<ForwardBackend>> CreateCudaBackend(const Model& model,
                                                             const ForwardOptions& options);
 
-// A zeroed KV pool of `bytes` in the memory of device 0 (kind kCudaDevice; cudaMalloc, so that
-// CUDA IPC can export it). Unavailable (no device), ResourceExhausted (out of memory).
-StatusOr<KvPoolMemory> AllocateCudaKvPool(size_t bytes);
+// A zeroed KV pool of `bytes` in the memory of CUDA device `device` (kind kCudaDevice;
+// cudaMalloc, so that CUDA IPC can export it). Unavailable (no device), ResourceExhausted (out of
+// memory).
+StatusOr<KvPoolMemory> AllocateCudaKvPool(size_t bytes, int device = 0);
 
-// Total memory of device 0 in bytes; Unavailable when no device is visible.
+// Total memory of device 0 in bytes (a tensor-parallel instance's GPUs are alike); Unavailable
+// when no device is visible.
 StatusOr<uint64_t> CudaDeviceMemoryBytes();
 
 // One line on the devices this process sees, for `tandem --version`: "2 devices: NVIDIA H100

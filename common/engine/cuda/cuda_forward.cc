@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include "common/engine/tensor_parallel.h"
+#include "common/engine/tp_forward.h"
 #include "common/model/weight_matrix.h"
 
 namespace tandem::cuda {
@@ -44,27 +46,37 @@ void HostMatrixAs(const WeightMatrix& w, DType dtype, void* out) {
 
 }  // namespace
 
-CudaForward::CudaForward(const Model& model, const ForwardOptions& options)
-    : model_(model), options_(options) {}
+CudaForward::CudaForward(const Model& model, const ForwardOptions& options, const CudaRank& where)
+    : model_(model), options_(options), where_(where) {}
 
 CudaForward::~CudaForward() {
-  // Work queued on the stream may still read the buffers below.
+  // Work queued on the stream may still read the buffers below (a collective that never ends
+  // was aborted by the clique's owner before this runs).
   if (stream_.get() != nullptr) (void)stream_.Synchronize();
 }
 
+Status CudaForward::SyncStream() const {
+  if (where_.sync_timeout.count() > 0) return stream_.SynchronizeWithin(where_.sync_timeout);
+  return stream_.Synchronize();
+}
+
 StatusOr<std::unique_ptr<CudaForward>> CudaForward::Create(const Model& model,
-                                                           const ForwardOptions& options) {
+                                                           const ForwardOptions& options,
+                                                           const CudaRank& where) {
   const ModelConfig& c = model.config();
   if (options.max_batch_tokens < 1 || options.max_batch_sequences < 1)
     return InvalidArgument("forward: max_batch_tokens and max_batch_sequences must be positive");
   if (c.head_dim > 256 || c.head_dim % 2 != 0)
     return InvalidArgument("forward (cuda): head_dim " + std::to_string(c.head_dim) +
                            " must be even and at most 256");
-  TANDEM_RETURN_IF_ERROR(DeviceCount().status());
-  TANDEM_RETURN_IF_ERROR(SetDevice(0));
-  auto f = std::unique_ptr<CudaForward>(new CudaForward(model, options));
+  TANDEM_ASSIGN_OR_RETURN(int visible, DeviceCount());
+  if (where.device < 0 || where.device >= visible)
+    return InvalidArgument("forward (cuda): device " + std::to_string(where.device) + " of " +
+                           std::to_string(visible) + " visible");
+  TANDEM_RETURN_IF_ERROR(SetDevice(where.device));
+  auto f = std::unique_ptr<CudaForward>(new CudaForward(model, options, where));
   TANDEM_ASSIGN_OR_RETURN(std::string name, DeviceName());
-  f->description_ = "cuda:0 (" + name + ")";
+  f->description_ = "cuda:" + std::to_string(where.device) + " (" + name + ")";
   f->wdtype_ = DeviceDType(model.dtype());
   TANDEM_ASSIGN_OR_RETURN(f->stream_, CudaStream::Create());
   TANDEM_ASSIGN_OR_RETURN(f->cublas_, CublasHandle::Create());
@@ -74,7 +86,8 @@ StatusOr<std::unique_ptr<CudaForward>> CudaForward::Create(const Model& model,
       f->cublas_.SetWorkspace(f->cublas_workspace_.data(), f->cublas_workspace_.size()));
   TANDEM_RETURN_IF_ERROR(f->UploadWeights());
   TANDEM_RETURN_IF_ERROR(f->AllocateWorkspaces());
-  if (options.cuda_graphs) f->graph_sizes_ = DecodeGraphSizes(options.max_batch_sequences);
+  if (options.cuda_graphs && where.clique == nullptr)
+    f->graph_sizes_ = DecodeGraphSizes(options.max_batch_sequences);
   f->graphs_.resize(f->graph_sizes_.size());
   TANDEM_RETURN_IF_ERROR(f->stream_.Synchronize());
   return f;
@@ -229,12 +242,12 @@ KvLayout CudaForward::MakeKvLayout(int block_size) const {
 }
 
 StatusOr<KvPoolMemory> CudaForward::AllocateKvPool(size_t bytes) {
-  return AllocateCudaKvPool(bytes);
+  return AllocateCudaKvPool(bytes, where_.device);
 }
 
-StatusOr<KvPoolMemory> AllocateCudaKvPool(size_t bytes) {
+StatusOr<KvPoolMemory> AllocateCudaKvPool(size_t bytes, int device) {
   TANDEM_RETURN_IF_ERROR(DeviceCount().status());
-  TANDEM_RETURN_IF_ERROR(SetDevice(0));
+  TANDEM_RETURN_IF_ERROR(SetDevice(device));
   TANDEM_ASSIGN_OR_RETURN(DeviceBuffer buffer, DeviceBuffer::Allocate(bytes));
   TANDEM_RETURN_IF_ERROR(buffer.Zero());
   TANDEM_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
@@ -339,13 +352,13 @@ Status CudaForward::EnqueuePass(KvCache& cache, LogitsMode mode, const ForwardHo
       TANDEM_RETURN_IF_ERROR(PagedAttentionPrefill(attn, positions, Input<int32_t>(slots_.tiles),
                                                    batch_.num_tiles(), stream));
     }
+    TANDEM_ASSIGN_OR_RETURN(in, ToWeightDType(attn_.as<float>(), int64_t{T} * q_dim));
+    TANDEM_RETURN_IF_ERROR(AddProjection(in, w.o, q_dim, T));
+    if (w.o_bias != nullptr) TANDEM_RETURN_IF_ERROR(AddRowBias(x, w.o_bias, T, h, stream));
     if (hooks != nullptr && hooks->after_layer) {
-      TANDEM_RETURN_IF_ERROR(stream_.Synchronize());  // the layer's K/V are in the pool now
+      TANDEM_RETURN_IF_ERROR(SyncStream());  // the layer's K/V (every rank's) are in the pool
       hooks->after_layer(layer);
     }
-    TANDEM_ASSIGN_OR_RETURN(in, ToWeightDType(attn_.as<float>(), int64_t{T} * q_dim));
-    TANDEM_RETURN_IF_ERROR(Gemm(cublas_, wdtype_, in, w.o, DType::kF32, x, T, h, q_dim, 1.0f));
-    if (w.o_bias != nullptr) TANDEM_RETURN_IF_ERROR(AddRowBias(x, w.o_bias, T, h, stream));
     // MLP block: down(silu(gate(x)) * up(x)), added into the residual.
     TANDEM_RETURN_IF_ERROR(RmsNorm(DType::kF32, x, w.post_norm, xn, T, h, eps, stream));
     TANDEM_ASSIGN_OR_RETURN(in, ToWeightDType(xn, int64_t{T} * h));
@@ -354,8 +367,9 @@ Status CudaForward::EnqueuePass(KvCache& cache, LogitsMode mode, const ForwardHo
     TANDEM_RETURN_IF_ERROR(SiluAndMul(DType::kF32, mlp_.as<float>(), mlp_.as<float>() + inter,
                                       act_.data(), T, inter, 2 * inter, stream));
     TANDEM_ASSIGN_OR_RETURN(in, ToWeightDType(act_.as<float>(), int64_t{T} * inter));
-    TANDEM_RETURN_IF_ERROR(Gemm(cublas_, wdtype_, in, w.down, DType::kF32, x, T, h, inter, 1.0f));
+    TANDEM_RETURN_IF_ERROR(AddProjection(in, w.down, inter, T));
   }
+  if (!where_.returns_logits) return Status::Ok();
 
   // Final norm and LM head on the rows that need logits.
   const float* normed = xn;
@@ -377,6 +391,21 @@ Status CudaForward::EnqueuePass(KvCache& cache, LogitsMode mode, const ForwardHo
   if (mode != LogitsMode::kLastToken) return Status::Ok();
   // Greedy rows need only this (GreedyRows); S ids, cheap next to the LM head.
   return ArgmaxRows(logits_.as<float>(), rows, c.vocab_size, argmax_.as<int32_t>(), stream);
+}
+
+Status CudaForward::AddProjection(const void* in, const void* w, int32_t k, int32_t tokens) {
+  const int32_t h = model_.config().hidden_size;
+  float* x = x_.as<float>();
+  if (where_.clique == nullptr)  // one GEMM that adds into the residual
+    return Gemm(cublas_, wdtype_, in, w, DType::kF32, x, tokens, h, k, 1.0f);
+  // This rank's partial sum into xn_ (free here: its reader, the GEMM before, is queued
+  // ahead), summed over the ranks, then added.
+  float* partial = xn_.as<float>();
+  const int64_t n = int64_t{tokens} * h;
+  TANDEM_RETURN_IF_ERROR(Gemm(cublas_, wdtype_, in, w, DType::kF32, partial, tokens, h, k));
+  TANDEM_RETURN_IF_ERROR(
+      where_.clique->AllReduceSum(where_.rank, partial, static_cast<size_t>(n), stream_.get()));
+  return Add(DType::kF32, x, partial, x, n, stream_.get());
 }
 
 Status CudaForward::RunGraph(int32_t graph_size, KvCache& cache) {
@@ -418,7 +447,7 @@ StatusOr<std::span<const float>> CudaForward::Forward(std::span<const SequenceIn
   if (hooks != nullptr && hooks->all_reduce)
     return InvalidArgument("forward (cuda): all_reduce hooks reduce host buffers (the CPU "
                            "backend's tensor parallelism); the CUDA backend has none");
-  TANDEM_RETURN_IF_ERROR(SetDevice(0));
+  TANDEM_RETURN_IF_ERROR(SetDevice(where_.device));
   const ModelConfig& c = model_.config();
   const int32_t block_size = cache.layout().block_size;
   const bool no_hooks = hooks == nullptr || (!hooks->before_layer && !hooks->after_layer);
@@ -444,7 +473,7 @@ StatusOr<std::span<const float>> CudaForward::Forward(std::span<const SequenceIn
   } else {
     BuildDeviceBatch(batch, block_size, 0, 0, kPrefillTileTokens, &batch_);
     if (mode == LogitsMode::kAllTokens) rows = batch_.num_tokens;
-    if (static_cast<size_t>(rows) > logits_rows_capacity_) {  // kAllTokens, once
+    if (where_.returns_logits && static_cast<size_t>(rows) > logits_rows_capacity_) {
       TANDEM_RETURN_IF_ERROR(stream_.Synchronize());
       TANDEM_ASSIGN_OR_RETURN(logits_, DeviceBuffer::Allocate(size_t(rows) * c.vocab_size * 4));
       TANDEM_ASSIGN_OR_RETURN(logits_host_,
@@ -456,6 +485,10 @@ StatusOr<std::span<const float>> CudaForward::Forward(std::span<const SequenceIn
     TANDEM_RETURN_IF_ERROR(
         EnqueuePass(cache, mode, hooks, DecodePartitions(batch_.max_context)));
   }
+  if (!where_.returns_logits) {
+    TANDEM_RETURN_IF_ERROR(SyncStream());
+    return std::span<const float>();
+  }
   if (greedy != nullptr)
     TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(argmax_host_.data(), argmax_.data(),
                                                 batch.size() * sizeof(int32_t),
@@ -465,7 +498,7 @@ StatusOr<std::span<const float>> CudaForward::Forward(std::span<const SequenceIn
   if (bytes > 0)
     TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(logits_host_.data(), logits_.data(), bytes,
                                                 cudaMemcpyDeviceToHost, stream_.get()));
-  TANDEM_RETURN_IF_ERROR(stream_.Synchronize());
+  TANDEM_RETURN_IF_ERROR(SyncStream());
   if (greedy != nullptr)
     for (size_t i = 0; i < batch.size(); ++i)
       if (greedy->wanted[i]) greedy->argmax[i] = argmax_host_.as<int32_t>()[i];
@@ -474,8 +507,41 @@ StatusOr<std::span<const float>> CudaForward::Forward(std::span<const SequenceIn
 
 StatusOr<std::unique_ptr<ForwardBackend>> CreateCudaBackend(const Model& model,
                                                             const ForwardOptions& options) {
-  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<CudaForward> gpu, CudaForward::Create(model, options));
-  return std::unique_ptr<ForwardBackend>(std::move(gpu));
+  if (options.tensor_parallel <= 1) {
+    TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<CudaForward> gpu, CudaForward::Create(model, options));
+    return std::unique_ptr<ForwardBackend>(std::move(gpu));
+  }
+  const int t = options.tensor_parallel;
+  TANDEM_ASSIGN_OR_RETURN(TpPlan plan, MakeTpPlan(model.config(), t));
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<NcclClique> made, NcclClique::Create(t));
+  std::shared_ptr<NcclClique> clique = std::move(made);
+  std::vector<TpForward::Rank> ranks;
+  for (int r = 0; r < t; ++r) {
+    TpForward::Rank rank;
+    TANDEM_ASSIGN_OR_RETURN(rank.shard, ShardModel(model, plan, r));
+    CudaRank where;
+    where.device = r;
+    where.clique = clique.get();
+    where.rank = r;
+    where.returns_logits = r == 0;  // the LM head is replicated: rank 0's logits are the pass's
+    where.sync_timeout = options.collective_timeout;
+    TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<CudaForward> forward,
+                            CudaForward::Create(*rank.shard, options, where));
+    rank.forward = std::move(forward);
+    ranks.push_back(std::move(rank));
+  }
+  TANDEM_RETURN_IF_ERROR(SetDevice(0));
+  TANDEM_ASSIGN_OR_RETURN(std::string name, DeviceName());
+  TpCollective collective;
+  collective.abort = [c = clique.get()] { c->Abort(); };
+  collective.keep_alive = clique;
+  TANDEM_ASSIGN_OR_RETURN(
+      std::unique_ptr<TpForward> tp,
+      TpForward::Create(model, std::move(plan), std::move(ranks), std::move(collective),
+                        options.collective_timeout,
+                        "cuda:0-" + std::to_string(t - 1) + " tensor_parallel " +
+                            std::to_string(t) + " (" + name + ")"));
+  return std::unique_ptr<ForwardBackend>(std::move(tp));
 }
 
 StatusOr<uint64_t> CudaDeviceMemoryBytes() {

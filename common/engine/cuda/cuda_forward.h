@@ -26,15 +26,22 @@
 //   device argmax above for greedy rows. Non-greedy rows remain the known bottleneck (next:
 //   top-k/top-p on the device).
 //
+// Tensor parallelism (CudaRank::clique, set by TpCudaForward): the model is one rank's shard
+// (common/engine/tensor_parallel.h); o_proj and down_proj write their partial sums into a
+// scratch buffer, NCCL sums it over the ranks in place on this pass's stream, and it is added to
+// the residual (o_bias after). Such a pass is never captured as a graph (NCCL's collectives
+// could be; not done yet), and its stream waits are bounded by CudaRank::sync_timeout.
+//
 // The hooks run on the host: before_layer(l) before layer l's work is queued (so a KV layer
-// landed by then is read); after_layer(l) after the stream finished layer l's attention (one
-// synchronisation per layer, only when after_layer is set). all_reduce is the CPU backend's
-// tensor parallelism over host buffers: the CUDA backend refuses it (tensor parallelism on GPUs
-// is NCCL's, not built yet).
+// landed by then is read); after_layer(l) after the stream finished layer l's attention and
+// o_proj (one synchronisation per layer, only when after_layer is set; with a clique, every
+// rank's K/V of the layer are written by then: the o_proj sum waited for all of them).
+// all_reduce is the CPU backend's tensor parallelism over host buffers: refused here.
 //
 // Threads: one engine thread calls Forward; it makes the device current for itself each call.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <span>
 #include <string>
@@ -43,18 +50,29 @@
 #include "common/base/status.h"
 #include "common/engine/cuda/cuda_util.h"
 #include "common/engine/cuda/kernels.h"
+#include "common/engine/cuda/nccl_clique.h"
 #include "common/engine/device_batch.h"
 #include "common/engine/forward_backend.h"
 
 namespace tandem::cuda {
 
+// Where a CudaForward computes, and its place in a tensor-parallel instance.
+struct CudaRank {
+  int device = 0;                // CUDA ordinal, of what CUDA_VISIBLE_DEVICES shows
+  NcclClique* clique = nullptr;  // set: rank `rank` of this clique (not owned; outlives the pass)
+  int rank = 0;
+  bool returns_logits = true;    // false: no final norm, LM head or argmax (Forward: empty span)
+  std::chrono::milliseconds sync_timeout{0};  // > 0: bounds each wait for the stream
+};
+
 class CudaForward final : public ForwardBackend {
  public:
-  // Unavailable when no CUDA device is visible; ResourceExhausted when the weights and
-  // workspaces do not fit; InvalidArgument for options or a model shape out of range
-  // (head_dim > 256, odd head_dim).
+  // Unavailable when no CUDA device is visible; InvalidArgument when `where.device` is not one
+  // or for options or a model shape out of range (head_dim > 256, odd head_dim);
+  // ResourceExhausted when the weights and workspaces do not fit.
   static StatusOr<std::unique_ptr<CudaForward>> Create(const Model& model,
-                                                       const ForwardOptions& options);
+                                                       const ForwardOptions& options,
+                                                       const CudaRank& where = {});
   ~CudaForward() override;
 
   KvLayout MakeKvLayout(int block_size = kDefaultBlockSize) const override;
@@ -96,7 +114,9 @@ class CudaForward final : public ForwardBackend {
     CudaGraph exec;
   };
 
-  CudaForward(const Model& model, const ForwardOptions& options);
+  CudaForward(const Model& model, const ForwardOptions& options, const CudaRank& where);
+  // Waits for the stream: bounded by where_.sync_timeout when set.
+  Status SyncStream() const;
   Status UploadWeights();
   Status AllocateWorkspaces();
   // Copies batch_'s arrays into inputs_ (through the page-locked mirror) on stream_.
@@ -110,6 +130,9 @@ class CudaForward final : public ForwardBackend {
   // Rounds n fp32 values to the weights' dtype in lowp_ (or returns src when they are fp32).
   StatusOr<const void*> ToWeightDType(const float* src, int64_t n);
   Status RunGraph(int32_t graph_size, KvCache& cache);
+  // x_ += in[tokens, k] w^T (o_proj, down_proj): one GEMM, or with a clique this rank's partial
+  // sum, all-reduced, then added.
+  Status AddProjection(const void* in, const void* w, int32_t k, int32_t tokens);
 
   template <typename T>
   T* Input(size_t offset) const {
@@ -118,6 +141,7 @@ class CudaForward final : public ForwardBackend {
 
   const Model& model_;
   ForwardOptions options_;
+  CudaRank where_;
   std::string description_;
   DType wdtype_ = DType::kBF16;
   int32_t max_blocks_per_seq_ = 0;  // block table rows of graph passes: max_model_len

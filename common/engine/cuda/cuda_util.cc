@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <thread>
 #include <utility>
 
 namespace tandem::cuda {
@@ -183,6 +184,20 @@ CudaStream::~CudaStream() {
 Status CudaStream::Synchronize() const {
   TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   return Status::Ok();
+}
+
+Status CudaStream::SynchronizeWithin(std::chrono::milliseconds timeout) const {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    const cudaError_t state = cudaStreamQuery(stream_);
+    if (state == cudaSuccess) return Status::Ok();
+    if (state != cudaErrorNotReady)
+      TANDEM_CUDA_RETURN_IF_ERROR(state);
+    if (std::chrono::steady_clock::now() >= deadline)
+      return DeadlineExceeded("the GPU stream did not finish within " +
+                              std::to_string(timeout.count()) + " ms");
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
 }
 
 // ---- DeviceBuffer --------------------------------------------------------------------------

@@ -10,6 +10,7 @@
 // Threads: an owner may move between threads; a stream or handle is used by one at a time.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -88,6 +89,9 @@ class CudaStream {
   cudaStream_t get() const { return stream_; }
   // Waits for everything queued so far; reports an error raised by earlier async work.
   Status Synchronize() const;
+  // The same, giving up after `timeout` with DeadlineExceeded (the work stays queued): for a
+  // stream whose work waits on other devices (a collective), polled every 20 us.
+  Status SynchronizeWithin(std::chrono::milliseconds timeout) const;
 
  private:
   explicit CudaStream(cudaStream_t stream) : stream_(stream) {}

@@ -1,0 +1,51 @@
+// The NCCL communicators of one tensor-parallel instance: `degree` ranks in one process, rank r
+// on CUDA device r (of what CUDA_VISIBLE_DEVICES shows), made together by ncclCommInitAll. The
+// CUDA backend's TpCudaForward sums its ranks' partial projections through it (the GPU
+// counterpart of CpuAllReduce, common/engine/cpu_all_reduce.h).
+//
+// Errors: AllReduceSum only queues the collective on the caller's stream; a rank that never
+// joins leaves the others' streams waiting on the device. The owner bounds its stream waits
+// (CudaStream::SynchronizeWithin) and calls Abort when a rank failed or a wait ran out: the
+// waiting kernels then end, and the clique is broken for good (AllReduceSum: FailedPrecondition).
+//
+// Threads: rank r's AllReduceSum is called by one thread at a time (rank r's); Abort by any
+// thread, any time. Plain C++ declarations: no NCCL or CUDA headers here.
+#pragma once
+
+#include <memory>
+#include <shared_mutex>
+#include <vector>
+
+#include "common/base/status.h"
+#include "common/engine/cuda/cuda_util.h"
+
+typedef struct ncclComm* ncclComm_t;
+
+namespace tandem::cuda {
+
+class NcclClique {
+ public:
+  // Communicators over devices 0..degree-1. InvalidArgument when fewer devices are visible;
+  // Internal when NCCL fails (its message).
+  static StatusOr<std::unique_ptr<NcclClique>> Create(int degree);
+  ~NcclClique();
+  NcclClique(const NcclClique&) = delete;
+  NcclClique& operator=(const NcclClique&) = delete;
+
+  int degree() const { return static_cast<int>(comms_.size()); }
+  // Queues, on `stream` (rank `rank`'s device), the sum over ranks of `count` fp32 values at
+  // `data`, in place. FailedPrecondition once broken; Internal when NCCL refuses.
+  Status AllReduceSum(int rank, float* data, size_t count, cudaStream_t stream);
+  // Aborts every communicator (the waiting collectives end); later calls fail. Idempotent.
+  void Abort();
+  bool broken() const;
+
+ private:
+  NcclClique() = default;
+
+  mutable std::shared_mutex mu_;   // AllReduceSum shares it, Abort takes it alone
+  std::vector<ncclComm_t> comms_;  // [degree]; guarded by mu_ once made
+  bool broken_ = false;            // guarded by mu_
+};
+
+}  // namespace tandem::cuda
