@@ -91,6 +91,7 @@ StatusOr<std::unique_ptr<BatchEngine>> BatchEngine::Create(const Model& model,
                             : options.token_budget;
   fo.max_batch_sequences = options.max_batch_size;
   fo.max_model_len = options.max_model_len;
+  fo.tensor_parallel = options.tensor_parallel;
   TANDEM_ASSIGN_OR_RETURN(engine->forward_, CreateForwardBackend(model, fo, options.device));
   const KvLayout layout = engine->forward_->MakeKvLayout(options.block_size);
   KvPoolMemory memory = options.kv_memory;

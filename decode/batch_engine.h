@@ -72,7 +72,8 @@ class EngineSink {
 struct BatchEngineOptions {
   std::string device = "cpu";  // S.device: the forward backend (common/engine/forward_backend.h)
   int threads = 1;
-  int kv_blocks = 0;  // resolved (> 0)
+  int tensor_parallel = 1;  // S.tensor_parallel: GPUs of the instance (cuda; ForwardOptions)
+  int kv_blocks = 0;  // resolved (> 0), per rank with tensor_parallel
   int block_size = 16;
   int max_batch_size = 64;
   int token_budget = 2048;

@@ -7,6 +7,7 @@
 
 #include "common/base/log.h"
 #include "common/base/metrics.h"
+#include "common/engine/tensor_parallel.h"
 #include "common/model/model.h"
 #include "common/model/model_store.h"
 #include "common/serving/instance_host.h"
@@ -219,6 +220,7 @@ Status BatchDriver::InitTransferAndEngine(const RoleArgs& args,
   BatchEngineOptions eo;
   eo.device = section.device;
   eo.threads = section.threads;
+  eo.tensor_parallel = section.tensor_parallel;
   eo.block_size = config.kv_cache.block_size;
   eo.prefix_caching = config.kv_cache.prefix_caching;
   eo.max_batch_size = section.max_batch_size;
@@ -226,12 +228,19 @@ Status BatchDriver::InitTransferAndEngine(const RoleArgs& args,
   if (colocated()) eo.policy = StepPolicyFromConfig(section.scheduling);
   eo.max_model_len = config.model.max_model_len;
   const ModelConfig& mc = model_->config();
-  TANDEM_ASSIGN_OR_RETURN(uint64_t kv_budget,
-                          KvMemoryBudgetBytes(section.device, model_->total_bytes()));
+  // With tensor_parallel each GPU holds a rank's weights and a rank's pool (its KV heads):
+  // the pool is sized per rank, against one GPU's memory.
+  StatusOr<TpPlan> plan = MakeTpPlan(mc, section.tensor_parallel);
+  if (!plan.ok())  // "colocated.tensor_parallel 3 does not divide num_attention_heads 9"
+    return InvalidArgument((colocated() ? "colocated." : "decode.") + plan.status().message());
+  TANDEM_ASSIGN_OR_RETURN(
+      uint64_t kv_budget,
+      KvMemoryBudgetBytes(section.device, TpRankWeightBytes(*model_, plan->degree)));
   TANDEM_ASSIGN_OR_RETURN(
       eo.kv_blocks,
       KvPoolBlocks(config, section,
-                   KvLayout{mc.num_layers, mc.num_kv_heads, mc.head_dim, eo.block_size},
+                   KvLayout{mc.num_layers, plan->ranks[0].kv_heads.size(), mc.head_dim,
+                            eo.block_size},
                    kv_budget));
   eo.metrics = setup_.metrics.get();
   // A request joins the batch only once every layer was announced: the pull ends within the

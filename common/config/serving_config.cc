@@ -4,11 +4,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 
-#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -52,11 +52,17 @@ void CheckInstance(ServingErrors* errors, const ClusterConfig& config, const std
   if (!s.cuda_devices.empty() && s.device != "cuda")
     errors->Add(name + ".cuda_devices",
                 "has no effect on " + s.device + " instances: it picks the GPUs of device cuda");
-  if (s.tensor_parallel > 1)
+  if (s.tensor_parallel > 1 && s.device != "cuda")
     errors->Add(name + ".tensor_parallel",
-                std::to_string(s.tensor_parallel) + " cannot be served: a CPU instance is one "
-                "process (use " + name + ".threads); tensor parallelism is for tandem simulate "
-                "and tandem plan");
+                std::to_string(s.tensor_parallel) + " cannot be served on " + s.device +
+                ": a CPU instance is one process (use " + name + ".threads); tensor "
+                "parallelism splits a model over the GPUs of a cuda instance");
+  else if (s.tensor_parallel > 1 && name != "colocated" && s.instances > 0)
+    errors->Add(name + ".tensor_parallel",
+                std::to_string(s.tensor_parallel) + " cannot be served on " + name +
+                " instances yet: their KV would be one pool per GPU, and the KV transfer "
+                "(cuda_ipc) moves one pool; use tensor_parallel on colocated instances, or 1 "
+                "here");
   if (s.pipeline_parallel > 1)
     errors->Add(name + ".pipeline_parallel",
                 std::to_string(s.pipeline_parallel) + " cannot be served: a CPU instance is one "
@@ -143,7 +149,14 @@ std::string ChatTemplateSetting(const ClusterConfig& config) {
 
 std::string CudaVisibleDevicesFor(const InstanceSection& section, int index) {
   if (section.device != "cuda" || section.cuda_devices.empty() || index < 0) return "";
-  return section.cuda_devices[static_cast<size_t>(index) % section.cuda_devices.size()];
+  const size_t t = static_cast<size_t>(std::max(section.tensor_parallel, 1));
+  const size_t n = section.cuda_devices.size();
+  std::string out;
+  for (size_t k = 0; k < t; ++k) {  // entries index*t .. index*t+t-1, wrapping
+    if (k > 0) out += ",";
+    out += section.cuda_devices[(static_cast<size_t>(index) * t + k) % n];
+  }
+  return out;
 }
 
 bool IsMultiHost(const ClusterConfig& config) {

@@ -6,7 +6,9 @@
 // does, each with the place it was set and the field ("cluster.yaml:7:11: decode.device: ..."):
 //   - S.device cuda on a build without CUDA, and on prefill or decode instances unless
 //     transfer.backend is cuda_ipc (their KV is in GPU memory: only cuda_ipc moves it);
-//   - S.tensor_parallel or S.pipeline_parallel > 1 (a CPU instance is one process; use S.threads);
+//   - S.tensor_parallel > 1 on cpu (a CPU instance is one process; use S.threads), and on
+//     prefill or decode instances (their KV would be a pool per GPU, which cuda_ipc does not
+//     move yet); S.pipeline_parallel > 1;
 //   - S.cuda_devices on an instance that is not on cuda (it would pick nothing), and S.threads
 //     above 1 on one that is (one host thread drives the GPU);
 //   - S.preemption swap (decode preempts by recompute only);
@@ -50,7 +52,9 @@ StatusOr<std::string> LoadClusterSecret(const ClusterConfig& config);
 inline constexpr const char* kAdvertiseHostEnv = "TANDEM_ADVERTISE_HOST";
 
 // The CUDA_VISIBLE_DEVICES of instance `index` of `section`: its S.cuda_devices entry (index
-// modulo the list), or "" to inherit the launcher's (device cpu, or no list).
+// modulo the list), or with S.tensor_parallel t > 1 its t entries, index*t .. index*t+t-1 (modulo
+// the list, comma-separated: its ranks' GPUs 0..t-1); "" to inherit the launcher's (device cpu,
+// or no list).
 std::string CudaVisibleDevicesFor(const InstanceSection& section, int index);
 
 // Whether the instances of this config run on other machines: some S.addresses entry is not a

@@ -215,4 +215,13 @@ StatusOr<std::unique_ptr<Model>> ShardModel(const Model& full, const TpPlan& pla
                             "tensor-parallel shard " + Str(rank) + " of " + Str(plan.degree));
 }
 
+size_t TpRankWeightBytes(const Model& full, int degree) {
+  TANDEM_CHECK(degree >= 1, "TpRankWeightBytes: degree must be at least 1");
+  const bool tied = full.lm_head().data == full.embed_tokens().data;
+  const size_t replicated = full.embed_tokens().bytes() + (tied ? 0 : full.lm_head().bytes());
+  const size_t total = full.total_bytes();
+  const size_t split = total > replicated ? total - replicated : 0;
+  return replicated + (split + degree - 1) / degree;
+}
+
 }  // namespace tandem

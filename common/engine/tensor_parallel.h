@@ -71,6 +71,11 @@ IndexRange TpRanksHoldingKvHead(int num_kv_heads, int degree, int head);
 // head_dim, hidden size, vocabulary and the rest unchanged.
 ModelConfig ShardConfig(const ModelConfig& full, const TpPlan& plan);
 
+// The weight bytes one rank of `degree` holds of `full` (ranks hold equal shares): the split
+// layers' share, 1/degree of them, plus the replicated embedding and LM head. What a GPU
+// instance's KV budget subtracts per device. degree >= 1.
+size_t TpRankWeightBytes(const Model& full, int degree);
+
 // Rank `rank`'s weights of `full` as a Model of ShardConfig, at full's storage dtype (elements
 // copied bit for bit). The shard owns its weights: `full` may go away after. InvalidArgument
 // when plan was not made for full's config or rank is outside [0, degree); ResourceExhausted

@@ -144,7 +144,8 @@ double TopTwoMargin(const float* row, int vocab) {
 // one prefill batch of every prompt, then `steps` batched decode steps. A step counts as
 // decided when the CPU's top-2 margin exceeds `noise` (summation order alone cannot flip it).
 Comparison GreedyBoth(const Model& cpu_model, const Model& gpu_model,
-                      const std::vector<std::vector<int32_t>>& prompts, int steps, double noise) {
+                      const std::vector<std::vector<int32_t>>& prompts, int steps, double noise,
+                      int gpu_tensor_parallel = 1) {
   const int vocab = cpu_model.config().vocab_size;
   const int max_len = 1024;
   ForwardOptions options;
@@ -152,7 +153,9 @@ Comparison GreedyBoth(const Model& cpu_model, const Model& gpu_model,
   options.max_model_len = max_len;
   Runner cpu(Must(CreateForwardBackend(cpu_model, options, "cpu"), "cpu backend"), prompts.size(),
              max_len);
-  Runner gpu(Must(CreateForwardBackend(gpu_model, options, "cuda"), "cuda backend"),
+  ForwardOptions gpu_options = options;
+  gpu_options.tensor_parallel = gpu_tensor_parallel;
+  Runner gpu(Must(CreateForwardBackend(gpu_model, gpu_options, "cuda"), "cuda backend"),
              prompts.size(), max_len);
   std::vector<std::vector<int32_t>> seq = prompts;
   Comparison cmp;
@@ -190,11 +193,11 @@ Comparison GreedyBoth(const Model& cpu_model, const Model& gpu_model,
 
 // fp32 (tokens_must_match): every decided step's token equal; bf16: reported.
 void CheckGreedy(const std::string& name, const Model& cpu_model, const Model& gpu_model,
-                 bool tokens_must_match) {
+                 bool tokens_must_match, int gpu_tensor_parallel = 1) {
   const int vocab = cpu_model.config().vocab_size;
   const std::vector<std::vector<int32_t>> prompts = {Prompt(5, 1, vocab), Prompt(40, 2, vocab),
                                                      Prompt(130, 3, vocab), Prompt(17, 4, vocab)};
-  const Comparison c = GreedyBoth(cpu_model, gpu_model, prompts, 24, 1e-3);
+  const Comparison c = GreedyBoth(cpu_model, gpu_model, prompts, 24, 1e-3, gpu_tensor_parallel);
   const std::string detail =
       Fmt("%.0f of %.0f greedy tokens equal", c.equal_tokens, c.steps) +
       Fmt(" (%.0f of %.0f with a top-2 margin > 1e-3)", c.decided_equal, c.decided) +
@@ -364,6 +367,14 @@ int Main(int argc, char** argv) {
                     " fp32",
                 *m, *m, true);
     if (family == ModelFamily::kLlama) CheckMixedAndGraph(*m);
+  }
+  // Tensor parallelism needs two GPUs (NCCL puts one rank on each).
+  if (*cuda::DeviceCount() >= 2) {
+    std::unique_ptr<Model> m = MakeRandom(root, "small", ModelFamily::kLlama, WeightDType::kF32);
+    CheckGreedy("greedy GPU tensor_parallel 2 (NCCL) vs CPU, random llama fp32", *m, *m, true, 2);
+  } else {
+    Row("greedy GPU tensor_parallel 2 (NCCL) vs CPU", true,
+        "skipped: 1 GPU visible (tensor parallelism puts each rank on its own GPU)", false);
   }
   std::unique_ptr<Model> bf16 = MakeRandom(root, "small", ModelFamily::kLlama, WeightDType::kBF16);
   CheckGreedy("greedy GPU vs CPU, random llama bf16", *bf16, *bf16, false);

@@ -45,7 +45,16 @@ TEST_CASE("serving config: GPU layouts load for simulation and are refused for s
                                       "cannot move: set transfer.backend: cuda_ipc"
                                     : "cluster.yaml:2:11: prefill.device: cuda cannot be served by "
                                       "this build: it has no CUDA backend"));
-  CHECK(Has(error, "cluster.yaml:3:20: prefill.tensor_parallel: 2 cannot be served"));
+  CHECK(Has(error, "cluster.yaml:3:20: prefill.tensor_parallel: 2 cannot be served on prefill "
+                   "instances yet: their KV would be one pool per GPU"));
+  CHECK(Has(ServingError("decode:\n  tensor_parallel: 2\n"),
+            "cluster.yaml:2:20: decode.tensor_parallel: 2 cannot be served on cpu: a CPU "
+            "instance is one process (use decode.threads)"));
+  // Colocated cuda instances split the model over their GPUs.
+  const std::string colocated_tp =
+      ServingError("prefill: {instances: 0}\ndecode: {instances: 0}\n"
+                   "colocated: {instances: 1, device: cuda, tensor_parallel: 2}\n");
+  if (BuiltWithCuda()) CHECK(colocated_tp.empty());
   CHECK(Has(error, "cluster.yaml:5:22: decode.pipeline_parallel: 4 cannot be served"));
   CHECK(Has(error, "cluster.yaml:6:15: decode.preemption: swap is not implemented"));
   // A flag is named as the flag.
@@ -102,6 +111,12 @@ TEST_CASE("serving config: S.cuda_devices picks each instance's GPU, on cuda onl
   CHECK(CudaVisibleDevicesFor(s, 0) == "2");
   CHECK(CudaVisibleDevicesFor(s, 1) == "MIG-abc");
   CHECK(CudaVisibleDevicesFor(s, 2) == "2");  // more instances than GPUs: they share
+  // tensor_parallel t: instance i takes entries i*t .. i*t+t-1, its ranks' GPUs 0..t-1.
+  s.cuda_devices = {"0", "1", "2", "3"};
+  s.tensor_parallel = 2;
+  CHECK(CudaVisibleDevicesFor(s, 0) == "0,1");
+  CHECK(CudaVisibleDevicesFor(s, 1) == "2,3");
+  CHECK(CudaVisibleDevicesFor(s, 2) == "0,1");
   s.device = "cpu";
   CHECK(CudaVisibleDevicesFor(s, 0).empty());
 }

@@ -729,3 +729,27 @@ TEST_CASE("the CPU backend serves tensor_parallel 1 only", "[tensor_parallel]") 
 
 }  // namespace
 }  // namespace tandem
+
+namespace tandem {
+namespace {
+
+TEST_CASE("TpRankWeightBytes is what a rank's shard holds", "[tensor_parallel]") {
+  test::TempDir dir;
+  for (ModelFamily family : {ModelFamily::kLlama, ModelFamily::kQwen2}) {  // untied, tied
+    auto model = TinyModel(dir, family);
+    CHECK(TpRankWeightBytes(*model, 1) == model->total_bytes());
+    auto plan = MakeTpPlan(model->config(), 2);
+    REQUIRE(plan.ok());
+    auto shard = ShardModel(*model, *plan, 0);
+    REQUIRE(shard.ok());
+    // The estimate splits the norms too (replicated in a shard): within their bytes.
+    const ModelConfig& c = model->config();
+    const double norms = (2.0 * c.num_layers + 1) * c.hidden_size * sizeof(float);
+    CHECK(std::abs(double(TpRankWeightBytes(*model, 2)) - double((*shard)->total_bytes())) <=
+          norms);
+    CHECK(TpRankWeightBytes(*model, 2) < model->total_bytes());
+  }
+}
+
+}  // namespace
+}  // namespace tandem
