@@ -114,12 +114,15 @@ class KvPuller {
   virtual size_t inflight_count() const = 0;
 };
 
-// One copy of a pull: `length` bytes from remote offset to local offset.
+// One copy of a pull: `length` bytes from remote offset to local offset. A tensor-parallel
+// instance has a pool per rank (kvtransfer/sharded_copies.h): the pools the offsets are in.
 struct CopyPiece {
   uint32_t layer = 0;
   uint64_t remote_offset = 0;
   uint64_t local_offset = 0;
   uint64_t length = 0;
+  uint32_t remote_pool = 0;
+  uint32_t local_pool = 0;
 };
 
 // Cuts each layer's remote and local ranges into pieces that are contiguous on both sides.

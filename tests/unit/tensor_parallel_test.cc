@@ -19,6 +19,7 @@
 #include "common/engine/kv_reshard.h"
 #include "common/engine/tp_forward.h"
 #include "common/model/make_model.h"
+#include "kvtransfer/sharded_copies.h"
 #include "tests/unit/test_util.h"
 
 namespace tandem {
@@ -588,6 +589,29 @@ TEST_CASE("re-sharded KV equals a forward's at the new degree and decodes on",
     }
     // Bit for bit the source heads; within rounding the pools a forward at `to` fills.
     const std::vector<int32_t> blocks = script.Blocks(), moved_blocks = moved.Blocks();
+    // The transport's way (kvtransfer/sharded_copies.h): the two sides' ranges in rank 0's
+    // pool, the pieces between pools; the same bytes land.
+    TpRun via(*model, to, 12);
+    LayerRanges remote(layout.num_layers), local(layout.num_layers);
+    for (int l = 0; l < layout.num_layers; ++l)
+      for (size_t k = 0; k < blocks.size(); ++k) {
+        auto offset = [l](const KvCache& c, int32_t b) {
+          return static_cast<uint64_t>(reinterpret_cast<const std::byte*>(c.BlockData(l, b)) -
+                                       c.data());
+        };
+        remote[l].push_back({offset(*source.pools[0], blocks[k]), source.pools[0]->block_bytes()});
+        local[l].push_back({offset(*via.pools[0], moved_blocks[k]), via.pools[0]->block_bytes()});
+      }
+    auto pieces = PlanShardedCopies(remote, KvPoolShape{layout, from, Script::kPoolBlocks}, local,
+                                    KvPoolShape{layout, to, 12});
+    REQUIRE(pieces.ok());
+    for (const CopyPiece& p : *pieces)
+      std::memcpy(via.pools[p.local_pool]->data() + p.local_offset,
+                  source.pools[p.remote_pool]->data() + p.remote_offset, p.length);
+    for (int d = 0; d < to; ++d)
+      for (int j = 0; j < plan->destination_layout().num_kv_heads; ++j)
+        CHECK(HeadErr(*destination.pools[d], j, moved_blocks, *via.pools[d], j, moved_blocks) ==
+              0.0f);
     for (int d = 0; d < to; ++d)
       for (const KvHeadSource& h : plan->heads(d))
         CHECK(HeadErr(*source.pools[h.src_rank], h.src_head, blocks, *destination.pools[d],

@@ -1,0 +1,154 @@
+#include "kvtransfer/sharded_copies.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/engine/kv_reshard.h"
+#include "common/engine/tensor_parallel.h"
+
+namespace tandem {
+namespace {
+
+constexpr char kShapeMagic[4] = {'K', 'V', 'P', '1'};
+constexpr size_t kShapeBytes = 4 + 6 * 4;
+
+std::string Str(uint64_t v) { return std::to_string(v); }
+
+// The blocks of `ranges` (every layer the same blocks, whole-block ranges) in order, read from
+// layer 0 and checked against the others. `side` names the side in errors.
+StatusOr<std::vector<int32_t>> BlocksOf(const LayerRanges& ranges, const KvPoolShape& shape,
+                                        const char* side) {
+  const KvLayout layout = shape.rank_layout();
+  const uint64_t block = layout.block_bytes();
+  std::vector<int32_t> first;
+  for (size_t l = 0; l < ranges.size(); ++l) {
+    std::vector<int32_t> blocks;
+    const uint64_t layer_begin = l * shape.num_blocks * block;
+    for (const ByteRange& r : ranges[l]) {
+      if (r.length == 0) continue;
+      if (r.offset < layer_begin || r.offset % block != 0 || r.length % block != 0 ||
+          r.offset + r.length > layer_begin + shape.num_blocks * block)
+        return InvalidArgument(std::string("KV re-shard: the ") + side + " ranges of layer " +
+                               Str(l) + " are not whole blocks of that layer (block of " +
+                               Str(block) + " bytes)");
+      for (uint64_t at = r.offset; at < r.offset + r.length; at += block)
+        blocks.push_back(static_cast<int32_t>((at - layer_begin) / block));
+    }
+    if (l == 0) {
+      first = std::move(blocks);
+    } else if (blocks != first) {
+      return InvalidArgument(std::string("KV re-shard: the ") + side + " ranges of layer " +
+                             Str(l) + " name other blocks than layer 0's");
+    }
+  }
+  return first;
+}
+
+}  // namespace
+
+KvLayout KvPoolShape::rank_layout() const {
+  KvLayout layout = full;
+  layout.num_kv_heads = TpKvHeads(full.num_kv_heads, degree, 0).size();
+  return layout;
+}
+
+uint64_t KvPoolShape::pool_bytes() const {
+  return static_cast<uint64_t>(KvPoolBytes(rank_layout(), num_blocks));
+}
+
+Status KvPoolShape::Validate() const {
+  if (full.num_layers < 1 || full.num_kv_heads < 1 || full.head_dim < 1 || full.block_size < 1 ||
+      num_blocks < 1)
+    return InvalidArgument("KV pool shape: empty layout (" + full.ToString() + ", " +
+                           Str(num_blocks) + " blocks)");
+  if (degree < 1 || (full.num_kv_heads % degree != 0 && degree % full.num_kv_heads != 0))
+    return InvalidArgument("KV pool shape: tensor_parallel " + std::to_string(degree) +
+                           " does not split " + Str(full.num_kv_heads) + " KV heads");
+  return Status::Ok();
+}
+
+StatusOr<std::vector<CopyPiece>> PlanShardedCopies(const LayerRanges& remote,
+                                                   const KvPoolShape& remote_shape,
+                                                   const LayerRanges& local,
+                                                   const KvPoolShape& local_shape) {
+  TANDEM_RETURN_IF_ERROR(remote_shape.Validate().WithContext("remote"));
+  TANDEM_RETURN_IF_ERROR(local_shape.Validate().WithContext("local"));
+  if (remote_shape.full != local_shape.full)
+    return InvalidArgument("KV transfer between different models: remote " +
+                           remote_shape.full.ToString() + ", local " +
+                           local_shape.full.ToString());
+  if (remote_shape.degree == local_shape.degree) {
+    // Pool r to pool r: the same pieces in each.
+    TANDEM_ASSIGN_OR_RETURN(std::vector<CopyPiece> one,
+                            PlanCopies(remote, remote_shape.pool_bytes(), local,
+                                       local_shape.pool_bytes()));
+    std::vector<CopyPiece> pieces;
+    pieces.reserve(one.size() * remote_shape.degree);
+    for (const CopyPiece& p : one)  // layer-major already: keep it so, ranks inside a layer
+      for (int r = 0; r < remote_shape.degree; ++r) {
+        CopyPiece q = p;
+        q.remote_pool = q.local_pool = static_cast<uint32_t>(r);
+        pieces.push_back(q);
+      }
+    return pieces;
+  }
+  if (remote.size() != local.size() ||
+      remote.size() != static_cast<size_t>(remote_shape.full.num_layers))
+    return InvalidArgument("descriptor has " + Str(remote.size()) + " layers, local ranges have " +
+                           Str(local.size()) + ", the model " +
+                           Str(remote_shape.full.num_layers));
+  TANDEM_ASSIGN_OR_RETURN(std::vector<int32_t> from, BlocksOf(remote, remote_shape, "remote"));
+  TANDEM_ASSIGN_OR_RETURN(std::vector<int32_t> to, BlocksOf(local, local_shape, "local"));
+  if (from.size() != to.size())
+    return InvalidArgument("KV re-shard: remote has " + Str(from.size()) +
+                           " blocks a layer, local ranges " + Str(to.size()));
+  TANDEM_ASSIGN_OR_RETURN(KvReshardPlan plan, KvReshardPlan::Make(remote_shape.full,
+                                                                  remote_shape.degree,
+                                                                  local_shape.degree));
+  const std::vector<KvRankBlocks> sources(remote_shape.degree,
+                                          KvRankBlocks{remote_shape.num_blocks, from});
+  std::vector<CopyPiece> pieces;
+  for (int d = 0; d < local_shape.degree; ++d) {
+    TANDEM_ASSIGN_OR_RETURN(std::vector<KvRangeCopy> copies,
+                            plan.Copies(d, sources, KvRankBlocks{local_shape.num_blocks, to}));
+    for (const KvRangeCopy& c : copies)
+      pieces.push_back({static_cast<uint32_t>(c.layer), c.src_offset, c.dst_offset, c.length,
+                        static_cast<uint32_t>(c.src_rank), static_cast<uint32_t>(d)});
+  }
+  // Layer-major for LayerCopyQueue; within a layer, by destination rank as made.
+  std::stable_sort(pieces.begin(), pieces.end(),
+                   [](const CopyPiece& a, const CopyPiece& b) { return a.layer < b.layer; });
+  return pieces;
+}
+
+std::string EncodeKvPoolShape(const KvPoolShape& shape) {
+  std::string out(kShapeMagic, sizeof kShapeMagic);
+  for (int v : {shape.degree, shape.full.num_layers, shape.full.num_kv_heads, shape.full.head_dim,
+                shape.full.block_size, shape.num_blocks}) {
+    const uint32_t u = static_cast<uint32_t>(v);
+    for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((u >> (8 * i)) & 0xff));
+  }
+  return out;
+}
+
+StatusOr<KvPoolShape> DecodeKvPoolShape(std::string_view bytes, size_t* consumed) {
+  if (bytes.size() < kShapeBytes || std::memcmp(bytes.data(), kShapeMagic, 4) != 0)
+    return InvalidArgument("KV pool shape: not a KVP1 record (" + Str(bytes.size()) + " bytes)");
+  uint32_t v[6];
+  for (int k = 0; k < 6; ++k) {
+    v[k] = 0;
+    for (int i = 0; i < 4; ++i)
+      v[k] |= static_cast<uint32_t>(static_cast<uint8_t>(bytes[4 + 4 * k + i])) << (8 * i);
+    if (v[k] > (1u << 30)) return InvalidArgument("KV pool shape: field out of range");
+  }
+  KvPoolShape shape;
+  shape.degree = static_cast<int>(v[0]);
+  shape.full = KvLayout{static_cast<int>(v[1]), static_cast<int>(v[2]), static_cast<int>(v[3]),
+                        static_cast<int>(v[4])};
+  shape.num_blocks = static_cast<int>(v[5]);
+  TANDEM_RETURN_IF_ERROR(shape.Validate());
+  if (consumed != nullptr) *consumed = kShapeBytes;
+  return shape;
+}
+
+}  // namespace tandem

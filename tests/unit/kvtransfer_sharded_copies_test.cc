@@ -1,0 +1,100 @@
+// PlanShardedCopies and the pool shape record: the host side of a KV transfer between
+// tensor-parallel instances (the end-to-end re-shard through it: tensor_parallel_test.cc).
+#include "kvtransfer/sharded_copies.h"
+
+#include <catch2/catch.hpp>
+
+namespace tandem {
+namespace {
+
+// 2 layers, 4 KV heads of 8 dims, blocks of 4 slots.
+const KvLayout kFull{2, 4, 8, 4};
+
+// Whole-block ranges of `blocks` in every layer of a pool of `shape`.
+LayerRanges Ranges(const KvPoolShape& shape, const std::vector<int32_t>& blocks) {
+  const uint64_t block = shape.rank_layout().block_bytes();
+  LayerRanges out(shape.full.num_layers);
+  for (int l = 0; l < shape.full.num_layers; ++l)
+    for (int32_t b : blocks) out[l].push_back({(uint64_t(l) * shape.num_blocks + b) * block, block});
+  return out;
+}
+
+TEST_CASE("PlanShardedCopies between equal degrees copies pool r to pool r", "[kvtransfer]") {
+  const KvPoolShape from{kFull, 2, 8}, to{kFull, 2, 16};
+  auto pieces = PlanShardedCopies(Ranges(from, {3, 4}), from, Ranges(to, {10, 2}), to);
+  REQUIRE(pieces.ok());
+  // Per layer: 2 blocks (not contiguous on the destination) x 2 ranks.
+  REQUIRE(pieces->size() == 2 * 2 * 2);
+  const uint64_t block = from.rank_layout().block_bytes();
+  CHECK(block == 2 * 2 * 4 * 8 * 4);  // 2 of the 4 heads a rank
+  for (size_t i = 0; i < pieces->size(); ++i) {
+    const CopyPiece& p = (*pieces)[i];
+    CHECK(p.layer == i / 4);
+    CHECK(p.remote_pool == p.local_pool);
+    CHECK(p.length == block);
+  }
+  CHECK((*pieces)[0].remote_offset == 3 * block);
+  CHECK((*pieces)[0].local_offset == 10 * block);
+  CHECK((*pieces)[4].remote_offset == (8 + 3) * block);  // layer 1 of an 8-block pool
+}
+
+TEST_CASE("PlanShardedCopies re-shards heads between degrees, layer by layer", "[kvtransfer]") {
+  const KvPoolShape from{kFull, 1, 8}, to{kFull, 2, 8};
+  auto pieces = PlanShardedCopies(Ranges(from, {0, 1}), from, Ranges(to, {5, 6}), to);
+  REQUIRE(pieces.ok());
+  uint32_t layer = 0;
+  uint64_t moved = 0;
+  for (const CopyPiece& p : *pieces) {
+    CHECK(p.layer >= layer);  // ordered by layer
+    layer = p.layer;
+    CHECK(p.remote_pool == 0);
+    CHECK(p.local_pool < 2);
+    moved += p.length;
+  }
+  // Every byte of the source's two blocks in both layers lands once.
+  CHECK(moved == 2 * 2 * from.rank_layout().block_bytes());
+}
+
+TEST_CASE("PlanShardedCopies refuses what it cannot map", "[kvtransfer]") {
+  const KvPoolShape one{kFull, 1, 8}, two{kFull, 2, 8};
+  // Re-sharding needs whole blocks.
+  LayerRanges half = Ranges(one, {1});
+  for (auto& layer : half) layer[0].length /= 2;
+  LayerRanges half_dst = Ranges(two, {1});
+  for (auto& layer : half_dst) layer[0].length /= 4;
+  CHECK(PlanShardedCopies(half, one, half_dst, two).status().message().starts_with(
+      "KV re-shard: the remote ranges of layer 0 are not whole blocks"));
+  // Different block counts.
+  CHECK(PlanShardedCopies(Ranges(one, {1, 2}), one, Ranges(two, {3}), two).status().message() ==
+        "KV re-shard: remote has 2 blocks a layer, local ranges 1");
+  // Another model.
+  KvPoolShape other = two;
+  other.full.head_dim = 16;
+  CHECK(PlanShardedCopies(Ranges(one, {1}), one, Ranges(other, {1}), other)
+            .status()
+            .message()
+            .starts_with("KV transfer between different models"));
+  // A degree that does not split the heads.
+  KvPoolShape three{kFull, 3, 8};
+  CHECK(PlanShardedCopies(Ranges(one, {1}), one, Ranges(two, {1}), three).status().message() ==
+        "local: KV pool shape: tensor_parallel 3 does not split 4 KV heads");
+}
+
+TEST_CASE("the pool shape record round-trips and refuses garbage", "[kvtransfer]") {
+  const KvPoolShape shape{KvLayout{30, 3, 64, 16}, 3, 1234};
+  const std::string bytes = EncodeKvPoolShape(shape) + "tail";
+  size_t used = 0;
+  auto back = DecodeKvPoolShape(bytes, &used);
+  REQUIRE(back.ok());
+  CHECK(*back == shape);
+  CHECK(used == 28);
+  CHECK_FALSE(DecodeKvPoolShape(bytes.substr(0, 27), &used).ok());
+  CHECK_FALSE(DecodeKvPoolShape("XXXX" + bytes.substr(4), &used).ok());
+  KvPoolShape bad = shape;
+  bad.degree = 2;  // does not split 3 heads
+  CHECK(DecodeKvPoolShape(EncodeKvPoolShape(bad), &used).status().code() ==
+        StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace tandem
