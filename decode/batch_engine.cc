@@ -94,13 +94,15 @@ StatusOr<std::unique_ptr<BatchEngine>> BatchEngine::Create(const Model& model,
   fo.tensor_parallel = options.tensor_parallel;
   TANDEM_ASSIGN_OR_RETURN(engine->forward_, CreateForwardBackend(model, fo, options.device));
   const KvLayout layout = engine->forward_->MakeKvLayout(options.block_size);
-  KvPoolMemory memory = options.kv_memory;
-  if (memory.base == nullptr) {
+  KvPoolMemory memory;
+  if (options.kv_pools.empty()) {
     TANDEM_ASSIGN_OR_RETURN(memory,
                             engine->forward_->AllocateKvPool(KvPoolBytes(layout, options.kv_blocks)));
+  } else {
+    TANDEM_ASSIGN_OR_RETURN(memory, engine->forward_->AdoptKvPools(options.kv_pools));
   }
   TANDEM_ASSIGN_OR_RETURN(engine->cache_, KvCache::Create(layout, options.kv_blocks, memory));
-  engine->options_.kv_memory = {};  // the cache holds the memory now
+  engine->options_.kv_pools.clear();  // the cache holds the memory now
   engine->cache_->blocks().SetCaching(options.prefix_caching);
   engine->running_state_.reserve(options.max_batch_size * 2);
   engine->inputs_.reserve(options.max_batch_size);

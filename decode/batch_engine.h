@@ -85,9 +85,9 @@ struct BatchEngineOptions {
   // (the transfer timeout plus a margin: the pull itself fails first).
   std::chrono::milliseconds kv_wait_timeout{6000};
   bool prefix_caching = true;  // kv_cache.prefix_caching (BlockManager::SetCaching)
-  // Where the KV pool lives (a transport allocated it; on the backend's device when that is not
-  // the CPU); empty: the backend allocates it.
-  KvPoolMemory kv_memory;
+  // Where the KV pool lives, one per rank (a transport allocated them; on the backend's devices
+  // when that is not the CPU; ForwardBackend::AdoptKvPools); empty: the backend allocates it.
+  std::vector<KvPoolMemory> kv_pools;
 };
 
 struct EngineStats {

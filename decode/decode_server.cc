@@ -233,24 +233,22 @@ Status BatchDriver::InitTransferAndEngine(const RoleArgs& args,
   StatusOr<TpPlan> plan = MakeTpPlan(mc, section.tensor_parallel);
   if (!plan.ok())  // "colocated.tensor_parallel 3 does not divide num_attention_heads 9"
     return InvalidArgument((colocated() ? "colocated." : "decode.") + plan.status().message());
+  KvPoolShape shape;
+  shape.full = KvLayout{mc.num_layers, mc.num_kv_heads, mc.head_dim, eo.block_size};
+  shape.degree = plan->degree;
   TANDEM_ASSIGN_OR_RETURN(
       uint64_t kv_budget,
       KvMemoryBudgetBytes(section.device, TpRankWeightBytes(*model_, plan->degree)));
-  TANDEM_ASSIGN_OR_RETURN(
-      eo.kv_blocks,
-      KvPoolBlocks(config, section,
-                   KvLayout{mc.num_layers, plan->ranks[0].kv_heads.size(), mc.head_dim,
-                            eo.block_size},
-                   kv_budget));
+  TANDEM_ASSIGN_OR_RETURN(eo.kv_blocks,
+                          KvPoolBlocks(config, section, shape.rank_layout(), kv_budget));
+  shape.num_blocks = eo.kv_blocks;
   eo.metrics = setup_.metrics.get();
   // A request joins the batch only once every layer was announced: the pull ends within the
   // transfer timeout, and the step's wait for a layer a little later.
   eo.kv_wait_timeout = std::chrono::milliseconds(
       static_cast<int64_t>((config.transfer.timeout_s + 1.0) * 1000));
   if (!colocated()) {
-    // The layout is the one CpuForward::MakeKvLayout gives, checked by KvCache::Create.
-    const ModelConfig& mc = model_->config();
-    const KvLayout layout{mc.num_layers, mc.num_kv_heads, mc.head_dim, eo.block_size};
+    // The pools' layout is the one the backend's MakeKvLayout gives, checked by KvCache::Create.
     TransferFactoryOptions to;
     // Prefill computes the layers it announces; it frees a request's KV after
     // prefill.kv_hold_timeout_s anyway, so that bounds the wait for the next layer.
@@ -258,11 +256,11 @@ Status BatchDriver::InitTransferAndEngine(const RoleArgs& args,
     to.metrics = setup_.metrics.get();
     to.host = section.host;
     to.secret = args.control.secret;
+    to.pool_shape = shape;
     TANDEM_ASSIGN_OR_RETURN(PullerWithPool pulled,
-                            CreatePullerWithPool(config.transfer,
-                                                 KvPoolBytes(layout, eo.kv_blocks), to));
+                            CreatePullerWithPool(config.transfer, shape.pool_bytes(), to));
     puller_ = std::move(pulled.puller);
-    eo.kv_memory = std::move(pulled.memory);
+    eo.kv_pools = std::move(pulled.pools);
   }
   TANDEM_ASSIGN_OR_RETURN(engine_, BatchEngine::Create(*model_, eo));
   return Status();

@@ -23,8 +23,22 @@ std::chrono::milliseconds Millis(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
 }
 
-Status CheckBackend(const TransferSection& transfer) {
-  if (transfer.backend == "ucx" || transfer.backend == "inproc") return Status();
+Status CheckBackend(const TransferSection& transfer, size_t pool_bytes,
+                    const TransferFactoryOptions& options) {
+  const KvPoolShape& shape = options.pool_shape;
+  if (shape.num_blocks > 0) {
+    TANDEM_RETURN_IF_ERROR(shape.Validate());
+    if (shape.pool_bytes() != pool_bytes)
+      return InvalidArgument("KV pool of " + std::to_string(pool_bytes) + " bytes, its shape says " +
+                             std::to_string(shape.pool_bytes()));
+  }
+  if (transfer.backend == "ucx" || transfer.backend == "inproc") {
+    if (shape.degree > 1)
+      return InvalidArgument("transfer.backend " + transfer.backend + " moves one KV pool; "
+                             "tensor_parallel " + std::to_string(shape.degree) + " keeps one per "
+                             "GPU: use cuda_ipc");
+    return Status();
+  }
   if (transfer.backend == "cuda_ipc") {
 #if TANDEM_HAVE_CUDA
     return Status();
@@ -38,6 +52,13 @@ Status CheckBackend(const TransferSection& transfer) {
 }
 
 #if TANDEM_HAVE_CUDA
+Status CheckCudaIpcShape(const TransferFactoryOptions& options) {
+  if (options.pool_shape.num_blocks <= 0)
+    return InvalidArgument("cuda_ipc: the KV pools' shape (TransferFactoryOptions::pool_shape) "
+                           "is required");
+  return Status();
+}
+
 CudaIpcOptions CudaIpcOptionsFor(const TransferSection& transfer,
                                  const TransferFactoryOptions& options) {
   CudaIpcOptions co;
@@ -116,15 +137,18 @@ StatusOr<std::string> InterfaceOfAddress(const std::string& ip) {
 StatusOr<PublisherWithPool> CreatePublisherWithPool(const TransferSection& transfer,
                                                     size_t pool_bytes,
                                                     const TransferFactoryOptions& options) {
-  TANDEM_RETURN_IF_ERROR(CheckBackend(transfer));
+  TANDEM_RETURN_IF_ERROR(CheckBackend(transfer, pool_bytes, options));
 #if TANDEM_HAVE_CUDA
-  if (transfer.backend == "cuda_ipc")
-    return CreateCudaIpcPublisherWithPool(pool_bytes, CudaIpcOptionsFor(transfer, options));
+  if (transfer.backend == "cuda_ipc") {
+    TANDEM_RETURN_IF_ERROR(CheckCudaIpcShape(options));
+    return CreateCudaIpcPublisherWithPool(options.pool_shape, CudaIpcOptionsFor(transfer, options));
+  }
 #endif
   PublisherWithPool out;
   if (transfer.backend == "inproc") {
-    TANDEM_ASSIGN_OR_RETURN(out.memory, AllocateKvPoolMemory(pool_bytes));
-    TANDEM_ASSIGN_OR_RETURN(out.publisher, CreateInProcessPublisher(RegionOf(out.memory)));
+    TANDEM_ASSIGN_OR_RETURN(KvPoolMemory memory, AllocateKvPoolMemory(pool_bytes));
+    TANDEM_ASSIGN_OR_RETURN(out.publisher, CreateInProcessPublisher(RegionOf(memory)));
+    out.pools.push_back(std::move(memory));
     return out;
   }
   UcxOptions uo = UcxOptionsFor(transfer, options);
@@ -132,30 +156,33 @@ StatusOr<PublisherWithPool> CreatePublisherWithPool(const TransferSection& trans
   SweepOrphanedSharedMemory();  // what killed instances left: the new pool may need the room
   TANDEM_ASSIGN_OR_RETURN(std::shared_ptr<UcxPool> pool, AllocateUcxPool(pool_bytes, uo));
   TANDEM_ASSIGN_OR_RETURN(out.publisher, CreateUcxPublisher(pool, uo));
-  out.memory = MemoryOf(std::move(pool));
+  out.pools.push_back(MemoryOf(std::move(pool)));
   return out;
 }
 
 StatusOr<PullerWithPool> CreatePullerWithPool(const TransferSection& transfer, size_t pool_bytes,
                                               const TransferFactoryOptions& options) {
-  TANDEM_RETURN_IF_ERROR(CheckBackend(transfer));
+  TANDEM_RETURN_IF_ERROR(CheckBackend(transfer, pool_bytes, options));
 #if TANDEM_HAVE_CUDA
-  if (transfer.backend == "cuda_ipc")
-    return CreateCudaIpcPullerWithPool(pool_bytes, CudaIpcOptionsFor(transfer, options));
+  if (transfer.backend == "cuda_ipc") {
+    TANDEM_RETURN_IF_ERROR(CheckCudaIpcShape(options));
+    return CreateCudaIpcPullerWithPool(options.pool_shape, CudaIpcOptionsFor(transfer, options));
+  }
 #endif
   PullerWithPool out;
   UcxOptions uo = UcxOptionsFor(transfer, options);
   if (transfer.backend == "inproc") {
-    TANDEM_ASSIGN_OR_RETURN(out.memory, AllocateKvPoolMemory(pool_bytes));
-    TANDEM_ASSIGN_OR_RETURN(out.puller, CreateInProcessPuller(RegionOf(out.memory), options.metrics,
+    TANDEM_ASSIGN_OR_RETURN(KvPoolMemory memory, AllocateKvPoolMemory(pool_bytes));
+    TANDEM_ASSIGN_OR_RETURN(out.puller, CreateInProcessPuller(RegionOf(memory), options.metrics,
                                                               uo.layer_wait_timeout));
+    out.pools.push_back(std::move(memory));
     return out;
   }
   TANDEM_ASSIGN_OR_RETURN(uo.net_devices, InterfaceOfAddress(options.host));
   SweepOrphanedSharedMemory();
   TANDEM_ASSIGN_OR_RETURN(std::shared_ptr<UcxPool> pool, AllocateUcxPool(pool_bytes, uo));
   TANDEM_ASSIGN_OR_RETURN(out.puller, CreateUcxPuller(pool, uo));
-  out.memory = MemoryOf(std::move(pool));
+  out.pools.push_back(MemoryOf(std::move(pool)));
   return out;
 }
 

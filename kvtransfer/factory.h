@@ -25,23 +25,27 @@
 
 #include <cstddef>
 #include <memory>
+#include <vector>
 
 #include "common/base/metrics.h"
 #include "common/base/status.h"
 #include "common/config/config.h"
 #include "common/engine/kv_cache.h"
+#include "kvtransfer/sharded_copies.h"
 #include "kvtransfer/transfer.h"
 
 namespace tandem {
 
+// `pools`: one per rank of the instance (one unless tensor parallelism: pool_shape.degree),
+// for the engine (ForwardBackend::AdoptKvPools); pools[0] is what KvCache::Create takes.
 struct PublisherWithPool {
   std::unique_ptr<KvPublisher> publisher;
-  KvPoolMemory memory;  // pass to KvCache::Create
+  std::vector<KvPoolMemory> pools;
 };
 
 struct PullerWithPool {
   std::unique_ptr<KvPuller> puller;
-  KvPoolMemory memory;
+  std::vector<KvPoolMemory> pools;
 };
 
 struct TransferFactoryOptions {
@@ -58,6 +62,10 @@ struct TransferFactoryOptions {
   // The cluster secret: UCX reads are authenticated with it (UcxReads::kMessages, chosen from
   // transfer.ucx_tls by ReadsForTls). Required for ucx.
   std::string secret;
+  // The instance's KV pools (kvtransfer/sharded_copies.h): required by cuda_ipc, whose
+  // publisher sends it and whose puller re-shards by it; degree > 1 (tensor parallelism: a pool
+  // per GPU) only with cuda_ipc. Set, pool_bytes must be pool_shape.pool_bytes().
+  KvPoolShape pool_shape;
 };
 
 // This machine's identity for transports that work within one machine (cuda_ipc): the kernel's

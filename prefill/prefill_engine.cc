@@ -32,14 +32,19 @@ StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(const Model& mode
   fo.max_batch_tokens = o.token_budget;
   fo.max_batch_sequences = o.max_batch_size;
   fo.max_model_len = o.max_model_len;
+  fo.tensor_parallel = o.tensor_parallel;
   TANDEM_ASSIGN_OR_RETURN(engine->forward_, CreateForwardBackend(model, fo, o.device));
   const KvLayout layout = engine->forward_->MakeKvLayout(o.block_size);
-  if (o.kv_memory.base == nullptr) {
-    TANDEM_ASSIGN_OR_RETURN(o.kv_memory,
+  KvPoolMemory memory;
+  if (o.kv_pools.empty()) {
+    TANDEM_ASSIGN_OR_RETURN(memory,
                             engine->forward_->AllocateKvPool(KvPoolBytes(layout, o.kv_blocks)));
+  } else {
+    TANDEM_ASSIGN_OR_RETURN(memory, engine->forward_->AdoptKvPools(std::move(o.kv_pools)));
   }
+  o.kv_pools.clear();  // the cache holds them now
   TANDEM_ASSIGN_OR_RETURN(engine->cache_,
-                          KvCache::Create(layout, o.kv_blocks, std::move(o.kv_memory)));
+                          KvCache::Create(layout, o.kv_blocks, std::move(memory)));
   engine->cache_->blocks().SetCaching(o.prefix_caching);
   if (o.metrics != nullptr) {
     engine->batch_seconds_ = &o.metrics

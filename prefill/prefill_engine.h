@@ -38,15 +38,16 @@ namespace tandem {
 struct PrefillEngineOptions {
   std::string device = "cpu";  // S.device: the forward backend (common/engine/forward_backend.h)
   int threads = 1;
+  int tensor_parallel = 1;  // S.tensor_parallel: GPUs of the instance (cuda; ForwardOptions)
   int token_budget = 2048;
   int max_batch_size = 64;
   int block_size = 16;
-  int kv_blocks = 0;  // resolved (> 0)
+  int kv_blocks = 0;  // resolved (> 0), per rank with tensor_parallel
   int max_model_len = 4096;
   bool prefix_caching = true;  // kv_cache.prefix_caching (BlockManager::SetCaching)
-  // Where the pool lives (a transport allocated it; on the backend's device when that is not the
-  // CPU); empty: the backend allocates it.
-  KvPoolMemory kv_memory;
+  // Where the pool lives, one per rank (a transport allocated them; on the backend's devices
+  // when that is not the CPU; ForwardBackend::AdoptKvPools); empty: the backend allocates it.
+  std::vector<KvPoolMemory> kv_pools;
   MetricsRegistry* metrics = nullptr;  // not owned; may be null
 };
 

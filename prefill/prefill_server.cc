@@ -4,6 +4,7 @@
 
 #include "common/base/log.h"
 #include "common/base/metrics.h"
+#include "common/engine/tensor_parallel.h"
 #include "common/model/model.h"
 #include "common/model/model_store.h"
 #include "common/serving/instance_host.h"
@@ -115,24 +116,34 @@ Status PrefillDriver::Init(const RoleArgs& args) {
   PrefillEngineOptions eo;
   eo.device = section.device;
   eo.threads = section.threads;
+  eo.tensor_parallel = section.tensor_parallel;
   eo.token_budget = section.token_budget;
   eo.max_batch_size = section.max_batch_size;
   eo.block_size = config.kv_cache.block_size;
   eo.prefix_caching = config.kv_cache.prefix_caching;
   eo.max_model_len = config.model.max_model_len;
   eo.metrics = setup_.metrics.get();
-  const KvLayout layout{mc.num_layers, mc.num_kv_heads, mc.head_dim, eo.block_size};
-  TANDEM_ASSIGN_OR_RETURN(uint64_t kv_budget,
-                          KvMemoryBudgetBytes(section.device, model_->total_bytes()));
-  TANDEM_ASSIGN_OR_RETURN(eo.kv_blocks, KvPoolBlocks(config, section, layout, kv_budget));
+  // With tensor_parallel each GPU holds a rank's weights and a rank's pool (its KV heads).
+  StatusOr<TpPlan> plan = MakeTpPlan(mc, section.tensor_parallel);
+  if (!plan.ok()) return InvalidArgument("prefill." + plan.status().message());
+  KvPoolShape shape;
+  shape.full = KvLayout{mc.num_layers, mc.num_kv_heads, mc.head_dim, eo.block_size};
+  shape.degree = plan->degree;
+  TANDEM_ASSIGN_OR_RETURN(
+      uint64_t kv_budget,
+      KvMemoryBudgetBytes(section.device, TpRankWeightBytes(*model_, plan->degree)));
+  TANDEM_ASSIGN_OR_RETURN(eo.kv_blocks,
+                          KvPoolBlocks(config, section, shape.rank_layout(), kv_budget));
+  shape.num_blocks = eo.kv_blocks;
   // Our own hold timer fires first; the transport's lease is the backstop.
   TANDEM_ASSIGN_OR_RETURN(kv_, CreatePublisherWithPool(
-                                   config.transfer, KvPoolBytes(layout, eo.kv_blocks),
+                                   config.transfer, shape.pool_bytes(),
                                    {.lease_timeout_s = section.kv_hold_timeout_s + 5,
                                     .metrics = setup_.metrics.get(),
                                     .host = section.host,
-                                    .secret = args.control.secret}));
-  eo.kv_memory = kv_.memory;  // shared: the cache and the publisher keep it alive
+                                    .secret = args.control.secret,
+                                    .pool_shape = shape}));
+  eo.kv_pools = kv_.pools;  // shared: the cache and the publisher keep them alive
   TANDEM_ASSIGN_OR_RETURN(engine_, PrefillEngine::Create(*model_, std::move(eo)));
 
   TANDEM_ASSIGN_OR_RETURN(HostOptions ho, setup_.Host(InstanceRole::kPrefill, args, section));

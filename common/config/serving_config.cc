@@ -57,12 +57,6 @@ void CheckInstance(ServingErrors* errors, const ClusterConfig& config, const std
                 std::to_string(s.tensor_parallel) + " cannot be served on " + s.device +
                 ": a CPU instance is one process (use " + name + ".threads); tensor "
                 "parallelism splits a model over the GPUs of a cuda instance");
-  else if (s.tensor_parallel > 1 && name != "colocated" && s.instances > 0)
-    errors->Add(name + ".tensor_parallel",
-                std::to_string(s.tensor_parallel) + " cannot be served on " + name +
-                " instances yet: their KV would be one pool per GPU, and the KV transfer "
-                "(cuda_ipc) moves one pool; use tensor_parallel on colocated instances, or 1 "
-                "here");
   if (s.pipeline_parallel > 1)
     errors->Add(name + ".pipeline_parallel",
                 std::to_string(s.pipeline_parallel) + " cannot be served: a CPU instance is one "

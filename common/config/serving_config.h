@@ -6,9 +6,8 @@
 // does, each with the place it was set and the field ("cluster.yaml:7:11: decode.device: ..."):
 //   - S.device cuda on a build without CUDA, and on prefill or decode instances unless
 //     transfer.backend is cuda_ipc (their KV is in GPU memory: only cuda_ipc moves it);
-//   - S.tensor_parallel > 1 on cpu (a CPU instance is one process; use S.threads), and on
-//     prefill or decode instances (their KV would be a pool per GPU, which cuda_ipc does not
-//     move yet); S.pipeline_parallel > 1;
+//   - S.tensor_parallel > 1 on cpu (a CPU instance is one process; use S.threads);
+//     S.pipeline_parallel > 1;
 //   - S.cuda_devices on an instance that is not on cuda (it would pick nothing), and S.threads
 //     above 1 on one that is (one host thread drives the GPU);
 //   - S.preemption swap (decode preempts by recompute only);

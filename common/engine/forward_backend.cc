@@ -73,6 +73,12 @@ StatusOr<uint64_t> KvMemoryBudgetBytes(std::string_view device, size_t weight_by
   return UnsupportedDevice(device);
 }
 
+StatusOr<KvPoolMemory> ForwardBackend::AdoptKvPools(std::vector<KvPoolMemory> pools) {
+  if (pools.size() != 1)
+    return InvalidArgument(std::to_string(pools.size()) + " KV pools for a backend of one rank");
+  return std::move(pools[0]);
+}
+
 bool GreedyRows::all_wanted() const {
   for (uint8_t w : wanted)
     if (w == 0) return false;

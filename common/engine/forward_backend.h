@@ -105,6 +105,11 @@ class ForwardBackend {
   // Memory for a KV pool of `bytes` where this backend's pass reads it: the heap (CPU) or
   // device memory (CUDA, zeroed). ResourceExhausted when there is not enough.
   virtual StatusOr<KvPoolMemory> AllocateKvPool(size_t bytes) = 0;
+  // Pools made elsewhere (a transport allocates them where it can export them), one per rank of
+  // this backend (one for a single-rank backend, common/engine/tp_forward.h for more), each in
+  // this backend's memory. Returns the engine's pool: rank 0's, whose owner keeps every pool
+  // alive. InvalidArgument when the count is not the ranks'.
+  virtual StatusOr<KvPoolMemory> AdoptKvPools(std::vector<KvPoolMemory> pools);
 
   // Runs one forward pass. Returns row-major logits in host memory: [batch.size(), vocab] for
   // kLastToken, or [total new tokens, vocab] (sequences in order) for kAllTokens. The span

@@ -79,12 +79,24 @@ KvLayout TpForward::MakeKvLayout(int block_size) const {
 }
 
 StatusOr<KvPoolMemory> TpForward::AllocateKvPool(size_t bytes) {
+  std::vector<KvPoolMemory> memory;
+  for (Rank& rank : ranks_) {
+    TANDEM_ASSIGN_OR_RETURN(KvPoolMemory one, rank.forward->AllocateKvPool(bytes));
+    memory.push_back(std::move(one));
+  }
+  return AdoptKvPools(std::move(memory));
+}
+
+StatusOr<KvPoolMemory> TpForward::AdoptKvPools(std::vector<KvPoolMemory> memory) {
+  if (static_cast<int>(memory.size()) != plan_.degree)
+    return InvalidArgument(std::to_string(memory.size()) + " KV pools for tensor_parallel " +
+                           std::to_string(plan_.degree));
+  for (const KvPoolMemory& m : memory)
+    if (m.base == nullptr || m.kind != memory[0].kind || m.bytes != memory[0].bytes)
+      return InvalidArgument("tensor-parallel forward: the ranks' KV pools differ in size or kind");
   auto pools = std::make_shared<RankPools>();
   pools->views.resize(plan_.degree);
-  for (Rank& rank : ranks_) {
-    TANDEM_ASSIGN_OR_RETURN(KvPoolMemory memory, rank.forward->AllocateKvPool(bytes));
-    pools->memory.push_back(std::move(memory));
-  }
+  pools->memory = std::move(memory);
   // Drop what is gone, then register this one under rank 0's base.
   for (auto it = pools_.begin(); it != pools_.end();)
     it = it->second.expired() ? pools_.erase(it) : std::next(it);

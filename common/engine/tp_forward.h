@@ -78,6 +78,8 @@ class TpForward final : public ForwardBackend {
   KvLayout MakeKvLayout(int block_size = kDefaultBlockSize) const override;
   // One pool of `bytes` per rank, on its backend; returns rank 0's.
   StatusOr<KvPoolMemory> AllocateKvPool(size_t bytes) override;
+  // `pools[r]` is rank r's (a transport's, on rank r's device); returns rank 0's.
+  StatusOr<KvPoolMemory> AdoptKvPools(std::vector<KvPoolMemory> pools) override;
   // Logits and greedy ids are rank 0's (every rank computes the same: the LM head is
   // replicated). Errors: ForwardBackend's; InvalidArgument when `cache` is not a pool of
   // AllocateKvPool; FailedPrecondition once broken; a rank's error.

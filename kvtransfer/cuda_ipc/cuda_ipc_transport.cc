@@ -40,8 +40,9 @@ std::string CudaErrorText(cudaError_t err) {
 
 class CudaIpcPublisher final : public KvPublisher {
  public:
-  CudaIpcPublisher(MemoryRegion region, PeerInfo info, std::chrono::milliseconds lease_timeout)
-      : region_(region), info_(std::move(info)), lease_timeout_(lease_timeout) {
+  // `pool_bytes`: of each pool (ranges are offsets in rank 0's, the same in every pool).
+  CudaIpcPublisher(uint64_t pool_bytes, PeerInfo info, std::chrono::milliseconds lease_timeout)
+      : pool_bytes_(pool_bytes), info_(std::move(info)), lease_timeout_(lease_timeout) {
     expiry_ = std::thread([this] { ExpireLeases(); });
   }
 
@@ -61,7 +62,7 @@ class CudaIpcPublisher final : public KvPublisher {
 
   StatusOr<KvDescriptor> Publish(const std::string& request_id, LayerRanges layers,
                                  ReleaseCallback on_release) override {
-    TANDEM_RETURN_IF_ERROR(CheckRanges(layers, region_.bytes));
+    TANDEM_RETURN_IF_ERROR(CheckRanges(layers, pool_bytes_));
     TANDEM_ASSIGN_OR_RETURN(KvDescriptor d,
                             MakeDescriptor(info_.instance_id, request_id, std::move(layers)));
     MutexLock lock(&mutex_);
@@ -123,7 +124,7 @@ class CudaIpcPublisher final : public KvPublisher {
     }
   }
 
-  const MemoryRegion region_;
+  const uint64_t pool_bytes_;
   const PeerInfo info_;
   const std::chrono::milliseconds lease_timeout_;
   mutable Mutex mutex_;
@@ -140,18 +141,44 @@ class CudaIpcPublisher final : public KvPublisher {
 constexpr auto kUnmapIdle = std::chrono::seconds(30);
 
 struct MappedPeer {
-  void* base = nullptr;
-  uint64_t bytes = 0;
+  std::vector<void*> bases;  // one per publisher pool
   ~MappedPeer() {
-    if (base != nullptr) static_cast<void>(cudaIpcCloseMemHandle(base));
+    for (void* base : bases)
+      if (base != nullptr) static_cast<void>(cudaIpcCloseMemHandle(base));
   }
 };
 
+// A cuda_ipc PeerInfo's key blob: the publisher's pool shape, then one handle per pool.
+std::string PackPools(const KvPoolShape& shape, const std::vector<cudaIpcMemHandle_t>& handles) {
+  std::string out = EncodeKvPoolShape(shape);
+  for (const cudaIpcMemHandle_t& h : handles)
+    out.append(reinterpret_cast<const char*>(&h), sizeof h);
+  return out;
+}
+
+StatusOr<std::pair<KvPoolShape, std::vector<cudaIpcMemHandle_t>>> UnpackPools(
+    const std::string& blob) {
+  size_t used = 0;
+  TANDEM_ASSIGN_OR_RETURN(KvPoolShape shape, DecodeKvPoolShape(blob, &used));
+  const size_t want = used + static_cast<size_t>(shape.degree) * sizeof(cudaIpcMemHandle_t);
+  if (blob.size() != want)
+    return InvalidArgument("cuda_ipc: the publisher's key has " + std::to_string(blob.size()) +
+                           " bytes, its shape (tensor_parallel " + std::to_string(shape.degree) +
+                           ") needs " + std::to_string(want));
+  std::vector<cudaIpcMemHandle_t> handles(shape.degree);
+  for (int r = 0; r < shape.degree; ++r)
+    std::memcpy(&handles[r], blob.data() + used + r * sizeof(cudaIpcMemHandle_t),
+                sizeof(cudaIpcMemHandle_t));
+  return std::make_pair(shape, std::move(handles));
+}
+
 class CudaIpcPuller final : public KvPuller {
  public:
-  CudaIpcPuller(MemoryRegion region, std::string boot_id, cudaStream_t stream,
-                const CudaIpcOptions& options)
-      : region_(region),
+  // `pools`: this instance's, pool r on device r, of `shape`.
+  CudaIpcPuller(std::vector<std::byte*> pools, KvPoolShape shape, std::string boot_id,
+                cudaStream_t stream, const CudaIpcOptions& options)
+      : pools_(std::move(pools)),
+        shape_(shape),
         boot_id_(std::move(boot_id)),
         stream_(stream),
         timeout_(options.timeout),
@@ -189,17 +216,18 @@ class CudaIpcPuller final : public KvPuller {
       return InvalidArgument("cuda_ipc moves KV within one machine, and the publisher is on "
                              "another (boot id " + peer.worker_address + ", ours " + boot_id_ +
                              "): use transfer.backend ucx between machines");
-    if (peer.packed_rkey.size() != sizeof(cudaIpcMemHandle_t))
-      return InvalidArgument("cuda_ipc: the publisher's memory handle has " +
-                             std::to_string(peer.packed_rkey.size()) + " bytes, not " +
-                             std::to_string(sizeof(cudaIpcMemHandle_t)));
-    // Mapped under the lock: two Connects to one publisher must not open its handle twice.
+    TANDEM_ASSIGN_OR_RETURN(auto pools, UnpackPools(peer.packed_rkey));
+    if (pools.first.full != shape_.full)
+      return InvalidArgument("cuda_ipc: the publisher serves another model's KV (" +
+                             pools.first.full.ToString() + "; ours " + shape_.full.ToString() +
+                             ")");
+    // Mapped under the lock: two Connects to one publisher must not open its handles twice.
     MutexLock lock(&mutex_);
     if (stopping_) return FailedPrecondition("puller is stopping");
     if (peers_.count(peer.instance_id)) return Status();
     PeerEntry entry;
-    std::memcpy(&entry.handle, peer.packed_rkey.data(), sizeof entry.handle);
-    entry.bytes = peer.region_bytes;
+    entry.shape = pools.first;
+    entry.handles = std::move(pools.second);
     TANDEM_RETURN_IF_ERROR(Map(peer.instance_id, entry));
     peers_.emplace(peer.instance_id, std::move(entry));
     return Status();
@@ -209,6 +237,7 @@ class CudaIpcPuller final : public KvPuller {
               uint32_t layers_available) override {
     if (!callbacks.on_done) return InvalidArgument("Pull needs an on_done callback");
     std::shared_ptr<MappedPeer> peer;
+    KvPoolShape remote_shape;
     {
       MutexLock lock(&mutex_);
       if (stopping_) return FailedPrecondition("puller is stopping");
@@ -220,9 +249,10 @@ class CudaIpcPuller final : public KvPuller {
         TANDEM_RETURN_IF_ERROR(Map(d.instance_id, it->second));
       it->second.last_used = Clock::now();
       peer = it->second.mapped;
+      remote_shape = it->second.shape;
     }
     TANDEM_ASSIGN_OR_RETURN(std::vector<CopyPiece> pieces,
-                            PlanCopies(d.layers, peer->bytes, local, region_.bytes));
+                            PlanShardedCopies(d.layers, remote_shape, local, shape_));
     auto pull = std::make_shared<PullState>(std::move(pieces), static_cast<uint32_t>(d.layers.size()));
     pull->request_id = d.request_id;
     pull->total_bytes = d.total_bytes;
@@ -280,27 +310,31 @@ class CudaIpcPuller final : public KvPuller {
   };
 
   struct PeerEntry {
-    cudaIpcMemHandle_t handle;
-    uint64_t bytes = 0;
+    KvPoolShape shape;                       // the publisher's pools
+    std::vector<cudaIpcMemHandle_t> handles;  // one per pool
     std::shared_ptr<MappedPeer> mapped;  // null while unmapped
     Clock::time_point last_used = Clock::now();
   };
 
   static double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
-  // Opens entry's handle into entry.mapped. mutex_ held.
+  // Opens entry's handles into entry.mapped (on our device 0). mutex_ held.
   Status Map(uint64_t instance_id, PeerEntry& entry) TANDEM_REQUIRES(mutex_) {
     TANDEM_RETURN_IF_ERROR(cuda::SetDevice(0));
     auto mapped = std::make_shared<MappedPeer>();
-    const cudaError_t err =
-        cudaIpcOpenMemHandle(&mapped->base, entry.handle, cudaIpcMemLazyEnablePeerAccess);
-    if (err != cudaSuccess) {
-      mapped->base = nullptr;
-      static_cast<void>(cudaGetLastError());
-      return Unavailable("cuda_ipc: cannot map publisher " + std::to_string(instance_id) +
-                         "'s KV pool (is it alive, on this machine?): " + CudaErrorText(err));
+    for (size_t r = 0; r < entry.handles.size(); ++r) {
+      void* base = nullptr;
+      const cudaError_t err =
+          cudaIpcOpenMemHandle(&base, entry.handles[r], cudaIpcMemLazyEnablePeerAccess);
+      if (err != cudaSuccess) {
+        static_cast<void>(cudaGetLastError());
+        return Unavailable("cuda_ipc: cannot map publisher " + std::to_string(instance_id) +
+                           "'s KV pool " + std::to_string(r) +
+                           " (is it alive, on this machine, its GPU a peer of ours?): " +
+                           CudaErrorText(err));
+      }
+      mapped->bases.push_back(base);  // closed by ~MappedPeer, also when a later one fails
     }
-    mapped->bytes = entry.bytes;
     entry.mapped = std::move(mapped);
     entry.last_used = Clock::now();
     return Status();
@@ -330,10 +364,11 @@ class CudaIpcPuller final : public KvPuller {
     for (const LayerBatch& batch : batches) {
       for (size_t i = batch.first; i < batch.last && status.ok(); ++i) {
         const CopyPiece& p = pull.queue.pieces()[i];
+        // Between GPUs through unified addressing (peer access; cudaMemcpyDefault infers it).
         const cudaError_t err = cudaMemcpyAsync(
-            static_cast<char*>(region_.base) + p.local_offset,
-            static_cast<const char*>(pull.peer->base) + p.remote_offset, p.length,
-            cudaMemcpyDeviceToDevice, stream_);
+            pools_[p.local_pool] + p.local_offset,
+            static_cast<const char*>(pull.peer->bases[p.remote_pool]) + p.remote_offset,
+            p.length, cudaMemcpyDefault, stream_);
         if (err != cudaSuccess) status = Internal("cuda_ipc copy: " + CudaErrorText(err));
       }
       cudaEvent_t event = nullptr;
@@ -446,7 +481,8 @@ class CudaIpcPuller final : public KvPuller {
     actions.push_back([pull, status] { pull->callbacks.on_done(pull->request_id, status); });
   }
 
-  const MemoryRegion region_;
+  const std::vector<std::byte*> pools_;  // ours, pool r on device r
+  const KvPoolShape shape_;
   const std::string boot_id_;
   cudaStream_t stream_;
   const std::chrono::milliseconds timeout_;
@@ -462,38 +498,57 @@ class CudaIpcPuller final : public KvPuller {
   std::thread progress_;
 };
 
+// Pool r of `shape` on device r of the process.
+StatusOr<std::vector<KvPoolMemory>> AllocatePools(const KvPoolShape& shape) {
+  TANDEM_RETURN_IF_ERROR(shape.Validate());
+  TANDEM_ASSIGN_OR_RETURN(int visible, cuda::DeviceCount());
+  if (shape.degree > visible)
+    return InvalidArgument("cuda_ipc: tensor_parallel " + std::to_string(shape.degree) +
+                           " needs that many GPUs; " + std::to_string(visible) + " visible");
+  std::vector<KvPoolMemory> pools;
+  for (int r = 0; r < shape.degree; ++r) {
+    TANDEM_ASSIGN_OR_RETURN(KvPoolMemory pool, cuda::AllocateCudaKvPool(shape.pool_bytes(), r));
+    pools.push_back(std::move(pool));
+  }
+  return pools;
+}
+
 }  // namespace
 
-StatusOr<PublisherWithPool> CreateCudaIpcPublisherWithPool(size_t pool_bytes,
+StatusOr<PublisherWithPool> CreateCudaIpcPublisherWithPool(const KvPoolShape& shape,
                                                            const CudaIpcOptions& options) {
-  if (pool_bytes == 0) return InvalidArgument("cuda_ipc: empty KV pool");
   TANDEM_ASSIGN_OR_RETURN(std::string boot_id, MachineBootId());
   PublisherWithPool out;
-  TANDEM_ASSIGN_OR_RETURN(out.memory, cuda::AllocateCudaKvPool(pool_bytes));
-  cudaIpcMemHandle_t handle;
-  TANDEM_CUDA_RETURN_IF_ERROR(cudaIpcGetMemHandle(&handle, out.memory.base));
+  TANDEM_ASSIGN_OR_RETURN(out.pools, AllocatePools(shape));
+  std::vector<cudaIpcMemHandle_t> handles(out.pools.size());
+  for (size_t r = 0; r < out.pools.size(); ++r) {
+    TANDEM_RETURN_IF_ERROR(cuda::SetDevice(static_cast<int>(r)));
+    TANDEM_CUDA_RETURN_IF_ERROR(cudaIpcGetMemHandle(&handles[r], out.pools[r].base));
+  }
   PeerInfo info;
   info.instance_id = RandomInstanceId();
   info.transport = std::string(kCudaIpcTransport);
   info.worker_address = boot_id;
-  info.packed_rkey.assign(reinterpret_cast<const char*>(&handle), sizeof handle);
-  info.region_base = reinterpret_cast<uint64_t>(out.memory.base);
-  info.region_bytes = out.memory.bytes;
-  out.publisher = std::make_unique<CudaIpcPublisher>(
-      MemoryRegion{out.memory.base, out.memory.bytes}, std::move(info), options.lease_timeout);
+  info.packed_rkey = PackPools(shape, handles);
+  info.region_base = reinterpret_cast<uint64_t>(out.pools[0].base);
+  info.region_bytes = out.pools[0].bytes;
+  out.publisher = std::make_unique<CudaIpcPublisher>(shape.pool_bytes(), std::move(info),
+                                                     options.lease_timeout);
   return out;
 }
 
-StatusOr<PullerWithPool> CreateCudaIpcPullerWithPool(size_t pool_bytes,
+StatusOr<PullerWithPool> CreateCudaIpcPullerWithPool(const KvPoolShape& shape,
                                                      const CudaIpcOptions& options) {
-  if (pool_bytes == 0) return InvalidArgument("cuda_ipc: empty KV pool");
   TANDEM_ASSIGN_OR_RETURN(std::string boot_id, MachineBootId());
   PullerWithPool out;
-  TANDEM_ASSIGN_OR_RETURN(out.memory, cuda::AllocateCudaKvPool(pool_bytes));
+  TANDEM_ASSIGN_OR_RETURN(out.pools, AllocatePools(shape));
+  std::vector<std::byte*> bases;
+  for (const KvPoolMemory& pool : out.pools) bases.push_back(pool.base);
+  TANDEM_RETURN_IF_ERROR(cuda::SetDevice(0));
   cudaStream_t stream = nullptr;
   TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  out.puller = std::make_unique<CudaIpcPuller>(MemoryRegion{out.memory.base, out.memory.bytes},
-                                               std::move(boot_id), stream, options);
+  out.puller = std::make_unique<CudaIpcPuller>(std::move(bases), shape, std::move(boot_id),
+                                               stream, options);
   return out;
 }
 

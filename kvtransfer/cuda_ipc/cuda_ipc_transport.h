@@ -4,11 +4,17 @@
 // one prefill and one decode process share a single GPU.
 //
 //   prefill                                           decode
-//   pool = cudaMalloc; handle = cudaIpcGetMemHandle   pool = cudaMalloc
-//   peer_info(): {handle, this machine's boot id} ──▶ Connect: cudaIpcOpenMemHandle (once)
+//   pools = cudaMalloc per GPU; cudaIpcGetMemHandle   pools = cudaMalloc per GPU
+//   peer_info(): {shape, handles, boot id}  ───────▶  Connect: cudaIpcOpenMemHandle (once each)
 //   Publish(id, ranges)      ── KvDescriptor ──────▶  Pull: per layer, cudaMemcpyAsync of its
-//                                                     pieces (PlanCopies, LayerCopyQueue), then
-//                                                     an event; on_layer(l) when it completed
+//                                                     pieces (PlanShardedCopies, LayerCopyQueue),
+//                                                     then an event; on_layer(l) when it completed
+//
+// Tensor parallelism (kvtransfer/sharded_copies.h): an instance of degree t has t pools, pool r
+// on its GPU r, and ranges in rank 0's offsets. The publisher's PeerInfo carries its pool shape
+// and t handles; the puller copies pool to pool, re-sharding the KV heads when its own degree
+// differs. The puller maps every publisher pool on its GPU 0 and copies on one stream there:
+// the GPUs need peer access (NVLink or PCIe P2P), as CUDA IPC between GPUs always does.
 //
 // The roles and guarantees of kvtransfer/transfer.h hold, with these specifics:
 // - One machine: PeerInfo::worker_address carries the publisher's boot id; Connect refuses a
@@ -53,12 +59,13 @@ struct CudaIpcOptions {
   MetricsRegistry* metrics = nullptr;                  // puller: tandem_kv_transfer_*
 };
 
-// A KV pool of `pool_bytes` in device memory (device 0 of the process, zeroed, kind
-// kCudaDevice) and the publisher or puller over it. Errors: Unavailable (no CUDA device),
+// The KV pools of `shape` in device memory (pool r on device r of the process, zeroed, kind
+// kCudaDevice) and the publisher or puller over them. Errors: InvalidArgument (a shape that
+// does not validate, or more pools than visible devices), Unavailable (no CUDA device),
 // ResourceExhausted (out of device memory), Internal.
-StatusOr<PublisherWithPool> CreateCudaIpcPublisherWithPool(size_t pool_bytes,
+StatusOr<PublisherWithPool> CreateCudaIpcPublisherWithPool(const KvPoolShape& shape,
                                                            const CudaIpcOptions& options);
-StatusOr<PullerWithPool> CreateCudaIpcPullerWithPool(size_t pool_bytes,
+StatusOr<PullerWithPool> CreateCudaIpcPullerWithPool(const KvPoolShape& shape,
                                                      const CudaIpcOptions& options);
 
 }  // namespace tandem

@@ -197,8 +197,8 @@ TEST_CASE("kvtransfer factory: pools from the transport, per-layer completion to
   REQUIRE(publish.ok());
   auto pull = CreatePullerWithPool(transfer, KvPoolBytes(layout, kBlocks), options);
   REQUIRE(pull.ok());
-  auto src = KvCache::Create(layout, kBlocks, publish->memory);
-  auto dst = KvCache::Create(layout, kBlocks, pull->memory);
+  auto src = KvCache::Create(layout, kBlocks, publish->pools.at(0));
+  auto dst = KvCache::Create(layout, kBlocks, pull->pools.at(0));
   REQUIRE(src.ok());
   REQUIRE(dst.ok());
   std::vector<int32_t> src_table = {5, 2, 11}, dst_table = {0, 15, 7};
@@ -257,6 +257,24 @@ TEST_CASE("kvtransfer factory: refuses a backend the servers do not run", "[kvtr
   CHECK(publish.status().code() == StatusCode::kInvalidArgument);
   CHECK(publish.status().message().find("carrier-pigeon") != std::string::npos);
   CHECK_FALSE(CreatePullerWithPool(transfer, 4096, {}).ok());
+}
+
+TEST_CASE("kvtransfer factory: a pool per GPU needs cuda_ipc; the shape must match the bytes",
+          "[kvtransfer]") {
+  TransferSection transfer;
+  transfer.backend = "inproc";
+  TransferFactoryOptions options;
+  options.pool_shape = KvPoolShape{KvLayout{2, 4, 8, 4}, 2, 16};
+  auto publish = CreatePublisherWithPool(transfer, options.pool_shape.pool_bytes(), options);
+  CHECK(publish.status().message() ==
+        "transfer.backend inproc moves one KV pool; tensor_parallel 2 keeps one per GPU: use "
+        "cuda_ipc");
+  options.pool_shape.degree = 1;
+  CHECK(CreatePullerWithPool(transfer, 4096, options).status().message().starts_with(
+      "KV pool of 4096 bytes, its shape says"));
+  auto pull = CreatePullerWithPool(transfer, options.pool_shape.pool_bytes(), options);
+  REQUIRE(pull.ok());
+  CHECK(pull->pools.size() == 1);
 }
 
 }  // namespace

@@ -45,8 +45,7 @@ TEST_CASE("serving config: GPU layouts load for simulation and are refused for s
                                       "cannot move: set transfer.backend: cuda_ipc"
                                     : "cluster.yaml:2:11: prefill.device: cuda cannot be served by "
                                       "this build: it has no CUDA backend"));
-  CHECK(Has(error, "cluster.yaml:3:20: prefill.tensor_parallel: 2 cannot be served on prefill "
-                   "instances yet: their KV would be one pool per GPU"));
+  CHECK_FALSE(Has(error, "prefill.tensor_parallel"));  // cuda instances split over GPUs
   CHECK(Has(ServingError("decode:\n  tensor_parallel: 2\n"),
             "cluster.yaml:2:20: decode.tensor_parallel: 2 cannot be served on cpu: a CPU "
             "instance is one process (use decode.threads)"));
@@ -55,6 +54,12 @@ TEST_CASE("serving config: GPU layouts load for simulation and are refused for s
       ServingError("prefill: {instances: 0}\ndecode: {instances: 0}\n"
                    "colocated: {instances: 1, device: cuda, tensor_parallel: 2}\n");
   if (BuiltWithCuda()) CHECK(colocated_tp.empty());
+  // Prefill and decode at different degrees: cuda_ipc re-shards the KV between them.
+  const std::string disaggregated_tp =
+      ServingError("transfer: {backend: cuda_ipc}\n"
+                   "prefill: {device: cuda, tensor_parallel: 2}\n"
+                   "decode: {device: cuda, tensor_parallel: 4}\n");
+  if (BuiltWithCuda()) CHECK(disaggregated_tp.empty());
   CHECK(Has(error, "cluster.yaml:5:22: decode.pipeline_parallel: 4 cannot be served"));
   CHECK(Has(error, "cluster.yaml:6:15: decode.preemption: swap is not implemented"));
   // A flag is named as the flag.
