@@ -6,9 +6,12 @@ over CUDA IPC (`transfer.backend: cuda_ipc`), SmolLM2-135M-Instruct, driven by t
 bandwidth.
 
   .venv/bin/python tests/gpu/cluster_check.py TANDEM_BINARY LOG_DIR [--d2d-gbps X] [--cpu]
+      [--decode-tp T]
 
 --cpu runs the same checks on the CPU cluster (ucx, device cpu): the script's own check where no
-GPU is.
+GPU is. --decode-tp T puts decode on GPUs 0..T-1 with tensor_parallel T (prefill stays on GPU 0,
+tensor_parallel 1): every pull re-shards the KV heads 1 -> T (SmolLM2's 9 heads, 3 KV heads:
+T = 3 or 9).
 
 Judged: the greedy answer names Paris; streaming and non-streaming give the same text; eight
 concurrent requests all finish with their max_tokens or a stop; every pull succeeded
@@ -39,12 +42,16 @@ def row(name, result, detail):
     print(f"ROW|{name}|{result}|{detail}", flush=True)
 
 
-def start(binary, log_dir, cpu):
+def start(binary, log_dir, cpu, decode_tp):
     router, metrics = free_base(1), free_base(1)
-    log_path = os.path.join(log_dir, "cluster-cuda-ipc.log")
+    log_path = os.path.join(log_dir, f"cluster-cuda-ipc-tp{decode_tp}.log")
     log = open(log_path, "w")
     placement = [] if cpu else ["--transfer.backend=cuda_ipc", "--prefill.device=cuda",
                                 "--decode.device=cuda"]
+    if decode_tp > 1:
+        gpus = ",".join(str(g) for g in range(decode_tp))
+        placement += [f"--decode.tensor_parallel={decode_tp}", "--prefill.cuda_devices=0",
+                      f"--decode.cuda_devices={gpus}"]
     proc = subprocess.Popen(
         # A loose TTFT SLO: the long prompt below must be served, not refused as too slow.
         [os.path.abspath(binary), "serve", f"--router.port={router}",
@@ -69,12 +76,16 @@ def main():
     parser.add_argument("--d2d-gbps", type=float, default=0.0,
                         help="bytes a device-to-device copy moves per second, in GB/s")
     parser.add_argument("--cpu", action="store_true")
+    parser.add_argument("--decode-tp", type=int, default=1)
     args = parser.parse_args()
+    name = CLUSTER_ROW[args.cpu] if args.decode_tp == 1 else \
+        f"cluster 1P+1D, decode tensor_parallel {args.decode_tp} (KV re-sharded 1 -> {args.decode_tp})"
     proc = None
     failed = []
     try:
         started = time.time()
-        proc, url, metrics_port, log_path = start(args.binary, args.log_dir, args.cpu)
+        proc, url, metrics_port, log_path = start(args.binary, args.log_dir, args.cpu,
+                                                  args.decode_tp)
         ready_s = time.time() - started
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120,
                                http_client=httpx.Client(trust_env=False, timeout=120))
@@ -110,7 +121,7 @@ def main():
             failed.append(f"{pulls:.0f} pulls, {failures:.0f} failed")
         detail = (f"ready in {ready_s:.1f} s; {text!r} in {first_s * 1000:.0f} ms; stream equal; "
                   f"8 concurrent ok; {pulls:.0f} pulls, {failures:.0f} failed")
-        row(CLUSTER_ROW[args.cpu], "FAIL" if failed else "ok",
+        row(name, "FAIL" if failed else "ok",
             "; ".join(failed) if failed else detail)
 
         # The transfer of one long prompt's KV (about 46 KB per token for SmolLM2 in fp32).
@@ -131,7 +142,7 @@ def main():
             row(TRANSFER_ROW[args.cpu], "FAIL", f"no transfer measured ({moved} B)")
             failed.append("no transfer measured")
     except Exception as e:  # noqa: BLE001 - reported as a row
-        row(CLUSTER_ROW[args.cpu], "FAIL", f"{type(e).__name__}: {e}"[:400])
+        row(name, "FAIL", f"{type(e).__name__}: {e}"[:400])
         failed.append(str(e))
     finally:
         stop_process(proc, 20)

