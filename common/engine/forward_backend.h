@@ -10,7 +10,8 @@
 // (common/engine/sampling.h) on host logits for both: see CudaForward for why.
 //
 // `device` (S.device in the config): "cpu" or "cuda" (device 0 of what CUDA_VISIBLE_DEVICES
-// shows; a process is one instance). A build without CUDA refuses "cuda" with a message.
+// shows, or devices 0..t-1 with ForwardOptions::tensor_parallel t: common/engine/tp_forward.h;
+// a process is one instance). A build without CUDA refuses "cuda" with a message.
 #pragma once
 
 #include <chrono>
