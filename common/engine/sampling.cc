@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -42,6 +43,62 @@ struct ByScoreDesc {
     return a < b;
   }
 };
+
+// A key whose ascending order is ByScoreDesc's: the score's bits made to sort as unsigned
+// integers (IEEE order), inverted (higher first), then the id (lower first). Scores here are
+// numbers (Usable), so no NaN.
+uint64_t DescKey(float score, int32_t id) {
+  uint32_t bits;
+  std::memcpy(&bits, &score, sizeof bits);
+  bits = (bits & 0x80000000u) ? ~bits : bits | 0x80000000u;  // ascending as unsigned
+  return (static_cast<uint64_t>(~bits) << 32) | static_cast<uint32_t>(id);
+}
+
+// Top-p as HF applies it to cand[0..n): in score order, it sums the probabilities from the least
+// likely token up and drops tokens while that sum stays <= 1 - top_p; the most likely token
+// always stays (min_tokens_to_keep = 1). Returns how many are kept, with the kept ones first in
+// cand, most likely first.
+//
+// Only the head it keeps is sorted, not the vocabulary (a full sort was 5.6 ms a row at vocab
+// 49152, perf/README.md): the top m candidates are selected (nth_element on packed keys, no
+// indirection) and sorted, m doubling from 64 until the mass outside them is within the share
+// top-p drops; that tail is then dropped whole, and the loop above runs over the sorted head
+// from its lower end, starting from the tail's mass. `token_probs` (vocab entries, by token id)
+// and `keys` (n entries) are scratch.
+size_t TopPKeep(int32_t* cand, size_t n, const float* scores, float top_p, double* token_probs,
+                uint64_t* keys) {
+  float max_score = scores[cand[0]];
+  for (size_t j = 1; j < n; ++j) max_score = std::max(max_score, scores[cand[j]]);
+  double total = 0.0;
+  for (size_t j = 0; j < n; ++j) {
+    const int32_t t = cand[j];
+    token_probs[t] = std::exp(static_cast<double>(scores[t]) - max_score);
+    total += token_probs[t];
+    keys[j] = DescKey(scores[t], t);
+  }
+  auto id = [&](size_t j) { return static_cast<int32_t>(keys[j] & 0xffffffffu); };
+  const double threshold = 1.0 - static_cast<double>(top_p);
+  size_t sorted = 0;  // keys[0..sorted) hold the top `sorted`, in order
+  for (size_t m = std::min<size_t>(64, n);; m = std::min(2 * m, n)) {
+    // keys[sorted..n) holds the rest: select the next m - sorted among them.
+    if (m < n) std::nth_element(keys + sorted, keys + m - 1, keys + n);
+    double tail = 0.0;  // the mass of everything but the top m, as a share
+    for (size_t j = m; j < n; ++j) tail += token_probs[id(j)];
+    tail /= total;
+    std::sort(keys + sorted, keys + m);
+    sorted = m;
+    if (tail > threshold && m < n) continue;  // the cut lies below the top m: widen
+    double cumulative = tail;
+    size_t keep = m;
+    while (keep > 1) {
+      cumulative += token_probs[id(keep - 1)] / total;
+      if (cumulative > threshold) break;
+      --keep;
+    }
+    for (size_t j = 0; j < keep; ++j) cand[j] = id(j);
+    return keep;
+  }
+}
 
 }  // namespace
 
@@ -145,6 +202,7 @@ SamplerWorkspace::SamplerWorkspace(int32_t vocab_size)
       candidates(vocab_size),
       order(vocab_size),
       probs(vocab_size),
+      keys(vocab_size),
       counts(vocab_size, 0),
       seen(vocab_size, 0) {
   TANDEM_CHECK(vocab_size > 0, "vocab_size must be positive");
@@ -269,26 +327,8 @@ void Sampler::Warp() {
     n = std::partition(cand, cand + n, [&](int32_t t) { return scores[t] >= kth; }) - cand;
   }
 
-  if (params_.top_p < 1.0f) {
-    std::sort(cand, cand + n, by_score);
-    const double max_score = scores[cand[0]];
-    double sum = 0.0;
-    for (size_t j = 0; j < n; ++j) {
-      probs[j] = std::exp(static_cast<double>(scores[cand[j]]) - max_score);
-      sum += probs[j];
-    }
-    // HF sums from the least likely token up and drops while the sum is <= 1 - top_p; the
-    // most likely token always stays (min_tokens_to_keep = 1).
-    const double threshold = 1.0 - static_cast<double>(params_.top_p);
-    double cumulative = 0.0;
-    size_t keep = n;
-    while (keep > 1) {
-      cumulative += probs[keep - 1] / sum;
-      if (cumulative > threshold) break;
-      --keep;
-    }
-    n = keep;
-  }
+  if (params_.top_p < 1.0f)
+    n = TopPKeep(cand, n, scores, params_.top_p, probs, ws_->keys.data());
 
   if (params_.min_p > 0.0f) {
     // p_i < min_p * p_max  <=>  exp(s_i - s_max) < min_p; the top token always stays.

@@ -71,6 +71,7 @@ class SamplerWorkspace {
   std::vector<int32_t> candidates;  // token ids still in play
   std::vector<int32_t> order;       // top-n selection
   std::vector<double> probs;        // probabilities of candidates[0..n)
+  std::vector<uint64_t> keys;       // top-p: candidates as packed sort keys
   std::vector<int32_t> counts;      // output-token counts; all zero between calls
   std::vector<uint8_t> seen;        // seen in prompt/output; all zero between calls
 };
