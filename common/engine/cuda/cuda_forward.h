@@ -29,8 +29,11 @@
 // Tensor parallelism (CudaRank::clique, set by TpCudaForward): the model is one rank's shard
 // (common/engine/tensor_parallel.h); o_proj and down_proj write their partial sums into a
 // scratch buffer, NCCL sums it over the ranks in place on this pass's stream, and it is added to
-// the residual (o_bias after). Such a pass is never captured as a graph (NCCL's collectives
-// could be; not done yet), and its stream waits are bounded by CudaRank::sync_timeout.
+// the residual (o_bias after). Such a pass is never captured as a graph: NCCL can capture its
+// collectives, but its guide warns that several GPUs per process with graph capture may
+// deadlock (a cudaGraphLaunch may block), and requires every rank to replay the same capture;
+// TpForward drives all ranks from one process, so its decode steps run eagerly (one process
+// per GPU would lift this). Its stream waits are bounded by CudaRank::sync_timeout.
 //
 // The hooks run on the host: before_layer(l) before layer l's work is queued (so a KV layer
 // landed by then is read); after_layer(l) after the stream finished layer l's attention and
