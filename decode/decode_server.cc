@@ -7,7 +7,6 @@
 
 #include "common/base/log.h"
 #include "common/base/metrics.h"
-#include "common/engine/tensor_parallel.h"
 #include "common/model/model.h"
 #include "common/model/model_store.h"
 #include "common/serving/instance_host.h"
@@ -227,21 +226,11 @@ Status BatchDriver::InitTransferAndEngine(const RoleArgs& args,
   eo.token_budget = section.token_budget;
   if (colocated()) eo.policy = StepPolicyFromConfig(section.scheduling);
   eo.max_model_len = config.model.max_model_len;
-  const ModelConfig& mc = model_->config();
-  // With tensor_parallel each GPU holds a rank's weights and a rank's pool (its KV heads):
-  // the pool is sized per rank, against one GPU's memory.
-  StatusOr<TpPlan> plan = MakeTpPlan(mc, section.tensor_parallel);
-  if (!plan.ok())  // "colocated.tensor_parallel 3 does not divide num_attention_heads 9"
-    return InvalidArgument((colocated() ? "colocated." : "decode.") + plan.status().message());
-  KvPoolShape shape;
-  shape.full = KvLayout{mc.num_layers, mc.num_kv_heads, mc.head_dim, eo.block_size};
-  shape.degree = plan->degree;
+  // With tensor_parallel each GPU holds a rank's weights and a rank's pool (its KV heads).
   TANDEM_ASSIGN_OR_RETURN(
-      uint64_t kv_budget,
-      KvMemoryBudgetBytes(section.device, TpRankWeightBytes(*model_, plan->degree)));
-  TANDEM_ASSIGN_OR_RETURN(eo.kv_blocks,
-                          KvPoolBlocks(config, section, shape.rank_layout(), kv_budget));
-  shape.num_blocks = eo.kv_blocks;
+      KvPoolShape shape,
+      InstanceKvPools(config, section, colocated() ? "colocated" : "decode", *model_));
+  eo.kv_blocks = shape.num_blocks;
   eo.metrics = setup_.metrics.get();
   // A request joins the batch only once every layer was announced: the pull ends within the
   // transfer timeout, and the step's wait for a layer a little later.

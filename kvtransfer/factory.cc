@@ -9,6 +9,8 @@
 #include <cstring>
 #include <fstream>
 
+#include "common/engine/forward_backend.h"
+#include "common/engine/tensor_parallel.h"
 #include "kvtransfer/inprocess_transport.h"
 #if TANDEM_HAVE_CUDA  // set for this file only (CMakeLists.txt)
 #include "kvtransfer/cuda_ipc/cuda_ipc_transport.h"
@@ -132,6 +134,22 @@ StatusOr<std::string> InterfaceOfAddress(const std::string& ip) {
   if (name.empty() && v4 && (ntohl(want4.s_addr) >> 24) == 127) name = "lo";
   if (name.empty()) return NotFound("no network interface of this machine has the address " + ip);
   return name;
+}
+
+StatusOr<KvPoolShape> InstanceKvPools(const ClusterConfig& config, const InstanceSection& section,
+                                      std::string_view name, const Model& model) {
+  const ModelConfig& mc = model.config();
+  StatusOr<TpPlan> plan = MakeTpPlan(mc, section.tensor_parallel);
+  if (!plan.ok())  // "decode.tensor_parallel 2 does not divide num_attention_heads 9"
+    return InvalidArgument(std::string(name) + "." + plan.status().message());
+  KvPoolShape shape;
+  shape.full = KvLayout{mc.num_layers, mc.num_kv_heads, mc.head_dim, config.kv_cache.block_size};
+  shape.degree = plan->degree;
+  TANDEM_ASSIGN_OR_RETURN(
+      uint64_t budget, KvMemoryBudgetBytes(section.device, TpRankWeightBytes(model, plan->degree)));
+  TANDEM_ASSIGN_OR_RETURN(shape.num_blocks,
+                          KvPoolBlocks(config, section, shape.rank_layout(), budget));
+  return shape;
 }
 
 StatusOr<PublisherWithPool> CreatePublisherWithPool(const TransferSection& transfer,

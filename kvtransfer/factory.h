@@ -25,12 +25,14 @@
 
 #include <cstddef>
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #include "common/base/metrics.h"
 #include "common/base/status.h"
 #include "common/config/config.h"
 #include "common/engine/kv_cache.h"
+#include "common/model/model.h"
 #include "kvtransfer/sharded_copies.h"
 #include "kvtransfer/transfer.h"
 
@@ -76,6 +78,14 @@ StatusOr<std::string> MachineBootId();
 // The network interface that holds `ip` ("lo" for loopback), or "" for 0.0.0.0 / ::.
 // NotFound when no interface of this machine has it.
 StatusOr<std::string> InterfaceOfAddress(const std::string& ip);
+
+// The KV pools of an instance of `section` (named `name`: prefill, decode, colocated) serving
+// `model`: one per rank of S.tensor_parallel, all alike, each sized against one device's memory
+// less a rank's weights (KvPoolBlocks with the rank's KV heads, block size kv_cache.block_size).
+// InvalidArgument naming <name>.tensor_parallel when the model does not split that many ways;
+// KvMemoryBudgetBytes' and KvPoolBlocks' errors.
+StatusOr<KvPoolShape> InstanceKvPools(const ClusterConfig& config, const InstanceSection& section,
+                                      std::string_view name, const Model& model);
 
 StatusOr<PublisherWithPool> CreatePublisherWithPool(const TransferSection& transfer,
                                                     size_t pool_bytes,

@@ -4,7 +4,6 @@
 
 #include "common/base/log.h"
 #include "common/base/metrics.h"
-#include "common/engine/tensor_parallel.h"
 #include "common/model/model.h"
 #include "common/model/model_store.h"
 #include "common/serving/instance_host.h"
@@ -112,7 +111,6 @@ Status PrefillDriver::Init(const RoleArgs& args) {
   TANDEM_ASSIGN_OR_RETURN(std::string dir, ResolveModelDir(config.model));
   TANDEM_ASSIGN_OR_RETURN(model_,
                           Model::Load(dir, {LoadDTypeFor(config.model.dtype, section.device)}));
-  const ModelConfig& mc = model_->config();
   PrefillEngineOptions eo;
   eo.device = section.device;
   eo.threads = section.threads;
@@ -124,17 +122,9 @@ Status PrefillDriver::Init(const RoleArgs& args) {
   eo.max_model_len = config.model.max_model_len;
   eo.metrics = setup_.metrics.get();
   // With tensor_parallel each GPU holds a rank's weights and a rank's pool (its KV heads).
-  StatusOr<TpPlan> plan = MakeTpPlan(mc, section.tensor_parallel);
-  if (!plan.ok()) return InvalidArgument("prefill." + plan.status().message());
-  KvPoolShape shape;
-  shape.full = KvLayout{mc.num_layers, mc.num_kv_heads, mc.head_dim, eo.block_size};
-  shape.degree = plan->degree;
-  TANDEM_ASSIGN_OR_RETURN(
-      uint64_t kv_budget,
-      KvMemoryBudgetBytes(section.device, TpRankWeightBytes(*model_, plan->degree)));
-  TANDEM_ASSIGN_OR_RETURN(eo.kv_blocks,
-                          KvPoolBlocks(config, section, shape.rank_layout(), kv_budget));
-  shape.num_blocks = eo.kv_blocks;
+  TANDEM_ASSIGN_OR_RETURN(KvPoolShape shape,
+                          InstanceKvPools(config, section, "prefill", *model_));
+  eo.kv_blocks = shape.num_blocks;
   // Our own hold timer fires first; the transport's lease is the backstop.
   TANDEM_ASSIGN_OR_RETURN(kv_, CreatePublisherWithPool(
                                    config.transfer, shape.pool_bytes(),

