@@ -151,4 +151,23 @@ StatusOr<KvPoolShape> DecodeKvPoolShape(std::string_view bytes, size_t* consumed
   return shape;
 }
 
+std::string PackPoolKey(const PoolKey& key) {
+  std::string out = EncodeKvPoolShape(key.shape);
+  for (const std::string& h : key.handles) out += h;
+  return out;
+}
+
+StatusOr<PoolKey> UnpackPoolKey(std::string_view blob, size_t handle_bytes) {
+  size_t used = 0;
+  PoolKey key;
+  TANDEM_ASSIGN_OR_RETURN(key.shape, DecodeKvPoolShape(blob, &used));
+  const size_t want = used + static_cast<size_t>(key.shape.degree) * handle_bytes;
+  if (blob.size() != want)
+    return InvalidArgument("pool key of " + Str(blob.size()) + " bytes; tensor_parallel " +
+                           Str(key.shape.degree) + " needs " + Str(want));
+  for (int r = 0; r < key.shape.degree; ++r)
+    key.handles.emplace_back(blob.substr(used + r * handle_bytes, handle_bytes));
+  return key;
+}
+
 }  // namespace tandem

@@ -52,4 +52,14 @@ StatusOr<std::vector<CopyPiece>> PlanShardedCopies(const LayerRanges& remote,
 std::string EncodeKvPoolShape(const KvPoolShape& shape);
 StatusOr<KvPoolShape> DecodeKvPoolShape(std::string_view bytes, size_t* consumed);
 
+// A publisher's key for pools a peer maps by handle (cuda_ipc's PeerInfo::packed_rkey): the
+// shape record, then one handle of `handle_bytes` per pool. Unpack: InvalidArgument when the
+// blob is not exactly that (naming the sizes).
+struct PoolKey {
+  KvPoolShape shape;
+  std::vector<std::string> handles;  // [shape.degree]
+};
+std::string PackPoolKey(const PoolKey& key);
+StatusOr<PoolKey> UnpackPoolKey(std::string_view blob, size_t handle_bytes);
+
 }  // namespace tandem

@@ -52,6 +52,30 @@ void CheckInstance(ServingErrors* errors, const ClusterConfig& config, const std
   if (!s.cuda_devices.empty() && s.device != "cuda")
     errors->Add(name + ".cuda_devices",
                 "has no effect on " + s.device + " instances: it picks the GPUs of device cuda");
+  if (!s.cuda_devices.empty() && s.device == "cuda" && s.tensor_parallel > 1) {
+    // Instance i takes entries i*t .. i*t+t-1 (CudaVisibleDevicesFor): whole groups of distinct
+    // GPUs, or two ranks (NCCL refuses) or two instances would share one.
+    const size_t t = static_cast<size_t>(s.tensor_parallel), n = s.cuda_devices.size();
+    if (n % t != 0) {
+      errors->Add(name + ".cuda_devices",
+                  std::to_string(n) + " entries are not whole groups of tensor_parallel " +
+                      std::to_string(t) + " GPUs (instance i takes entries i*" +
+                      std::to_string(t) + " .. i*" + std::to_string(t) + "+" +
+                      std::to_string(t - 1) + ")");
+    } else {
+      for (size_t g = 0; g < n; g += t) {
+        std::vector<std::string> group(s.cuda_devices.begin() + g, s.cuda_devices.begin() + g + t);
+        std::sort(group.begin(), group.end());
+        auto twice = std::adjacent_find(group.begin(), group.end());
+        if (twice != group.end()) {
+          errors->Add(name + ".cuda_devices",
+                      "'" + *twice + "' twice among one instance's " + std::to_string(t) +
+                          " GPUs: each rank needs its own");
+          break;
+        }
+      }
+    }
+  }
   if (s.tensor_parallel > 1 && s.device != "cuda")
     errors->Add(name + ".tensor_parallel",
                 std::to_string(s.tensor_parallel) + " cannot be served on " + s.device +

@@ -13,13 +13,20 @@ namespace tandem {
 void TpForward::LayerGate::Reset() {
   std::lock_guard<std::mutex> lock(mu_);
   released_ = -1;
+  in_hook_ = false;
   failed_ = false;
+}
+
+void TpForward::LayerGate::Enter() {
+  std::lock_guard<std::mutex> lock(mu_);
+  in_hook_ = true;
 }
 
 void TpForward::LayerGate::Release(int layer) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     released_ = layer;
+    in_hook_ = false;
   }
   cv_.notify_all();
 }
@@ -32,10 +39,17 @@ void TpForward::LayerGate::Fail() {
   cv_.notify_all();
 }
 
-bool TpForward::LayerGate::WaitFor(int layer, std::chrono::milliseconds timeout) {
+TpForward::LayerGate::Wait TpForward::LayerGate::WaitFor(int layer,
+                                                          std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mu_);
-  return cv_.wait_for(lock, timeout, [&] { return released_ >= layer || failed_; }) &&
-         !failed_;
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!failed_ && released_ < layer) {
+    if (cv_.wait_until(lock, deadline) != std::cv_status::timeout) continue;
+    if (!in_hook_) return failed_ ? Wait::kFailed : released_ >= layer ? Wait::kReleased
+                                                                        : Wait::kTimedOut;
+    deadline = std::chrono::steady_clock::now() + timeout;  // rank 0 waits in its hook
+  }
+  return failed_ ? Wait::kFailed : Wait::kReleased;
 }
 
 // ---- TpForward ---------------------------------------------------------------------------------
@@ -131,11 +145,12 @@ bool TpForward::broken() const {
   return broken_;
 }
 
-void TpForward::Break() {
+void TpForward::Break(const Status& cause) {
   {
     std::lock_guard<std::mutex> lock(broken_mu_);
     if (broken_) return;
     broken_ = true;
+    broke_with_ = cause;
   }
   gate_.Fail();
   if (collective_.abort) collective_.abort();
@@ -157,7 +172,8 @@ void TpForward::RunRank(int rank) {
   // A refused batch is refused by every rank before it computes (they check the same batch
   // against the same layout): nobody waits. Anything else may leave the others waiting.
   const StatusCode code = out.status().code();
-  if (!out.ok() && code != StatusCode::kInvalidArgument && code != StatusCode::kTooLarge) Break();
+  if (!out.ok() && code != StatusCode::kInvalidArgument && code != StatusCode::kTooLarge)
+    Break(out.status().WithContext("tensor-parallel rank " + std::to_string(rank)));
   if (rank == 0 && !out.ok()) gate_.Fail();
 }
 
@@ -183,6 +199,8 @@ StatusOr<std::span<const float>> TpForward::ForwardRanks(std::span<const Sequenc
   }
   if (hooks != nullptr && hooks->all_reduce)
     return InvalidArgument("tensor-parallel forward: the all_reduce hook is the ranks' own");
+  // Only rank 0 is given `greedy`: checked here, so that it cannot refuse alone.
+  TANDEM_RETURN_IF_ERROR(ValidateGreedyRows(greedy, batch.size(), mode));
   if (broken())
     return FailedPrecondition("tensor-parallel forward: a rank failed in an earlier call (the "
                               "collective was aborted)");
@@ -199,37 +217,40 @@ StatusOr<std::span<const float>> TpForward::ForwardRanks(std::span<const Sequenc
       h.after_layer = hooks->after_layer;
       if (gated)
         h.before_layer = [this, hooks](int layer) {
+          gate_.Enter();
           hooks->before_layer(layer);
           gate_.Release(layer);
         };
     } else if (gated) {
-      // A failed wait (rank 0 failed, or its hook ran past the timeout) cannot be returned
-      // from a hook: the rank records it and goes on into a collective that is aborted.
+      // A failed wait cannot be returned from a hook: the rank goes on into a collective that
+      // is aborted. A timeout is this rank's failure; a failed gate is another's.
       h.before_layer = [this, r](int layer) {
-        if (!gate_.WaitFor(layer, timeout_)) {
-          if (collective_status_[r].ok())
-            collective_status_[r] = DeadlineExceeded(
-                "tensor-parallel forward: rank " + std::to_string(r) + " waited " +
-                std::to_string(timeout_.count()) + " ms for rank 0 to release layer " +
-                std::to_string(layer));
-          Break();
-        }
+        if (gate_.WaitFor(layer, timeout_) == LayerGate::Wait::kTimedOut)
+          Break(DeadlineExceeded("tensor-parallel forward: rank " + std::to_string(r) +
+                                 " waited " + std::to_string(timeout_.count()) +
+                                 " ms for rank 0 to release layer " + std::to_string(layer)));
       };
     }
     if (collective_.host_all_reduce)
       h.all_reduce = [this, r](float* data, size_t count) {
         Status s = collective_.host_all_reduce(r, data, count);
-        if (!s.ok() && collective_status_[r].ok()) collective_status_[r] = s;
+        if (s.ok()) return;
+        if (collective_status_[r].ok()) collective_status_[r] = s;
+        // FailedPrecondition: broken by another rank's failure, which is the cause.
+        if (s.code() != StatusCode::kFailedPrecondition) Break(s);
       };
     collective_status_[r] = Status::Ok();
   }
   // Bounded: a rank waits for another only in the collective or at the gate, both bounded.
   threads_.Run([this](int rank) { RunRank(rank); });
+  {
+    // This call broke the backend: what did, not the aborts and failed waits it caused.
+    std::lock_guard<std::mutex> lock(broken_mu_);
+    if (broken_ && !broke_with_.ok()) return std::exchange(broke_with_, Status::Ok());
+  }
   // A timeout first: the FailedPrecondition of the other ranks follows from it.
   for (int r = 0; r < t; ++r)
     if (collective_status_[r].code() == StatusCode::kDeadlineExceeded) return collective_status_[r];
-  for (int r = 0; r < t; ++r)
-    if (forward_status_[r].code() == StatusCode::kDeadlineExceeded) return forward_status_[r];
   for (int r = 0; r < t; ++r) TANDEM_RETURN_IF_ERROR(collective_status_[r]);
   for (int r = 0; r < t; ++r) TANDEM_RETURN_IF_ERROR(forward_status_[r]);
   return logits_;

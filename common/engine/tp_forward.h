@@ -16,13 +16,15 @@
 // that AllocateKvPool did not make is refused.
 //
 // Hooks: before_layer(l) runs on the calling thread (rank 0), and no rank queues layer l before
-// it returned (the other ranks wait at a gate, bounded by the collective timeout).
+// it returned (the other ranks wait at a gate; the wait is bounded by the collective timeout,
+// which does not run while rank 0 is inside the hook: the hook bounds its own wait).
 // after_layer(l) is rank 0's: on CUDA ranks every rank's K/V of layer l are written by then
 // (CudaForward: the o_proj sum waited for them); CPU ranks promise only rank 0's.
 //
 // Errors: a rank's failure other than a refused batch (the same on every rank) aborts the
 // collective, so that no rank waits for it, and breaks this backend for good: every later
 // call fails with FailedPrecondition (an instance whose GPU failed is restarted, not healed).
+// The call that broke it returns the failure that did (not the aborts it caused).
 //
 // Threads: Forward and AllocateKvPool are called by one thread at a time (the engine thread).
 #pragma once
@@ -110,21 +112,26 @@ class TpForward final : public ForwardBackend {
   // No rank queues layer l before rank 0's before_layer(l) returned.
   class LayerGate {
    public:
+    enum class Wait { kReleased, kTimedOut, kFailed };
     void Reset();
-    void Release(int layer);
+    void Enter();             // rank 0 calls the hook
+    void Release(int layer);  // ... and it returned for `layer`
     void Fail();
-    bool WaitFor(int layer, std::chrono::milliseconds timeout);
+    // Waits for `layer`'s release; `timeout` counts only while rank 0 is outside the hook.
+    Wait WaitFor(int layer, std::chrono::milliseconds timeout);
    private:
     std::mutex mu_;
     std::condition_variable cv_;
-    int released_ = -1;  // guarded by mu_
-    bool failed_ = false;
+    int released_ = -1;    // guarded by mu_
+    bool in_hook_ = false;  // guarded by mu_
+    bool failed_ = false;  // guarded by mu_
   };
 
   TpForward(const Model& full, TpPlan plan, std::vector<Rank> ranks, TpCollective collective,
             std::chrono::milliseconds timeout, std::string description);
   void RunRank(int rank);
-  void Break();
+  // Breaks this backend (the gate, the collective) for good, `cause` the first reason.
+  void Break(const Status& cause);
 
   const Model& full_;
   TpPlan plan_;
@@ -147,6 +154,7 @@ class TpForward final : public ForwardBackend {
 
   mutable std::mutex broken_mu_;
   bool broken_ = false;  // guarded by broken_mu_
+  Status broke_with_;    // guarded by broken_mu_: the cause, for the call that broke it
 
   RankThreads threads_;  // last: its destructor joins ranks that may still read the above
 };

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/base/log.h"
 #include "common/base/thread_annotations.h"
 #include "common/engine/cuda/cuda_backend.h"
 #include "common/engine/cuda/cuda_util.h"
@@ -148,30 +149,6 @@ struct MappedPeer {
   }
 };
 
-// A cuda_ipc PeerInfo's key blob: the publisher's pool shape, then one handle per pool.
-std::string PackPools(const KvPoolShape& shape, const std::vector<cudaIpcMemHandle_t>& handles) {
-  std::string out = EncodeKvPoolShape(shape);
-  for (const cudaIpcMemHandle_t& h : handles)
-    out.append(reinterpret_cast<const char*>(&h), sizeof h);
-  return out;
-}
-
-StatusOr<std::pair<KvPoolShape, std::vector<cudaIpcMemHandle_t>>> UnpackPools(
-    const std::string& blob) {
-  size_t used = 0;
-  TANDEM_ASSIGN_OR_RETURN(KvPoolShape shape, DecodeKvPoolShape(blob, &used));
-  const size_t want = used + static_cast<size_t>(shape.degree) * sizeof(cudaIpcMemHandle_t);
-  if (blob.size() != want)
-    return InvalidArgument("cuda_ipc: the publisher's key has " + std::to_string(blob.size()) +
-                           " bytes, its shape (tensor_parallel " + std::to_string(shape.degree) +
-                           ") needs " + std::to_string(want));
-  std::vector<cudaIpcMemHandle_t> handles(shape.degree);
-  for (int r = 0; r < shape.degree; ++r)
-    std::memcpy(&handles[r], blob.data() + used + r * sizeof(cudaIpcMemHandle_t),
-                sizeof(cudaIpcMemHandle_t));
-  return std::make_pair(shape, std::move(handles));
-}
-
 class CudaIpcPuller final : public KvPuller {
  public:
   // `pools`: this instance's, pool r on device r, of `shape`.
@@ -216,18 +193,23 @@ class CudaIpcPuller final : public KvPuller {
       return InvalidArgument("cuda_ipc moves KV within one machine, and the publisher is on "
                              "another (boot id " + peer.worker_address + ", ours " + boot_id_ +
                              "): use transfer.backend ucx between machines");
-    TANDEM_ASSIGN_OR_RETURN(auto pools, UnpackPools(peer.packed_rkey));
-    if (pools.first.full != shape_.full)
+    StatusOr<PoolKey> key = UnpackPoolKey(peer.packed_rkey, sizeof(cudaIpcMemHandle_t));
+    if (!key.ok()) return key.status().WithContext("cuda_ipc: the publisher's key");
+    if (key->shape.full != shape_.full)
       return InvalidArgument("cuda_ipc: the publisher serves another model's KV (" +
-                             pools.first.full.ToString() + "; ours " + shape_.full.ToString() +
+                             key->shape.full.ToString() + "; ours " + shape_.full.ToString() +
                              ")");
     // Mapped under the lock: two Connects to one publisher must not open its handles twice.
     MutexLock lock(&mutex_);
     if (stopping_) return FailedPrecondition("puller is stopping");
     if (peers_.count(peer.instance_id)) return Status();
     PeerEntry entry;
-    entry.shape = pools.first;
-    entry.handles = std::move(pools.second);
+    entry.shape = key->shape;
+    for (const std::string& h : key->handles) {
+      cudaIpcMemHandle_t handle;
+      std::memcpy(&handle, h.data(), sizeof handle);
+      entry.handles.push_back(handle);
+    }
     TANDEM_RETURN_IF_ERROR(Map(peer.instance_id, entry));
     peers_.emplace(peer.instance_id, std::move(entry));
     return Status();
@@ -253,9 +235,11 @@ class CudaIpcPuller final : public KvPuller {
     }
     TANDEM_ASSIGN_OR_RETURN(std::vector<CopyPiece> pieces,
                             PlanShardedCopies(d.layers, remote_shape, local, shape_));
+    uint64_t moved = 0;  // every pool's: d.total_bytes counts rank 0's
+    for (const CopyPiece& p : pieces) moved += p.length;
     auto pull = std::make_shared<PullState>(std::move(pieces), static_cast<uint32_t>(d.layers.size()));
     pull->request_id = d.request_id;
-    pull->total_bytes = d.total_bytes;
+    pull->total_bytes = moved;
     pull->peer = std::move(peer);
     pull->callbacks = std::move(callbacks);
     pull->copy_deadline = pull->layer_deadline = Clock::now() + layer_wait_;  // until a layer comes
@@ -529,7 +513,10 @@ StatusOr<PublisherWithPool> CreateCudaIpcPublisherWithPool(const KvPoolShape& sh
   info.instance_id = RandomInstanceId();
   info.transport = std::string(kCudaIpcTransport);
   info.worker_address = boot_id;
-  info.packed_rkey = PackPools(shape, handles);
+  PoolKey key{shape, {}};
+  for (const cudaIpcMemHandle_t& h : handles)
+    key.handles.emplace_back(reinterpret_cast<const char*>(&h), sizeof h);
+  info.packed_rkey = PackPoolKey(key);
   info.region_base = reinterpret_cast<uint64_t>(out.pools[0].base);
   info.region_bytes = out.pools[0].bytes;
   out.publisher = std::make_unique<CudaIpcPublisher>(shape.pool_bytes(), std::move(info),
@@ -545,6 +532,21 @@ StatusOr<PullerWithPool> CreateCudaIpcPullerWithPool(const KvPoolShape& shape,
   std::vector<std::byte*> bases;
   for (const KvPoolMemory& pool : out.pools) bases.push_back(pool.base);
   TANDEM_RETURN_IF_ERROR(cuda::SetDevice(0));
+  // The copies run on device 0's stream into every pool: direct where device 0 may access
+  // pool r's GPU (NVLink, PCIe P2P), else CUDA stages them through host memory (slower).
+  for (int r = 1; r < shape.degree; ++r) {
+    int can = 0;
+    if (cudaDeviceCanAccessPeer(&can, 0, r) == cudaSuccess && can) {
+      const cudaError_t err = cudaDeviceEnablePeerAccess(r, 0);
+      if (err != cudaSuccess && err != cudaErrorPeerAccessAlreadyEnabled)
+        return Internal("cuda_ipc: enabling peer access from GPU 0 to " + std::to_string(r) +
+                        ": " + CudaErrorText(err));
+      static_cast<void>(cudaGetLastError());  // clears AlreadyEnabled
+    } else {
+      TANDEM_LOG(kWarn) << "cuda_ipc: GPU 0 cannot access GPU " << r
+                           << " directly; KV copies into its pool go through host memory";
+    }
+  }
   cudaStream_t stream = nullptr;
   TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   out.puller = std::make_unique<CudaIpcPuller>(std::move(bases), shape, std::move(boot_id),

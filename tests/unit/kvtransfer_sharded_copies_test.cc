@@ -96,5 +96,19 @@ TEST_CASE("the pool shape record round-trips and refuses garbage", "[kvtransfer]
         StatusCode::kInvalidArgument);
 }
 
+TEST_CASE("a pool key carries the shape and one handle per pool", "[kvtransfer]") {
+  PoolKey key{KvPoolShape{kFull, 2, 8}, {std::string(64, 'a'), std::string(64, 'b')}};
+  const std::string blob = PackPoolKey(key);
+  CHECK(blob.size() == 28 + 2 * 64);
+  auto back = UnpackPoolKey(blob, 64);
+  REQUIRE(back.ok());
+  CHECK(back->shape == key.shape);
+  CHECK(back->handles == key.handles);
+  CHECK(UnpackPoolKey(blob.substr(0, blob.size() - 1), 64).status().message() ==
+        "pool key of 155 bytes; tensor_parallel 2 needs 156");
+  CHECK_FALSE(UnpackPoolKey(blob + "x", 64).ok());
+  CHECK_FALSE(UnpackPoolKey(std::string(64, 'a'), 64).ok());  // a bare handle: no shape
+}
+
 }  // namespace
 }  // namespace tandem

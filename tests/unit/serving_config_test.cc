@@ -53,12 +53,21 @@ TEST_CASE("serving config: GPU layouts load for simulation and are refused for s
   const std::string colocated_tp =
       ServingError("prefill: {instances: 0}\ndecode: {instances: 0}\n"
                    "colocated: {instances: 1, device: cuda, tensor_parallel: 2}\n");
+  CHECK_FALSE(Has(colocated_tp, "tensor_parallel"));
   if (BuiltWithCuda()) CHECK(colocated_tp.empty());
+  // Each instance's GPUs: whole groups of distinct entries.
+  CHECK(Has(ServingError("colocated: {instances: 1, device: cuda, tensor_parallel: 2, "
+                         "cuda_devices: [0, 1, 2]}\n"),
+            "colocated.cuda_devices: 3 entries are not whole groups of tensor_parallel 2 GPUs"));
+  CHECK(Has(ServingError("colocated: {instances: 1, device: cuda, tensor_parallel: 2, "
+                         "cuda_devices: [0, 0]}\n"),
+            "colocated.cuda_devices: '0' twice among one instance's 2 GPUs"));
   // Prefill and decode at different degrees: cuda_ipc re-shards the KV between them.
   const std::string disaggregated_tp =
       ServingError("transfer: {backend: cuda_ipc}\n"
                    "prefill: {device: cuda, tensor_parallel: 2}\n"
                    "decode: {device: cuda, tensor_parallel: 4}\n");
+  CHECK_FALSE(Has(disaggregated_tp, "tensor_parallel"));
   if (BuiltWithCuda()) CHECK(disaggregated_tp.empty());
   CHECK(Has(error, "cluster.yaml:5:22: decode.pipeline_parallel: 4 cannot be served"));
   CHECK(Has(error, "cluster.yaml:6:15: decode.preemption: swap is not implemented"));

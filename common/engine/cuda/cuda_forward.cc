@@ -206,11 +206,13 @@ Status CudaForward::AllocateWorkspaces() {
       partials_, DeviceBuffer::Allocate(DecodePartialFloats(static_cast<int32_t>(s), c.num_heads,
                                                             c.head_dim, graph_partitions_) *
                                         4));
-  logits_rows_capacity_ = s;
-  TANDEM_ASSIGN_OR_RETURN(logits_, DeviceBuffer::Allocate(s * c.vocab_size * 4));
-  TANDEM_ASSIGN_OR_RETURN(logits_host_, PinnedHostBuffer::Allocate(s * c.vocab_size * 4));
-  TANDEM_ASSIGN_OR_RETURN(argmax_, DeviceBuffer::Allocate(s * sizeof(int32_t)));
-  TANDEM_ASSIGN_OR_RETURN(argmax_host_, PinnedHostBuffer::Allocate(s * sizeof(int32_t)));
+  if (where_.returns_logits) {  // a rank whose logits nobody reads has no LM head output
+    logits_rows_capacity_ = s;
+    TANDEM_ASSIGN_OR_RETURN(logits_, DeviceBuffer::Allocate(s * c.vocab_size * 4));
+    TANDEM_ASSIGN_OR_RETURN(logits_host_, PinnedHostBuffer::Allocate(s * c.vocab_size * 4));
+    TANDEM_ASSIGN_OR_RETURN(argmax_, DeviceBuffer::Allocate(s * sizeof(int32_t)));
+    TANDEM_ASSIGN_OR_RETURN(argmax_host_, PinnedHostBuffer::Allocate(s * sizeof(int32_t)));
+  }
 
   // Inputs: the block tables of graph passes span max_model_len; eager passes use less.
   max_blocks_per_seq_ = 0;  // set per pool (its block size) by RunGraph

@@ -35,14 +35,15 @@ StatusOr<std::unique_ptr<NcclClique>> NcclClique::Create(int degree) {
 }
 
 NcclClique::~NcclClique() {
-  std::unique_lock<std::shared_mutex> lock(mu_);
+  std::lock_guard<std::mutex> lock(abort_mu_);
   if (broken_) return;  // aborted: already freed
   for (ncclComm_t comm : comms_)
     if (comm != nullptr) (void)ncclCommDestroy(comm);
 }
 
 Status NcclClique::AllReduceSum(int rank, float* data, size_t count, cudaStream_t stream) {
-  std::shared_lock<std::shared_mutex> lock(mu_);
+  // An Abort between this check and the call below lets the call see an aborted communicator
+  // (the window PyTorch's watchdog has too); every later call stops here.
   if (broken_)
     return FailedPrecondition("tensor parallelism: the NCCL communicators were aborted after a "
                               "rank failed or timed out");
@@ -54,16 +55,12 @@ Status NcclClique::AllReduceSum(int rank, float* data, size_t count, cudaStream_
 }
 
 void NcclClique::Abort() {
-  std::unique_lock<std::shared_mutex> lock(mu_);
-  if (broken_) return;
-  broken_ = true;
+  std::lock_guard<std::mutex> lock(abort_mu_);
+  if (broken_.exchange(true)) return;
   for (ncclComm_t comm : comms_)
     if (comm != nullptr) (void)ncclCommAbort(comm);
 }
 
-bool NcclClique::broken() const {
-  std::shared_lock<std::shared_mutex> lock(mu_);
-  return broken_;
-}
+bool NcclClique::broken() const { return broken_; }
 
 }  // namespace tandem::cuda

@@ -9,11 +9,15 @@
 // waiting kernels then end, and the clique is broken for good (AllReduceSum: FailedPrecondition).
 //
 // Threads: rank r's AllReduceSum is called by one thread at a time (rank r's); Abort by any
-// thread, any time. Plain C++ declarations: no NCCL or CUDA headers here.
+// thread, any time, also while a rank is inside ncclAllReduce (blocked in a launch behind a
+// collective that never completes: the abort is what unblocks it, as PyTorch's NCCL watchdog
+// does). Nothing is locked across an NCCL call. Plain C++ declarations: no NCCL or CUDA
+// headers here.
 #pragma once
 
+#include <atomic>
 #include <memory>
-#include <shared_mutex>
+#include <mutex>
 #include <vector>
 
 #include "common/base/status.h"
@@ -43,9 +47,9 @@ class NcclClique {
  private:
   NcclClique() = default;
 
-  mutable std::shared_mutex mu_;   // AllReduceSum shares it, Abort takes it alone
-  std::vector<ncclComm_t> comms_;  // [degree]; guarded by mu_ once made
-  bool broken_ = false;            // guarded by mu_
+  std::vector<ncclComm_t> comms_;  // [degree]; fixed once made (aborted ones are not reused)
+  std::atomic<bool> broken_{false};
+  std::mutex abort_mu_;            // one Abort runs the aborts
 };
 
 }  // namespace tandem::cuda
