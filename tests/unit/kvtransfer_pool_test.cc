@@ -259,7 +259,7 @@ TEST_CASE("kvtransfer factory: refuses a backend the servers do not run", "[kvtr
   CHECK_FALSE(CreatePullerWithPool(transfer, 4096, {}).ok());
 }
 
-TEST_CASE("kvtransfer factory: a pool per GPU needs cuda_ipc; the shape must match the bytes",
+TEST_CASE("kvtransfer factory: a pool per GPU needs cuda_ipc, and the shape must match the bytes",
           "[kvtransfer]") {
   TransferSection transfer;
   transfer.backend = "inproc";
