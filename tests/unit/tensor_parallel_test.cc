@@ -751,6 +751,61 @@ TEST_CASE("a tensor-parallel backend serves through the backend seam", "[tensor_
   }
 }
 
+// Layer-wise arrival into a tensor-parallel decode: before_layer(l) lands layer l's KV in every
+// rank's pool, late (after a sleep). A rank that ran ahead of the gate would attend over an
+// empty layer and change the logits.
+TEST_CASE("no rank computes a layer before before_layer released it", "[tensor_parallel]") {
+  auto model = RandomModel(Shape(4, 2, 32, 384));
+  const int vocab = model->config().vocab_size;
+  Script script(vocab);
+  auto make = [&] {
+    auto made = CreateTpCpuForward(*model, 2, ForwardOptions{}, kCollectiveTimeout);
+    REQUIRE(made.ok());
+    return std::move(*made);
+  };
+  std::unique_ptr<TpForward> source = make(), destination = make();
+  const KvLayout layout = source->MakeKvLayout();
+  auto pool = [&](TpForward& tp) {
+    auto memory = tp.AllocateKvPool(KvPoolBytes(layout, Script::kPoolBlocks));
+    REQUIRE(memory.ok());
+    auto cache = KvCache::Create(layout, Script::kPoolBlocks, *memory);
+    REQUIRE(cache.ok());
+    return std::move(*cache);
+  };
+  std::unique_ptr<KvCache> source_cache = pool(*source), destination_cache = pool(*destination);
+  // The prompts' KV on the source; the first decode step there is the reference.
+  std::vector<SequenceInput> prompts{{script.prompt_a, 0, script.table_a},
+                                     {script.prompt_b, 0, script.table_b}};
+  auto first = source->Forward(prompts, *source_cache);
+  REQUIRE(first.ok());
+  std::span<const float> first_logits = *first;
+  int32_t next[2] = {Argmax(first_logits.subspan(0, vocab)),
+                     Argmax(first_logits.subspan(vocab, vocab))};
+  std::vector<SequenceInput> step{
+      {{&next[0], 1}, static_cast<int32_t>(script.prompt_a.size()), script.table_a},
+      {{&next[1], 1}, static_cast<int32_t>(script.prompt_b.size()), script.table_b}};
+  auto want = source->Forward(step, *source_cache);
+  REQUIRE(want.ok());
+  const std::vector<float> reference(want->begin(), want->end());
+  // The source's step wrote its own new tokens' KV too: the destination's step writes its own.
+  auto from = source->RankCaches(*source_cache);
+  auto to = destination->RankCaches(*destination_cache);
+  REQUIRE(from.ok());
+  REQUIRE(to.ok());
+  const std::vector<int32_t> blocks = script.Blocks();
+  ForwardHooks hooks;
+  hooks.before_layer = [&](int layer) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    for (int r = 0; r < 2; ++r)
+      for (int32_t b : blocks)
+        std::memcpy((*to)[r]->BlockData(layer, b), (*from)[r]->BlockData(layer, b),
+                    layout.block_bytes());
+  };
+  auto got = destination->Forward(step, *destination_cache, LogitsMode::kLastToken, &hooks);
+  REQUIRE(got.ok());
+  CHECK(RelErr(*got, reference) < 1e-5f);
+}
+
 TEST_CASE("the CPU backend serves tensor_parallel 1 only", "[tensor_parallel]") {
   auto model = RandomModel(Shape(4, 2, 32, 384));
   ForwardOptions options;
