@@ -93,6 +93,8 @@ StatusOr<std::unique_ptr<BatchEngine>> BatchEngine::Create(const Model& model,
   fo.max_model_len = options.max_model_len;
   fo.tensor_parallel = options.tensor_parallel;
   TANDEM_ASSIGN_OR_RETURN(engine->forward_, CreateForwardBackend(model, fo, options.device));
+  engine->sampling_ =
+      std::make_unique<BatchSampling>(std::max(options.threads, 1), model.config().vocab_size);
   const KvLayout layout = engine->forward_->MakeKvLayout(options.block_size);
   KvPoolMemory memory;
   if (options.kv_pools.empty()) {
@@ -398,6 +400,19 @@ std::span<const float> BatchEngine::RunForward(StepShape* shape) {
 
 void BatchEngine::SampleBatch(std::span<const float> logits, EngineSink& sink) {
   const size_t vocab = static_cast<size_t>(model_.config().vocab_size);
+  // First every row that samples on the host, on the sampling threads; then, in row order on
+  // this thread, what each row's token does.
+  sample_jobs_.clear();
+  sample_of_row_.assign(batch_.size(), -1);
+  for (size_t i = 0; i < batch_.size(); ++i) {
+    const Request& r = *batch_[i];
+    const bool last = r.num_computed + inputs_[i].tokens.size() >= r.tokens.size();
+    if (!landed_[i] || !last || greedy_wanted_[i]) continue;
+    sample_of_row_[i] = static_cast<int32_t>(sample_jobs_.size());
+    sample_jobs_.push_back({r.sampler.get(), logits.subspan(i * vocab, vocab), r.tokens});
+  }
+  sample_results_.resize(sample_jobs_.size());
+  sampling_->Run(sample_jobs_, sample_results_);
   std::vector<std::string> finished;
   for (size_t i = 0; i < batch_.size(); ++i) {
     Request& r = *batch_[i];
@@ -413,7 +428,8 @@ void BatchEngine::SampleBatch(std::span<const float> logits, EngineSink& sink) {
       TANDEM_CHECK(greedy_argmax_[i] >= 0, "no finite logit to sample from");
       sample.token_id = greedy_argmax_[i];
     } else {
-      sample = r.sampler->Sample(logits.subspan(i * vocab, vocab), r.tokens);
+      TANDEM_CHECK(sample_of_row_[i] >= 0, "a sampled row without its sample");
+      sample = sample_results_[sample_of_row_[i]];
     }
     r.tokens.push_back(sample.token_id);
     StopUpdate update = r.stop->Append(sample.token_id, "");

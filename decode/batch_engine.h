@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "common/net/control_wire.h"
+#include "common/engine/batch_sampling.h"
 #include "common/engine/forward_backend.h"
 #include "common/engine/kv_cache.h"
 #include "common/base/metrics.h"
@@ -71,7 +72,7 @@ class EngineSink {
 
 struct BatchEngineOptions {
   std::string device = "cpu";  // S.device: the forward backend (common/engine/forward_backend.h)
-  int threads = 1;
+  int threads = 1;  // S.threads: of the forward pass (cpu) and of host sampling (BatchSampling)
   int tensor_parallel = 1;  // S.tensor_parallel: GPUs of the instance (cuda; ForwardOptions)
   int kv_blocks = 0;  // resolved (> 0), per rank with tensor_parallel
   int block_size = 16;
@@ -200,6 +201,12 @@ class BatchEngine {
   // Per batch entry (GreedyRows): whether its argmax is enough, and the argmax.
   std::vector<uint8_t> greedy_wanted_;
   std::vector<int32_t> greedy_argmax_;
+  // The step's host sampling (options.threads threads), its jobs and, per batch entry, the
+  // result (of the rows that sample on the host).
+  std::unique_ptr<BatchSampling> sampling_;
+  std::vector<BatchSampling::Job> sample_jobs_;
+  std::vector<SampleResult> sample_results_;
+  std::vector<int32_t> sample_of_row_;  // per batch entry: its job, or -1
   std::vector<uint64_t> computing_keys_;  // PlanStep: first blocks being computed
   std::vector<int32_t> twins_;            // PublishFilled: published blocks equal to its own
   // What LoadReport carries: decode-only steps, and seconds per prompt token of mixed steps.

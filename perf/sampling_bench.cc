@@ -1,15 +1,18 @@
 // sampling_bench: what sampling on the host costs per row of logits, for the CUDA backend's
 // choice to copy logits to the host and sample there (common/engine/cuda/cuda_forward.h).
-//   sampling_bench [--vocabs 49152,128256] [--rows 256] [--json FILE]
+//   sampling_bench [--vocabs 49152,128256] [--rows 256] [--threads 1,2] [--json FILE]
 //
 // For each vocabulary size and each setting (greedy, temperature, top-k, top-p, penalties,
 // logprobs) it samples `rows` rows of random logits (normal, sd 3: a peaked distribution like a
 // model's) with one Sampler on one thread, and reports the median time per row. Multiply by the
 // batch size for a decode step's sampling time on one thread; compare with the step itself.
+// Then a whole step: 64 rows of top-p 0.9, each its own Sampler, through BatchSampling on each
+// of --threads threads (S.threads), the median of 9 steps.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -17,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/base/flags.h"
+#include "common/engine/batch_sampling.h"
 #include "common/engine/sampling.h"
 
 namespace tandem {
@@ -72,29 +76,66 @@ double MicrosPerRow(const SamplingParams& params, int vocab, int rows, std::mt19
   return times[times.size() / 2];
 }
 
+// Median milliseconds of one step of `batch` top-p rows through BatchSampling on `threads`.
+double StepMillis(int vocab, int batch, int threads, std::mt19937& rng) {
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::vector<float> logits(static_cast<size_t>(vocab) * batch);
+  for (float& x : logits) x = normal(rng);
+  std::vector<int32_t> tokens(300);
+  for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % vocab);
+  SamplingParams params;
+  params.temperature = 0.8f;
+  params.top_p = 0.9f;
+  SamplerWorkspace shared(vocab);
+  std::vector<std::unique_ptr<Sampler>> samplers;
+  std::vector<BatchSampling::Job> jobs;
+  for (int r = 0; r < batch; ++r) {
+    samplers.push_back(std::make_unique<Sampler>(params, &shared, 200));
+    jobs.push_back({samplers.back().get(),
+                    std::span<const float>(logits.data() + static_cast<size_t>(r) * vocab, vocab),
+                    tokens});
+  }
+  BatchSampling sampling(threads, vocab);
+  std::vector<SampleResult> results(batch);
+  std::vector<double> times;
+  for (int step = 0; step < 9; ++step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    sampling.Run(jobs, results);
+    times.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
 int Run(const std::vector<std::string>& args) {
   FlagParser flags("sampling_bench [flags]", "Host sampling time per row of logits.");
   flags.AddString("vocabs", "49152,128256", "vocabulary sizes (SmolLM2, Llama 3)");
   flags.AddInt("rows", 256, "rows sampled per figure (the median is reported)");
+  flags.AddString("threads", "1,2", "BatchSampling threads for the 64-row step");
   flags.AddString("json", "sampling_bench.json", "raw numbers go here");
   Status parsed = flags.Parse(args);
   const int rows = parsed.ok() ? static_cast<int>(flags.GetInt("rows")) : 0;
   if (parsed.ok() && (rows < 1 || rows > 100000)) parsed = InvalidArgument("--rows must be in [1, 100000]");
-  std::vector<int> vocabs;
-  if (parsed.ok()) {
-    const std::string list = flags.GetString("vocabs");
+  // A comma-separated list of integers in [low, high], or an error naming the flag.
+  auto int_list = [&](const char* flag, long low, long high, std::vector<int>* out) {
+    const std::string list = flags.GetString(flag);
     for (size_t i = 0; i < list.size() && parsed.ok();) {
       const size_t comma = std::min(list.find(',', i), list.size());
       const std::string part = list.substr(i, comma - i);
       char* end = nullptr;
       const long v = std::strtol(part.c_str(), &end, 10);
-      if (part.empty() || *end != '\0' || v < 2 || v > 1000000)
-        parsed = InvalidArgument("--vocabs: '" + part + "' is not a vocabulary size");
+      if (part.empty() || *end != '\0' || v < low || v > high)
+        parsed = InvalidArgument(std::string("--") + flag + ": '" + part + "' is not in [" +
+                                 std::to_string(low) + ", " + std::to_string(high) + "]");
       else
-        vocabs.push_back(static_cast<int>(v));
+        out->push_back(static_cast<int>(v));
       i = comma + 1;
     }
-  }
+  };
+  std::vector<int> vocabs, threads;
+  if (parsed.ok()) int_list("vocabs", 2, 1000000, &vocabs);
+  if (parsed.ok()) int_list("threads", 1, 256, &threads);
   if (!parsed.ok() || flags.help_requested()) {
     std::fputs(parsed.ok() ? flags.Help().c_str() : (parsed.message() + "\n").c_str(),
                parsed.ok() ? stdout : stderr);
@@ -110,6 +151,18 @@ int Run(const std::vector<std::string>& args) {
       std::printf("| %s | %d | %.1f | %.2f | %.0f |\n", s.name.c_str(), vocab, us, us * 64 / 1000,
                   vocab * 4 / 1024.0);
       out.push_back({{"setting", s.name}, {"vocab", vocab}, {"us_per_row", us}, {"rows", rows}});
+    }
+  }
+  std::printf("\n| step of 64 top-p rows | vocab | threads | ms | vs 1 thread |\n");
+  std::printf("|---|---|---|---|---|\n");
+  for (int vocab : vocabs) {
+    double one = 0;
+    for (int t : threads) {
+      const double ms = StepMillis(vocab, 64, t, rng);
+      if (t == threads.front()) one = ms;
+      std::printf("| BatchSampling | %d | %d | %.2f | %.2fx |\n", vocab, t, ms, one / ms);
+      out.push_back({{"setting", "step of 64 top-p rows"}, {"vocab", vocab}, {"threads", t},
+                     {"ms_per_step", ms}});
     }
   }
   std::ofstream(flags.GetString("json")) << out.dump(2) << "\n";

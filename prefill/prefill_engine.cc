@@ -34,6 +34,8 @@ StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(const Model& mode
   fo.max_model_len = o.max_model_len;
   fo.tensor_parallel = o.tensor_parallel;
   TANDEM_ASSIGN_OR_RETURN(engine->forward_, CreateForwardBackend(model, fo, o.device));
+  engine->sampling_ =
+      std::make_unique<BatchSampling>(std::max(o.threads, 1), model.config().vocab_size);
   const KvLayout layout = engine->forward_->MakeKvLayout(o.block_size);
   KvPoolMemory memory;
   if (o.kv_pools.empty()) {
@@ -118,16 +120,8 @@ int64_t PrefillEngine::PrepareBatch(const std::vector<PrefillChunk>& batch) {
   return tokens;
 }
 
-void PrefillEngine::Complete(PrefillRequest& r, std::span<const float> logits, int32_t argmax,
+void PrefillEngine::Complete(PrefillRequest& r, const SampleResult& sample,
                              PrefillObserver& observer) {
-  SampleResult sample;
-  if (logits.empty()) {  // the plain argmax, taken where the logits are
-    TANDEM_CHECK(argmax >= 0, "no finite logit to sample from");
-    sample.token_id = argmax;
-  } else {
-    Sampler sampler(r.sampling, workspace_.get(), r.prompt.size(), eos_ids_);
-    sample = sampler.Sample(logits, r.prompt);
-  }
   Prefilled done;
   done.first.token_id = sample.token_id;
   done.first.logprob = sample.logprob;
@@ -217,6 +211,22 @@ bool PrefillEngine::Step(PrefillObserver& observer) {
       inputs_, *cache_, LogitsMode::kLastToken, observe_layers ? &hooks : nullptr, &greedy);
   TANDEM_CHECK(logits.ok(), "forward of a scheduled batch failed: " + logits.status().ToString());
   const size_t vocab = static_cast<size_t>(model_.config().vocab_size);
+  // The first tokens that sample on the host, on the sampling threads, then in order here.
+  std::vector<std::unique_ptr<Sampler>> samplers;
+  std::vector<BatchSampling::Job> jobs;
+  std::vector<int32_t> job_of_row(batch.size(), -1);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const PrefillRequest& r = *queue_[batch[i].index];
+    if (r.num_computed + batch[i].num_tokens < static_cast<int32_t>(r.prompt.size()) ||
+        greedy_wanted[i])
+      continue;
+    samplers.push_back(
+        std::make_unique<Sampler>(r.sampling, workspace_.get(), r.prompt.size(), eos_ids_));
+    job_of_row[i] = static_cast<int32_t>(jobs.size());
+    jobs.push_back({samplers.back().get(), logits->subspan(i * vocab, vocab), r.prompt});
+  }
+  std::vector<SampleResult> sampled(jobs.size());
+  sampling_->Run(jobs, sampled);
   std::vector<size_t> done;
   for (size_t i = 0; i < batch.size(); ++i) {
     PrefillRequest& r = *queue_[batch[i].index];
@@ -224,8 +234,14 @@ bool PrefillEngine::Step(PrefillObserver& observer) {
     PublishFilled(r);
     if (r.num_computed < static_cast<int32_t>(r.prompt.size())) continue;
     done.push_back(batch[i].index);
-    Complete(r, greedy_wanted[i] ? std::span<const float>() : logits->subspan(i * vocab, vocab),
-             greedy_wanted[i] ? greedy_argmax[i] : -1, observer);
+    SampleResult sample;
+    if (greedy_wanted[i]) {  // the plain argmax, taken where the logits are
+      TANDEM_CHECK(greedy_argmax[i] >= 0, "no finite logit to sample from");
+      sample.token_id = greedy_argmax[i];
+    } else {
+      sample = sampled[job_of_row[i]];
+    }
+    Complete(r, sample, observer);
   }
   std::sort(done.begin(), done.end());
   for (auto it = done.rbegin(); it != done.rend(); ++it)

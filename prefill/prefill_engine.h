@@ -27,6 +27,7 @@
 #include "common/base/metrics.h"
 #include "common/base/moving_average.h"
 #include "common/base/status.h"
+#include "common/engine/batch_sampling.h"
 #include "common/engine/forward_backend.h"
 #include "common/engine/kv_cache.h"
 #include "common/engine/sampling.h"
@@ -37,7 +38,7 @@ namespace tandem {
 
 struct PrefillEngineOptions {
   std::string device = "cpu";  // S.device: the forward backend (common/engine/forward_backend.h)
-  int threads = 1;
+  int threads = 1;  // S.threads: of the forward pass (cpu) and of host sampling (BatchSampling)
   int tensor_parallel = 1;  // S.tensor_parallel: GPUs of the instance (cuda; ForwardOptions)
   int token_budget = 2048;
   int max_batch_size = 64;
@@ -112,10 +113,8 @@ class PrefillEngine {
   PrefillEngine(const Model& model, PrefillEngineOptions options);
   // Allocates the batch's new blocks and builds the forward inputs; the number of tokens.
   int64_t PrepareBatch(const std::vector<PrefillChunk>& batch);
-  // Samples the first token of a request whose prompt is done and reports it: from `logits`,
-  // or, when they are empty (a plain-argmax request, GreedyRows), `argmax`.
-  void Complete(PrefillRequest& r, std::span<const float> logits, int32_t argmax,
-                PrefillObserver& observer);
+  // Reports the first token of a request whose prompt is done.
+  void Complete(PrefillRequest& r, const SampleResult& sample, PrefillObserver& observer);
   // The queue's scheduling items, up to the first request that waits to share a prefix being
   // computed; one not started yet is planned with the published prefix it would take.
   void CollectItems();
@@ -127,6 +126,7 @@ class PrefillEngine {
   std::unique_ptr<ForwardBackend> forward_;
   std::unique_ptr<KvCache> cache_;
   std::unique_ptr<SamplerWorkspace> workspace_;
+  std::unique_ptr<BatchSampling> sampling_;  // the first tokens of a step (options_.threads)
   std::vector<int32_t> eos_ids_;
   std::deque<std::unique_ptr<PrefillRequest>> queue_;
   std::vector<PrefillItem> items_;

@@ -45,10 +45,6 @@ void CheckInstance(ServingErrors* errors, const ClusterConfig& config, const std
                 "cuda on " + name + " instances keeps the KV in GPU memory, which transfer.backend " +
                 config.transfer.backend + " cannot move: set transfer.backend: cuda_ipc (prefill "
                 "and decode on one machine)");
-  if (s.device == "cuda" && s.threads > 1)
-    errors->Add(name + ".threads",
-                std::to_string(s.threads) + " has no effect on cuda instances: one host thread "
-                "drives the GPU (threads are the CPU backend's)");
   if (!s.cuda_devices.empty() && s.device != "cuda")
     errors->Add(name + ".cuda_devices",
                 "has no effect on " + s.device + " instances: it picks the GPUs of device cuda");

@@ -8,8 +8,7 @@
 //     transfer.backend is cuda_ipc (their KV is in GPU memory: only cuda_ipc moves it);
 //   - S.tensor_parallel > 1 on cpu (a CPU instance is one process; use S.threads);
 //     S.pipeline_parallel > 1;
-//   - S.cuda_devices on an instance that is not on cuda (it would pick nothing), and S.threads
-//     above 1 on one that is (one host thread drives the GPU);
+//   - S.cuda_devices on an instance that is not on cuda (it would pick nothing);
 //   - S.preemption swap (decode preempts by recompute only);
 //   - S.scheduling prefill_first on prefill or decode (only colocated instances schedule steps);
 //   - transfer.backend nccl with prefill or decode instances (the transport is not wired into

@@ -410,6 +410,17 @@ SampleResult Sampler::Sample(std::span<const float> logits,
   return result;
 }
 
+SampleResult Sampler::Sample(std::span<const float> logits,
+                             std::span<const int32_t> prompt_and_output_tokens,
+                             SamplerWorkspace& workspace) {
+  TANDEM_CHECK(workspace.vocab_size() == vocab_size_, "workspace of another vocabulary");
+  SamplerWorkspace* const own = ws_;
+  ws_ = &workspace;
+  SampleResult result = Sample(logits, prompt_and_output_tokens);
+  ws_ = own;
+  return result;
+}
+
 void Sampler::FillLogprobs(std::span<const float> logits, SampleResult* result) {
   const float* src = params_.logprobs_mode == LogprobsMode::kRaw ? logits.data()
                                                                  : ws_->logprob_src.data();

@@ -106,6 +106,12 @@ class Sampler {
   // token. Aborts if no logit is finite (a broken model, not a request error).
   SampleResult Sample(std::span<const float> logits,
                       std::span<const int32_t> prompt_and_output_tokens);
+  // The same with `workspace` as scratch for this call (of this sampler's vocabulary): for
+  // samplers that share one workspace but are run on several threads at once (BatchSampling,
+  // common/engine/batch_sampling.h), each thread with its own.
+  SampleResult Sample(std::span<const float> logits,
+                      std::span<const int32_t> prompt_and_output_tokens,
+                      SamplerWorkspace& workspace);
 
   // The distribution Sample() draws from for non-greedy params: the kept token ids and their
   // renormalised probabilities, in no particular order. The spans stay valid until the next

@@ -116,8 +116,8 @@ TEST_CASE("serving config: S.cuda_devices picks each instance's GPU, on cuda onl
             "cluster.yaml:2:17: decode.cuda_devices: 'x1' is not a GPU"));
   CHECK(Has(ServingError("prefill:\n  cuda_devices: [1]\n"),
             "cluster.yaml:2:17: prefill.cuda_devices: has no effect on cpu instances"));
-  CHECK(Has(ServingError("colocated:\n  device: cuda\n  threads: 4\n"),
-            "cluster.yaml:3:12: colocated.threads: 4 has no effect on cuda instances"));
+  // On cuda, threads are the host sampling's (BatchSampling).
+  CHECK_FALSE(Has(ServingError("colocated:\n  device: cuda\n  threads: 4\n"), "threads"));
   InstanceSection s;
   s.device = "cuda";
   CHECK(CudaVisibleDevicesFor(s, 3).empty());  // no list: inherit the launcher's
