@@ -21,10 +21,11 @@
 //   the CPU backend is checked against. The copy is vocab * 4 bytes a row (SmolLM2: 192 KiB;
 //   Llama 3: 500 KiB): 12-32 MiB for a 64-sequence step, 0.5-1.3 ms at PCIe 5 rates.
 //   Measured, the sampling itself costs more (perf/README.md, Host sampling: one thread of a
-//   2-core VM, vocab 49152: greedy 62 us a row, temperature 0.4 ms, top-p up to 5.6 ms), so at
+//   2-core VM, vocab 49152: greedy 62 us a row, temperature 0.4 ms, top-p 1.4 ms), so at
 //   batch 64 host sampling takes longer than a small model's decode step on an H100: hence the
-//   device argmax above for greedy rows. Non-greedy rows remain the known bottleneck (next:
-//   top-k/top-p on the device).
+//   device argmax above for greedy rows. Non-greedy rows are sampled on S.threads host threads
+//   at once (BatchSampling, common/engine/batch_sampling.h); they remain the known bottleneck
+//   (next: top-k/top-p on the device).
 //
 // Tensor parallelism (CudaRank::clique, set by TpCudaForward): the model is one rank's shard
 // (common/engine/tensor_parallel.h); o_proj and down_proj write their partial sums into a
