@@ -217,11 +217,18 @@ StatusOr<std::unique_ptr<Model>> ShardModel(const Model& full, const TpPlan& pla
 
 size_t TpRankWeightBytes(const Model& full, int degree) {
   TANDEM_CHECK(degree >= 1, "TpRankWeightBytes: degree must be at least 1");
+  const ModelConfig& c = full.config();
+  const size_t e = WeightDTypeSize(full.dtype()), f = sizeof(float);
+  const size_t h = c.hidden_size, d = c.head_dim;
+  const size_t q = d * (c.num_heads / degree);
+  const size_t kv = d * TpKvHeads(c.num_kv_heads, degree, 0).size();  // replicated when t > K
+  const size_t inter = c.intermediate_size / degree;
+  size_t layer = ((q + 2 * kv) * h + h * q + 3 * inter * h) * e + 2 * h * f;  // + the norms
+  if (c.qkv_bias) layer += (q + 2 * kv) * f;
+  if (c.o_bias) layer += h * f;
   const bool tied = full.lm_head().data == full.embed_tokens().data;
   const size_t replicated = full.embed_tokens().bytes() + (tied ? 0 : full.lm_head().bytes());
-  const size_t total = full.total_bytes();
-  const size_t split = total > replicated ? total - replicated : 0;
-  return replicated + (split + degree - 1) / degree;
+  return replicated + layer * c.num_layers + h * f;  // + the final norm
 }
 
 }  // namespace tandem

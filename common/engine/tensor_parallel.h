@@ -71,9 +71,10 @@ IndexRange TpRanksHoldingKvHead(int num_kv_heads, int degree, int head);
 // head_dim, hidden size, vocabulary and the rest unchanged.
 ModelConfig ShardConfig(const ModelConfig& full, const TpPlan& plan);
 
-// The weight bytes one rank of `degree` holds of `full` (ranks hold equal shares): the split
-// layers' share, 1/degree of them, plus the replicated embedding and LM head. What a GPU
-// instance's KV budget subtracts per device. degree >= 1.
+// The weight bytes one rank of `degree` holds of `full` (ranks hold equal shares), at full's
+// storage dtype: its query heads, KV heads (replicated ones too) and MLP rows of every layer,
+// the norms and biases, the embedding and LM head; alignment padding aside. What a GPU
+// instance's KV budget subtracts per device. Requires a degree that splits full (MakeTpPlan).
 size_t TpRankWeightBytes(const Model& full, int degree);
 
 // Rank `rank`'s weights of `full` as a Model of ShardConfig, at full's storage dtype (elements
