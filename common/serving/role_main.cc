@@ -161,6 +161,11 @@ int RunRoleMain(const RoleSpec& spec, const std::vector<std::string>& args) {
                                                                 : c.colocated;
     gpu = CudaVisibleDevicesFor(section, role_args.index);
     if (!gpu.empty()) ::setenv("CUDA_VISIBLE_DEVICES", gpu.c_str(), 1);
+    // Several GPUs in one process with NCCL between them: a kernel module loaded lazily (CUDA's
+    // default) on one rank while another waits in a collective can hang them both (NVIDIA/nccl
+    // issue 613); load every module when CUDA starts. The user's own setting wins.
+    if (section.device == "cuda" && section.tensor_parallel > 1)
+      ::setenv("CUDA_MODULE_LOADING", "EAGER", 0);
   } else {
     SetLogRole(spec.command);
   }
