@@ -161,9 +161,10 @@ int RunRoleMain(const RoleSpec& spec, const std::vector<std::string>& args) {
                                                                 : c.colocated;
     gpu = CudaVisibleDevicesFor(section, role_args.index);
     if (!gpu.empty()) ::setenv("CUDA_VISIBLE_DEVICES", gpu.c_str(), 1);
-    // Several GPUs in one process with NCCL between them: a kernel module loaded lazily (CUDA's
-    // default) on one rank while another waits in a collective can hang them both (NVIDIA/nccl
-    // issue 613); load every module when CUDA starts. The user's own setting wins.
+    // Several GPUs in one process with NCCL between them: a kernel's first launch under lazy
+    // loading (CUDA's default) loads its module only once the GPU's queue drained, and a queue
+    // that holds a collective waiting for another rank does not drain: both ranks hang. Load
+    // every module when CUDA starts. The user's own setting wins.
     if (section.device == "cuda" && section.tensor_parallel > 1)
       ::setenv("CUDA_MODULE_LOADING", "EAGER", 0);
   } else {
