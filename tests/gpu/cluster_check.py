@@ -29,7 +29,8 @@ import httpx
 import openai
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
-from cluster_util import free_base, metric, stop_process, tail_file  # noqa: E402
+from cluster_util import (free_base, metric, stop_process,  # noqa: E402
+                          wait_for_ready_line)
 
 MODEL = "smollm2-135m-instruct"
 READY_TIMEOUT_S = 120
@@ -58,15 +59,8 @@ def start(binary, log_dir, cpu, decode_tp):
          f"--decode.metrics_port={metrics}", "--slo.ttft_s=120"] + placement,
         stdout=log, stderr=subprocess.STDOUT, cwd=log_dir)
     url = f"http://127.0.0.1:{router}"
-    deadline = time.time() + READY_TIMEOUT_S
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError("tandem serve exited: " + tail_file(log_path, 30))
-        if f"tandem: ready at {url}" in tail_file(log_path, 400):
-            return proc, url, metrics, log_path
-        time.sleep(0.25)
-    stop_process(proc, 10)
-    raise RuntimeError(f"not ready in {READY_TIMEOUT_S} s: " + tail_file(log_path, 30))
+    wait_for_ready_line(proc, log_path, f"tandem: ready at {url}", READY_TIMEOUT_S, tail_lines=30)
+    return proc, url, metrics, log_path
 
 
 def main():

@@ -118,6 +118,22 @@ def stop_process(proc, timeout):
         proc.wait()
 
 
+def wait_for_ready_line(proc, log_path, ready_line, timeout_s, tail_lines=40):
+    """Waits until `ready_line` is in the last 400 lines of a `tandem serve` log. RuntimeError
+    with the log's tail when the process exits first, or (after stopping it) when `timeout_s`
+    pass."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError("tandem serve exited: " + tail_file(log_path, tail_lines))
+        if ready_line in tail_file(log_path, 400):
+            return
+        time.sleep(0.25)
+    stop_process(proc, 10)
+    raise RuntimeError(f"tandem serve not ready in {timeout_s} s: " +
+                       tail_file(log_path, tail_lines))
+
+
 class TandemCluster:
     """A cluster run by `tandem up` on free loopback ports (router, control and metrics ports),
     from a config written as JSON (JSON is YAML) to workdir/NAME.yaml; its log goes to

@@ -19,7 +19,8 @@ import time
 import httpx
 import openai
 
-from cluster_util import FAILURES, check, free_base, http_get, stop_process, tail_file
+from cluster_util import (FAILURES, check, free_base, http_get, stop_process, tail_file,
+                          wait_for_ready_line)
 import smollm2_util
 
 BIN = os.environ.get("TANDEM_BINARY") or os.path.join(
@@ -36,15 +37,8 @@ def start_serve(workdir):
     proc = subprocess.Popen([BIN, "serve", f"--router.port={port}"], stdout=log,
                             stderr=subprocess.STDOUT, cwd=workdir)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + READY_TIMEOUT_S
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError("tandem serve exited: " + tail_file(log_path, 40))
-        if f"tandem: ready at {url} (model {MODEL})" in tail_file(log_path, 400):
-            return proc, url, log_path
-        time.sleep(0.25)
-    stop_process(proc, 10)
-    raise RuntimeError(f"tandem serve not ready in {READY_TIMEOUT_S} s: " + tail_file(log_path, 40))
+    wait_for_ready_line(proc, log_path, f"tandem: ready at {url} (model {MODEL})", READY_TIMEOUT_S)
+    return proc, url, log_path
 
 
 def main():
