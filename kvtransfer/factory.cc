@@ -43,6 +43,9 @@ Status CheckBackend(const TransferSection& transfer, size_t pool_bytes,
   }
   if (transfer.backend == "cuda_ipc") {
 #if TANDEM_HAVE_CUDA
+    if (shape.num_blocks <= 0)  // its publisher sends the shape, its puller re-shards by it
+      return InvalidArgument("cuda_ipc: the KV pools' shape (TransferFactoryOptions::pool_shape) "
+                             "is required");
     return Status();
 #else
     return InvalidArgument("transfer.backend cuda_ipc needs a build with the CUDA backend "
@@ -54,13 +57,6 @@ Status CheckBackend(const TransferSection& transfer, size_t pool_bytes,
 }
 
 #if TANDEM_HAVE_CUDA
-Status CheckCudaIpcShape(const TransferFactoryOptions& options) {
-  if (options.pool_shape.num_blocks <= 0)
-    return InvalidArgument("cuda_ipc: the KV pools' shape (TransferFactoryOptions::pool_shape) "
-                           "is required");
-  return Status();
-}
-
 CudaIpcOptions CudaIpcOptionsFor(const TransferSection& transfer,
                                  const TransferFactoryOptions& options) {
   CudaIpcOptions co;
@@ -157,10 +153,8 @@ StatusOr<PublisherWithPool> CreatePublisherWithPool(const TransferSection& trans
                                                     const TransferFactoryOptions& options) {
   TANDEM_RETURN_IF_ERROR(CheckBackend(transfer, pool_bytes, options));
 #if TANDEM_HAVE_CUDA
-  if (transfer.backend == "cuda_ipc") {
-    TANDEM_RETURN_IF_ERROR(CheckCudaIpcShape(options));
+  if (transfer.backend == "cuda_ipc")
     return CreateCudaIpcPublisherWithPool(options.pool_shape, CudaIpcOptionsFor(transfer, options));
-  }
 #endif
   PublisherWithPool out;
   if (transfer.backend == "inproc") {
@@ -182,10 +176,8 @@ StatusOr<PullerWithPool> CreatePullerWithPool(const TransferSection& transfer, s
                                               const TransferFactoryOptions& options) {
   TANDEM_RETURN_IF_ERROR(CheckBackend(transfer, pool_bytes, options));
 #if TANDEM_HAVE_CUDA
-  if (transfer.backend == "cuda_ipc") {
-    TANDEM_RETURN_IF_ERROR(CheckCudaIpcShape(options));
+  if (transfer.backend == "cuda_ipc")
     return CreateCudaIpcPullerWithPool(options.pool_shape, CudaIpcOptionsFor(transfer, options));
-  }
 #endif
   PullerWithPool out;
   UcxOptions uo = UcxOptionsFor(transfer, options);

@@ -2,11 +2,12 @@
 // (decode) together with the KV pool's memory, from the cluster config's `transfer` section.
 // Callers hold a KvPublisher/KvPuller and never learn which transport it is.
 //
-// Pool memory: for cuda_ipc it is device memory (kvtransfer/cuda_ipc/cuda_ipc_transport.h; CUDA
-// builds only), exported to the puller's process by a CUDA IPC handle; for ucx the transport allocates it (UCX-mapped, so that shared-memory transports
-// do RMA on it: kvtransfer/ucx_transport.h UcxPool) and registers it once; for inproc it is heap
-// memory as KvCache would allocate. KvPoolMemory.owner keeps it alive, so the cache and the
-// publisher/puller may be destroyed in either order.
+// Pool memory: for cuda_ipc it is device memory, a pool per GPU of the instance
+// (kvtransfer/cuda_ipc/cuda_ipc_transport.h; CUDA builds only), exported to the puller's process
+// by CUDA IPC handles; for ucx the transport allocates it (UCX-mapped, so that shared-memory
+// transports do RMA on it: kvtransfer/ucx_transport.h UcxPool) and registers it once; for inproc
+// it is heap memory as KvCache would allocate. KvPoolMemory.owner keeps it alive, so the cache
+// and the publisher/puller may be destroyed in either order.
 //
 // Shared memory: before a UCX pool is allocated, what killed instances left in shared memory is
 // removed (kvtransfer/shm_sweep.h).
