@@ -95,15 +95,9 @@ StatusOr<std::unique_ptr<BatchEngine>> BatchEngine::Create(const Model& model,
   TANDEM_ASSIGN_OR_RETURN(engine->forward_, CreateForwardBackend(model, fo, options.device));
   engine->sampling_ =
       std::make_unique<BatchSampling>(std::max(options.threads, 1), model.config().vocab_size);
-  const KvLayout layout = engine->forward_->MakeKvLayout(options.block_size);
-  KvPoolMemory memory;
-  if (options.kv_pools.empty()) {
-    TANDEM_ASSIGN_OR_RETURN(memory,
-                            engine->forward_->AllocateKvPool(KvPoolBytes(layout, options.kv_blocks)));
-  } else {
-    TANDEM_ASSIGN_OR_RETURN(memory, engine->forward_->AdoptKvPools(options.kv_pools));
-  }
-  TANDEM_ASSIGN_OR_RETURN(engine->cache_, KvCache::Create(layout, options.kv_blocks, memory));
+  TANDEM_ASSIGN_OR_RETURN(engine->cache_,
+                          CreateKvCacheFor(*engine->forward_, options.block_size,
+                                           options.kv_blocks, options.kv_pools));
   engine->options_.kv_pools.clear();  // the cache holds the memory now
   engine->cache_->blocks().SetCaching(options.prefix_caching);
   engine->running_state_.reserve(options.max_batch_size * 2);

@@ -36,17 +36,9 @@ StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(const Model& mode
   TANDEM_ASSIGN_OR_RETURN(engine->forward_, CreateForwardBackend(model, fo, o.device));
   engine->sampling_ =
       std::make_unique<BatchSampling>(std::max(o.threads, 1), model.config().vocab_size);
-  const KvLayout layout = engine->forward_->MakeKvLayout(o.block_size);
-  KvPoolMemory memory;
-  if (o.kv_pools.empty()) {
-    TANDEM_ASSIGN_OR_RETURN(memory,
-                            engine->forward_->AllocateKvPool(KvPoolBytes(layout, o.kv_blocks)));
-  } else {
-    TANDEM_ASSIGN_OR_RETURN(memory, engine->forward_->AdoptKvPools(std::move(o.kv_pools)));
-  }
+  TANDEM_ASSIGN_OR_RETURN(engine->cache_, CreateKvCacheFor(*engine->forward_, o.block_size,
+                                                            o.kv_blocks, std::move(o.kv_pools)));
   o.kv_pools.clear();  // the cache holds them now
-  TANDEM_ASSIGN_OR_RETURN(engine->cache_,
-                          KvCache::Create(layout, o.kv_blocks, std::move(memory)));
   engine->cache_->blocks().SetCaching(o.prefix_caching);
   if (o.metrics != nullptr) {
     engine->batch_seconds_ = &o.metrics

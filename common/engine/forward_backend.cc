@@ -79,6 +79,19 @@ StatusOr<KvPoolMemory> ForwardBackend::AdoptKvPools(std::vector<KvPoolMemory> po
   return std::move(pools[0]);
 }
 
+StatusOr<std::unique_ptr<KvCache>> CreateKvCacheFor(ForwardBackend& backend, int block_size,
+                                                    int num_blocks,
+                                                    std::vector<KvPoolMemory> pools) {
+  const KvLayout layout = backend.MakeKvLayout(block_size);
+  KvPoolMemory memory;
+  if (pools.empty()) {
+    TANDEM_ASSIGN_OR_RETURN(memory, backend.AllocateKvPool(KvPoolBytes(layout, num_blocks)));
+  } else {
+    TANDEM_ASSIGN_OR_RETURN(memory, backend.AdoptKvPools(std::move(pools)));
+  }
+  return KvCache::Create(layout, num_blocks, std::move(memory));
+}
+
 bool GreedyRows::all_wanted() const {
   for (uint8_t w : wanted)
     if (w == 0) return false;

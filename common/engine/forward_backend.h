@@ -131,6 +131,13 @@ class ForwardBackend {
   virtual std::string description() const = 0;
 };
 
+// An engine's KV cache of `num_blocks` blocks of `block_size` for `backend`: over `pools` (one
+// per rank, a transport's: AdoptKvPools) or, when there are none, over a pool the backend
+// allocates. Errors: AllocateKvPool's, AdoptKvPools', KvCache::Create's.
+StatusOr<std::unique_ptr<KvCache>> CreateKvCacheFor(ForwardBackend& backend, int block_size,
+                                                    int num_blocks,
+                                                    std::vector<KvPoolMemory> pools);
+
 // The backend for `device` ("cpu" or "cuda"). InvalidArgument for another name, or "cuda" on a
 // build without CUDA; Unavailable when CUDA finds no device; the backend's own errors.
 StatusOr<std::unique_ptr<ForwardBackend>> CreateForwardBackend(const Model& model,
