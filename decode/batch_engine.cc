@@ -399,9 +399,9 @@ void BatchEngine::SampleBatch(std::span<const float> logits, EngineSink& sink) {
   sample_jobs_.clear();
   sample_of_row_.assign(batch_.size(), -1);
   for (size_t i = 0; i < batch_.size(); ++i) {
+    // Not wanted as greedy: a last chunk that needs the Sampler (RunForward).
+    if (!landed_[i] || greedy_wanted_[i]) continue;
     const Request& r = *batch_[i];
-    const bool last = r.num_computed + inputs_[i].tokens.size() >= r.tokens.size();
-    if (!landed_[i] || !last || greedy_wanted_[i]) continue;
     sample_of_row_[i] = static_cast<int32_t>(sample_jobs_.size());
     sample_jobs_.push_back({r.sampler.get(), logits.subspan(i * vocab, vocab), r.tokens});
   }

@@ -208,10 +208,8 @@ bool PrefillEngine::Step(PrefillObserver& observer) {
   std::vector<BatchSampling::Job> jobs;
   std::vector<int32_t> job_of_row(batch.size(), -1);
   for (size_t i = 0; i < batch.size(); ++i) {
+    if (greedy_wanted[i]) continue;  // not wanted as greedy: a last chunk that needs the Sampler
     const PrefillRequest& r = *queue_[batch[i].index];
-    if (r.num_computed + batch[i].num_tokens < static_cast<int32_t>(r.prompt.size()) ||
-        greedy_wanted[i])
-      continue;
     samplers.push_back(
         std::make_unique<Sampler>(r.sampling, workspace_.get(), r.prompt.size(), eos_ids_));
     job_of_row[i] = static_cast<int32_t>(jobs.size());
