@@ -6,7 +6,6 @@
 #include <cstring>
 #include <map>
 #include <optional>
-#include <random>
 #include <set>
 #include <thread>
 
@@ -52,15 +51,14 @@ Status ReleaseLease(PublisherCore& core, const TransferResult& result) {
 class InProcessPublisher final : public KvPublisher {
  public:
   explicit InProcessPublisher(MemoryRegion region) : core_(std::make_shared<PublisherCore>()) {
-    std::random_device rd;
     core_->region = region;
     core_->info.transport = "inprocess";
     core_->info.region_base = reinterpret_cast<uint64_t>(region.base);
     core_->info.region_bytes = region.bytes;
     MutexLock lock(&TableMutex());
     do {
-      core_->info.instance_id = (static_cast<uint64_t>(rd()) << 32) | rd();
-    } while (core_->info.instance_id == 0 || Table().count(core_->info.instance_id));
+      core_->info.instance_id = NewInstanceId();
+    } while (Table().count(core_->info.instance_id));
     Table()[core_->info.instance_id] = core_;
   }
 

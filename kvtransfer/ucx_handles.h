@@ -17,7 +17,6 @@
 #include <initializer_list>
 #include <memory>
 #include <mutex>
-#include <random>
 #include <string>
 #include <thread>
 
@@ -153,14 +152,6 @@ inline Status GetError(ucs_status_t status) {
     default:
       return Internal(std::string("UCX get failed: ") + ucs_status_string(status));
   }
-}
-
-inline uint64_t NewInstanceId() {
-  std::random_device rd;
-  uint64_t id = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
-                static_cast<uint64_t>(Clock::now().time_since_epoch().count()) ^
-                (static_cast<uint64_t>(getpid()) << 16);
-  return id == 0 ? 1 : id;
 }
 
 // ---- a ucp worker with its own progress thread ---------------------------------------------

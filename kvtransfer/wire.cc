@@ -2,11 +2,24 @@
 
 #include "common/net/wire_codec.h"
 
+#include <unistd.h>
+
+#include <chrono>
 #include <cstring>
 #include <limits>
+#include <random>
 #include <utility>
 
 namespace tandem {
+
+uint64_t NewInstanceId() {
+  std::random_device rd;
+  const uint64_t id = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
+                      static_cast<uint64_t>(
+                          std::chrono::steady_clock::now().time_since_epoch().count()) ^
+                      (static_cast<uint64_t>(getpid()) << 16);
+  return id == 0 ? 1 : id;
+}
 namespace {
 
 // Framing and bounded reads come from common/net/wire_codec.h; this file adds the KV messages.

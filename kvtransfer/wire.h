@@ -55,6 +55,10 @@ struct MemoryRegion {
   size_t bytes = 0;
 };
 
+// A new PeerInfo::instance_id for a publisher incarnation: random (the OS's entropy, mixed
+// with the clock and the pid), never 0. Every transport's publishers draw theirs here.
+uint64_t NewInstanceId();
+
 // What a puller needs to reach a publisher: sent once per peer over the control plane.
 struct PeerInfo {
   uint64_t instance_id = 0;    // random per publisher incarnation; a restart gets a new one

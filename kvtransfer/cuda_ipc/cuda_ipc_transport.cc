@@ -10,7 +10,6 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <random>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -25,13 +24,6 @@ namespace tandem {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-uint64_t RandomInstanceId() {
-  std::random_device rd;
-  uint64_t id = 0;
-  while (id == 0) id = (static_cast<uint64_t>(rd()) << 32) | rd();
-  return id;
-}
 
 std::string CudaErrorText(cudaError_t err) {
   return std::string(cudaGetErrorName(err)) + ": " + cudaGetErrorString(err);
@@ -510,7 +502,7 @@ StatusOr<PublisherWithPool> CreateCudaIpcPublisherWithPool(const KvPoolShape& sh
     TANDEM_CUDA_RETURN_IF_ERROR(cudaIpcGetMemHandle(&handles[r], out.pools[r].base));
   }
   PeerInfo info;
-  info.instance_id = RandomInstanceId();
+  info.instance_id = NewInstanceId();
   info.transport = std::string(kCudaIpcTransport);
   info.worker_address = boot_id;
   PoolKey key{shape, {}};

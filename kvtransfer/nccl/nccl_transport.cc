@@ -11,7 +11,6 @@
 #include <map>
 #include <mutex>
 #include <optional>
-#include <random>
 #include <set>
 #include <thread>
 #include <utility>
@@ -484,13 +483,6 @@ size_t NcclLink::inflight_count() const { return impl_->inflight_count(); }
 
 namespace {
 
-uint64_t RandomInstanceId() {
-  std::random_device rd;
-  uint64_t id = 0;
-  while (id == 0) id = (static_cast<uint64_t>(rd()) << 32) | rd();
-  return id;
-}
-
 Status CheckRequestId(const std::string& id) {
   if (id.empty()) return InvalidArgument("empty request id");
   if (id.size() > kKvMaxRequestIdBytes) return InvalidArgument("request id too long");
@@ -501,7 +493,7 @@ class NcclPublisher final : public KvPublisher {
  public:
   NcclPublisher(std::shared_ptr<NcclLink> link, MemoryRegion region, NcclTransferOptions options)
       : link_(std::move(link)), region_(region), options_(options) {
-    info_.instance_id = RandomInstanceId();
+    info_.instance_id = NewInstanceId();
     info_.transport = std::string(kNcclTransport);
     info_.region_base = reinterpret_cast<uint64_t>(region.base);
     info_.region_bytes = region.bytes;
