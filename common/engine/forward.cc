@@ -9,6 +9,8 @@
 #include <cstring>
 #include <limits>
 
+#include "common/engine/sampling.h"
+
 namespace tandem {
 namespace {
 

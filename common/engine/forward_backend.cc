@@ -1,7 +1,6 @@
 #include "common/engine/forward_backend.h"
 
 #include <cmath>
-#include <limits>
 #include <string>
 
 #include "common/config/serving_config.h"
@@ -96,17 +95,6 @@ bool GreedyRows::all_wanted() const {
   for (uint8_t w : wanted)
     if (w == 0) return false;
   return true;
-}
-
-int32_t ArgmaxRow(std::span<const float> logits) {
-  int32_t best = -1;
-  float best_value = -std::numeric_limits<float>::infinity();
-  for (size_t i = 0; i < logits.size(); ++i)
-    if (logits[i] > best_value) {  // NaN and -inf never; the first of equals stays
-      best_value = logits[i];
-      best = static_cast<int32_t>(i);
-    }
-  return best;
 }
 
 Status ValidateGreedyRows(const GreedyRows* greedy, size_t batch_size, LogitsMode mode) {

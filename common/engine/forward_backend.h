@@ -82,8 +82,8 @@ struct ForwardHooks {
 
 // The greedy rows of a kLastToken pass (optional): the rows whose next token is the plain
 // argmax of their logits (Sampler::IsPlainArgmax), or whose logits nobody reads (a prompt chunk
-// that is not the last). The backend writes each wanted row's argmax (lowest id on ties; NaN
-// and -inf never win) to argmax[i] and leaves the other entries alone. On a device the argmax
+// that is not the last). The backend writes each wanted row's argmax (ArgmaxRow,
+// common/engine/sampling.h: lowest id on ties; NaN and -inf never win) to argmax[i] and leaves the other entries alone. On a device the argmax
 // is computed there, and when every row is wanted the logits stay there too: Forward then
 // returns an empty span, and a step copies batch * 4 bytes back instead of batch * vocab * 4,
 // with no pass over the vocabulary on the host.
@@ -92,9 +92,6 @@ struct GreedyRows {
   std::span<int32_t> argmax;        // [batch.size()]; written where wanted
   bool all_wanted() const;
 };
-
-// The argmax of one row as GreedyRows defines it; -1 when no entry is a number above -inf.
-int32_t ArgmaxRow(std::span<const float> logits);
 
 class ForwardBackend {
  public:

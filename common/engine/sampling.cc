@@ -102,6 +102,17 @@ size_t TopPKeep(int32_t* cand, size_t n, const float* scores, float top_p, doubl
 
 }  // namespace
 
+int32_t ArgmaxRow(std::span<const float> logits) {
+  int32_t best = -1;
+  float best_value = kNegInf;
+  for (size_t i = 0; i < logits.size(); ++i)
+    if (logits[i] > best_value) {  // NaN and -inf never (Usable); the first of equals stays
+      best_value = logits[i];
+      best = static_cast<int32_t>(i);
+    }
+  return best;
+}
+
 // ---- SamplingParams ------------------------------------------------------------------------
 
 Status SamplingParams::Validate() const {
@@ -378,10 +389,7 @@ SampleResult Sampler::Sample(std::span<const float> logits,
   if (params_.greedy()) {
     ApplyPenalties(logits, prompt_and_output_tokens);
     const float* scores = ws_->scores.data();
-    int32_t best = -1;
-    for (int32_t i = 0; i < vocab_size_; ++i) {
-      if (Usable(scores[i]) && (best < 0 || scores[i] > scores[best])) best = i;
-    }
+    const int32_t best = ArgmaxRow({scores, static_cast<size_t>(vocab_size_)});
     TANDEM_CHECK(best >= 0, "no finite logit to sample from");
     result.token_id = best;
     if (params_.logprobs && params_.logprobs_mode == LogprobsMode::kProcessed) {

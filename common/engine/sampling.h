@@ -76,6 +76,10 @@ class SamplerWorkspace {
   std::vector<uint8_t> seen;        // seen in prompt/output; all zero between calls
 };
 
+// The plain argmax of one row, the token greedy sampling picks: the lowest id among the
+// largest values; NaN and -inf never win; -1 when no entry is a number above -inf.
+int32_t ArgmaxRow(std::span<const float> logits);
+
 // One request's sampler. Not thread-safe; owned by whoever owns the request (the engine
 // thread). Scratch is allocated at construction, so Sample() allocates nothing.
 class Sampler {
