@@ -45,9 +45,10 @@ TpForward::LayerGate::Wait TpForward::LayerGate::WaitFor(int layer,
   auto deadline = std::chrono::steady_clock::now() + timeout;
   while (!failed_ && released_ < layer) {
     if (cv_.wait_until(lock, deadline) != std::cv_status::timeout) continue;
-    if (!in_hook_) return failed_ ? Wait::kFailed : released_ >= layer ? Wait::kReleased
-                                                                        : Wait::kTimedOut;
-    deadline = std::chrono::steady_clock::now() + timeout;  // rank 0 waits in its hook
+    if (in_hook_)  // rank 0 waits in its hook, which bounds its own wait
+      deadline = std::chrono::steady_clock::now() + timeout;
+    else if (!failed_ && released_ < layer)
+      return Wait::kTimedOut;
   }
   return failed_ ? Wait::kFailed : Wait::kReleased;
 }
