@@ -150,6 +150,11 @@ void KvIntake::StartPull(const std::string& id, Entry& entry) {
     if (arrival) arrival->Done(status);
     host_.Post([this, request_id, status] { PullDone(request_id, status); });
   };
+  // For a transport whose publisher sends only when asked (nccl): on the connection the KvReady
+  // came on, so its messages keep the order the puller made them in.
+  callbacks.to_publisher = [this, prefill = entry.prefill, id](std::string bytes) {
+    host_.Send(prefill, KvTransport{id, std::move(bytes)});
+  };
   StatusOr<KvDescriptor> desc = DecodeKvDescriptor(AsBytes(entry.ready.kv_descriptor));
   Status started = desc.ok() ? puller_.Pull(*desc, std::move(local), callbacks,
                                             Layers(entry.ready.layers_ready))

@@ -13,7 +13,9 @@
 #include "common/engine/tensor_parallel.h"
 #include "kvtransfer/inprocess_transport.h"
 #if TANDEM_HAVE_CUDA  // set for this file only (CMakeLists.txt)
+#include "common/engine/cuda/cuda_backend.h"
 #include "kvtransfer/cuda_ipc/cuda_ipc_transport.h"
+#include "kvtransfer/nccl/nccl_transport.h"
 #endif
 #include "kvtransfer/shm_sweep.h"
 #include "kvtransfer/ucx_transport.h"
@@ -34,12 +36,21 @@ Status CheckBackend(const TransferSection& transfer, size_t pool_bytes,
       return InvalidArgument("KV pool of " + std::to_string(pool_bytes) + " bytes, its shape says " +
                              std::to_string(shape.pool_bytes()));
   }
-  if (transfer.backend == "ucx" || transfer.backend == "inproc") {
+  if (transfer.backend == "ucx" || transfer.backend == "inproc" || transfer.backend == "nccl") {
     if (shape.degree > 1)
       return InvalidArgument("transfer.backend " + transfer.backend + " moves one KV pool; "
                              "tensor_parallel " + std::to_string(shape.degree) + " keeps one per "
                              "GPU: use cuda_ipc");
+    if (transfer.backend != "nccl") return Status();
+#if TANDEM_HAVE_CUDA
+    if (shape.num_blocks <= 0)  // its granule is one block of one layer
+      return InvalidArgument("nccl: the KV pool's shape (TransferFactoryOptions::pool_shape) is "
+                             "required");
     return Status();
+#else
+    return InvalidArgument("transfer.backend nccl needs a build with the CUDA backend "
+                           "(cmake -DTANDEM_CUDA=ON on a machine with nvcc)");
+#endif
   }
   if (transfer.backend == "cuda_ipc") {
 #if TANDEM_HAVE_CUDA
@@ -53,7 +64,8 @@ Status CheckBackend(const TransferSection& transfer, size_t pool_bytes,
 #endif
   }
   return InvalidArgument("transfer.backend '" + transfer.backend +
-                         "' is not supported by the instance servers (ucx, cuda_ipc or inproc)");
+                         "' is not supported by the instance servers (ucx, cuda_ipc, nccl or "
+                         "inproc)");
 }
 
 #if TANDEM_HAVE_CUDA
@@ -66,6 +78,19 @@ CudaIpcOptions CudaIpcOptionsFor(const TransferSection& transfer,
   co.lease_timeout = Millis(options.lease_timeout_s);
   co.metrics = options.metrics;
   return co;
+}
+
+// One pool on the instance's GPU; a message is at most one block of one layer, so that any two
+// block lists of one block size are compatible (NcclWireOrder).
+NcclTransferOptions NcclOptionsFor(const TransferSection& transfer,
+                                   const TransferFactoryOptions& options) {
+  NcclTransferOptions no;
+  no.timeout = Millis(transfer.timeout_s);
+  no.lease_timeout = Millis(options.lease_timeout_s);
+  no.granule_bytes = options.pool_shape.rank_layout().block_bytes();
+  no.device = 0;
+  no.metrics = options.metrics;
+  return no;
 }
 #endif
 
@@ -155,6 +180,14 @@ StatusOr<PublisherWithPool> CreatePublisherWithPool(const TransferSection& trans
 #if TANDEM_HAVE_CUDA
   if (transfer.backend == "cuda_ipc")
     return CreateCudaIpcPublisherWithPool(options.pool_shape, CudaIpcOptionsFor(transfer, options));
+  if (transfer.backend == "nccl") {
+    const NcclTransferOptions no = NcclOptionsFor(transfer, options);
+    PublisherWithPool out;
+    TANDEM_ASSIGN_OR_RETURN(KvPoolMemory pool, cuda::AllocateCudaKvPool(pool_bytes, no.device));
+    TANDEM_ASSIGN_OR_RETURN(out.publisher, CreateNcclPublisher(RegionOf(pool), no));
+    out.pools.push_back(std::move(pool));
+    return out;
+  }
 #endif
   PublisherWithPool out;
   if (transfer.backend == "inproc") {
@@ -178,6 +211,14 @@ StatusOr<PullerWithPool> CreatePullerWithPool(const TransferSection& transfer, s
 #if TANDEM_HAVE_CUDA
   if (transfer.backend == "cuda_ipc")
     return CreateCudaIpcPullerWithPool(options.pool_shape, CudaIpcOptionsFor(transfer, options));
+  if (transfer.backend == "nccl") {
+    const NcclTransferOptions no = NcclOptionsFor(transfer, options);
+    PullerWithPool out;
+    TANDEM_ASSIGN_OR_RETURN(KvPoolMemory pool, cuda::AllocateCudaKvPool(pool_bytes, no.device));
+    TANDEM_ASSIGN_OR_RETURN(out.puller, CreateNcclPuller(RegionOf(pool), no));
+    out.pools.push_back(std::move(pool));
+    return out;
+  }
 #endif
   PullerWithPool out;
   UcxOptions uo = UcxOptionsFor(transfer, options);

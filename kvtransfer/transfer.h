@@ -32,6 +32,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -57,6 +58,12 @@ struct PullCallbacks {
   // Statuses: OK; DeadlineExceeded (not done within the timeout); Unavailable (peer died or
   // was unreachable); DataLoss/Internal (transport error); Cancelled (puller shut down).
   std::function<void(const std::string& request_id, const Status& status)> on_done;
+  // The way back to this request's publisher over the control plane, for a transport whose
+  // publisher sends only when asked (nccl: kvtransfer/nccl_protocol.h). Such a puller calls it
+  // inside Pull, before Pull returns, with bytes that must reach the publisher's
+  // OnPullerMessage in the order of the calls; it refuses a Pull without it
+  // (FailedPrecondition). The other transports never call it.
+  std::function<void(std::string bytes)> to_publisher;
 };
 
 class KvPublisher {
@@ -78,6 +85,15 @@ class KvPublisher {
 
   // Requests published and not yet released.
   virtual size_t published_count() const = 0;
+
+  // Bytes a puller sent through PullCallbacks::to_publisher, relayed by the servers. Errors are
+  // the sender's fault (malformed, another publisher): InvalidArgument, and for transports
+  // that take no such messages (ucx, cuda_ipc, inproc) FailedPrecondition.
+  virtual Status OnPullerMessage(std::span<const uint8_t> bytes) {
+    static_cast<void>(bytes);
+    return FailedPrecondition("transport '" + peer_info().transport +
+                              "' takes no messages from its pullers");
+  }
 };
 
 // Pull/SetLayersAvailable: every layer of the descriptor may be read.

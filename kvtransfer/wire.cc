@@ -138,7 +138,7 @@ StatusOr<KvWireHeader> DecodeKvWireHeader(std::span<const uint8_t> bytes) {
     return InvalidArgument("wire: unsupported version " + std::to_string(header.version) +
                            " (this build speaks " + std::to_string(kKvWireVersion) + ")");
   }
-  if (header.type < 1 || header.type > 3)
+  if (header.type < 1 || header.type > 4)
     return InvalidArgument("wire: unknown type " + std::to_string(header.type));
   return KvWireHeader{static_cast<KvWireType>(header.type), header.frame_bytes};
 }

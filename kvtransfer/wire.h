@@ -39,6 +39,7 @@ enum class KvWireType : uint16_t {
   kPeerInfo = 1,
   kKvDescriptor = 2,
   kTransferResult = 3,
+  kNcclPullOrder = 4,  // kvtransfer/nccl_protocol.h
 };
 
 // A contiguous range of bytes at `offset` from the start of a MemoryRegion.

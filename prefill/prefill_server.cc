@@ -27,6 +27,7 @@ class PrefillDriver : public InstanceDriver, public PrefillObserver {
       return handoff_->Released(k->request_id, k->code == StatusCode::kOk
                                                    ? Status()
                                                    : Status(k->code, k->message));
+    if (auto* t = std::get_if<KvTransport>(&message)) return ToPublisher(*t);
     TANDEM_LOG(kDebug) << "ignoring unexpected control message";
   }
   void OnClosed(ConnId conn, std::optional<uint64_t>) override {
@@ -48,6 +49,15 @@ class PrefillDriver : public InstanceDriver, public PrefillObserver {
  private:
   void HandleSubmit(ConnId conn, const Submit& submit);
   void Refuse(ConnId conn, const std::string& id, const Status& why);
+  // A puller's message for our publisher (nccl's pull orders). A bad one fails only the pull
+  // that sent it: the puller's timeout ends it, and decode reports it as for any failed pull.
+  void ToPublisher(const KvTransport& message) {
+    Status taken = kv_.publisher->OnPullerMessage(AsBytes(message.bytes));
+    if (!taken.ok()) {
+      TANDEM_LOG_REQ(kWarn, message.request_id)
+          << "KV transport message refused: " << taken.ToString();
+    }
+  }
 
   InstanceSetup setup_;
   Counter* handoff_failures_ = nullptr;

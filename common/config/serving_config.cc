@@ -40,11 +40,11 @@ void CheckInstance(ServingErrors* errors, const ClusterConfig& config, const std
                 "cuda cannot be served by this build: it has no CUDA backend (build with cmake "
                 "-DTANDEM_CUDA=ON on a machine with nvcc); use cpu");
   else if (s.device == "cuda" && name != "colocated" && s.instances > 0 &&
-           config.transfer.backend != "cuda_ipc")
+           config.transfer.backend != "cuda_ipc" && config.transfer.backend != "nccl")
     errors->Add(name + ".device",
                 "cuda on " + name + " instances keeps the KV in GPU memory, which transfer.backend " +
                 config.transfer.backend + " cannot move: set transfer.backend: cuda_ipc (prefill "
-                "and decode on one machine)");
+                "and decode on one machine) or nccl (on any machines)");
   if (!s.cuda_devices.empty() && s.device != "cuda")
     errors->Add(name + ".cuda_devices",
                 "has no effect on " + s.device + " instances: it picks the GPUs of device cuda");
@@ -115,21 +115,25 @@ Status ValidateForServing(const ClusterConfig& config) {
   CheckInstance(&errors, config, "decode", config.decode);
   CheckInstance(&errors, config, "colocated", config.colocated);
   const bool moves_kv = config.prefill.instances > 0 || config.decode.instances > 0;
-  if (config.transfer.backend == "nccl" && moves_kv)
+  const std::string& backend = config.transfer.backend;
+  const bool gpu_transport = backend == "cuda_ipc" || backend == "nccl";
+  if (gpu_transport && moves_kv && !BuiltWithCuda())
     errors.Add("transfer.backend",
-               "nccl is not wired into the instance servers yet (the transport is checked by "
-               "tests/gpu/nccl_transfer_check); use cuda_ipc (GPU pools on one machine) or ucx");
-  if (config.transfer.backend == "cuda_ipc" && !BuiltWithCuda())
-    errors.Add("transfer.backend",
-               "cuda_ipc needs a build with CUDA (cmake -DTANDEM_CUDA=ON on a machine with nvcc); "
-               "this build moves KV with ucx");
-  else if (config.transfer.backend == "cuda_ipc")
+               backend + " needs a build with CUDA (cmake -DTANDEM_CUDA=ON on a machine with "
+               "nvcc); this build moves KV with ucx");
+  else if (gpu_transport)
     for (const auto& [name, s] : {std::pair{"prefill", &config.prefill},
-                                  std::pair{"decode", &config.decode}})
+                                  std::pair{"decode", &config.decode}}) {
       if (s->instances > 0 && s->device != "cuda")
         errors.Add("transfer.backend",
-                   std::string("cuda_ipc moves KV between GPU pools, and ") + name +
-                       ".device is " + s->device + ": set it to cuda, or use ucx");
+                   backend + " moves KV between GPU pools, and " + name + ".device is " +
+                       s->device + ": set it to cuda, or use ucx");
+      if (backend == "nccl" && s->instances > 0 && s->tensor_parallel > 1)
+        errors.Add("transfer.backend",
+                   std::string("nccl moves one KV pool per instance, and ") + name +
+                       ".tensor_parallel " + std::to_string(s->tensor_parallel) +
+                       " keeps one per GPU: use cuda_ipc (one machine), or tensor_parallel 1");
+    }
   if (config.transfer.backend == "inproc" &&
       (config.prefill.instances > 0 || config.decode.instances > 0))
     errors.Add("transfer.backend",

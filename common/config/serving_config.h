@@ -5,14 +5,14 @@
 // router, check-config) load through LoadServingConfig, which also refuses what no server here
 // does, each with the place it was set and the field ("cluster.yaml:7:11: decode.device: ..."):
 //   - S.device cuda on a build without CUDA, and on prefill or decode instances unless
-//     transfer.backend is cuda_ipc (their KV is in GPU memory: only cuda_ipc moves it);
+//     transfer.backend is cuda_ipc or nccl (their KV is in GPU memory: only those move it);
 //   - S.tensor_parallel > 1 on cpu (a CPU instance is one process; use S.threads);
 //     S.pipeline_parallel > 1;
 //   - S.cuda_devices on an instance that is not on cuda (it would pick nothing);
 //   - S.preemption swap (decode preempts by recompute only);
 //   - S.scheduling prefill_first on prefill or decode (only colocated instances schedule steps);
-//   - transfer.backend nccl with prefill or decode instances (the transport is not wired into
-//     the servers yet); cuda_ipc on a build without CUDA, or with prefill or decode on cpu;
+//   - transfer.backend cuda_ipc or nccl on a build without CUDA, or with prefill or decode on
+//     cpu; nccl with prefill or decode tensor_parallel > 1 (it moves one pool per instance);
 //   - transfer.backend inproc with prefill or decode instances (each instance is its own
 //     process; inproc moves KV within one process, for tests).
 // Sizes that need the model (the KV pool against max_model_len and the machine's memory) are

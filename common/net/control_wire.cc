@@ -195,6 +195,12 @@ struct Encoder {
     w.Str(m.message, kMaxMessageBytes);
     return w.Finish(kMaxControlBodyBytes);
   }
+  std::string operator()(const KvTransport& m) const {
+    WireWriter w = Start(ControlType::kKvTransport);
+    w.Str(m.request_id, kMaxIdBytes);
+    w.Str(m.bytes, kMaxBlobBytes);
+    return w.Finish(kMaxControlBodyBytes);
+  }
   std::string operator()(const KvProgress& m) const {
     WireWriter w = Start(ControlType::kKvProgress);
     w.Str(m.request_id, kMaxIdBytes);
@@ -312,6 +318,11 @@ StatusOr<ControlMessage> DecodeControl(std::span<const uint8_t> frame) {
       bool ok = r.Str(&m.request_id, kMaxIdBytes) && GetCode(r, &m.code) &&
                 r.Str(&m.message, kMaxMessageBytes);
       return Done(r, ok, std::move(m), "control KvReleased");
+    }
+    case ControlType::kKvTransport: {
+      KvTransport m;
+      bool ok = r.Str(&m.request_id, kMaxIdBytes) && r.Str(&m.bytes, kMaxBlobBytes);
+      return Done(r, ok, std::move(m), "control KvTransport");
     }
     case ControlType::kKvProgress: {
       KvProgress m;

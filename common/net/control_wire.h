@@ -8,7 +8,9 @@
 //   prefill -> decode    Hello, KvReady (the request, its first token and where its KV is),
 //                        KvProgress (layer-wise streaming: more layers computed, the first
 //                        token, or the request ended at its first token)
-//   decode -> prefill    KvReleased (pulled or abandoned: the prefill side frees its blocks)
+//   decode -> prefill    KvReleased (pulled or abandoned: the prefill side frees its blocks),
+//                        KvTransport (a transport's own message to the publisher: nccl's pull
+//                        orders, kvtransfer/nccl_protocol.h)
 //   router -> decode     Cancel (stop string hit, client gone)
 //
 // KV transfer details (kvtransfer's PeerInfo, KvDescriptor) ride as opaque, separately
@@ -34,8 +36,8 @@ inline constexpr uint32_t kControlMagic = 0x4C544354;  // "TCTL" as little-endia
 // 2: Submit.seq and LoadReport.last_submit_seq; 3: KvReady carries layers_ready and an optional
 // first token, KvProgress; 4: LoadReport.decode_step_batch and decode_step_context_tokens;
 // 5: router sessions (Submit.decode_session, KvReady.router_session); 6: SamplingParams
-// min_tokens and logit_bias.
-inline constexpr uint16_t kControlVersion = 6;
+// min_tokens and logit_bias; 7: KvTransport.
+inline constexpr uint16_t kControlVersion = 7;
 inline constexpr size_t kMaxControlBodyBytes = 32u << 20;
 inline constexpr size_t kMaxPromptTokens = 1u << 20;
 inline constexpr size_t kMaxIdBytes = 256;
@@ -51,6 +53,7 @@ enum class ControlType : uint16_t {
   kKvReady = 7,
   kKvReleased = 8,
   kKvProgress = 9,
+  kKvTransport = 10,
 };
 
 enum class InstanceRole : uint8_t { kRouter = 0, kPrefill = 1, kDecode = 2, kColocated = 3 };
@@ -164,8 +167,16 @@ struct KvProgress {
   bool finished = false;
 };
 
+// Decode -> prefill: bytes from the puller of `request_id` for the prefill instance's publisher
+// (KvPublisher::OnPullerMessage), opaque here. Sent on the connection the KvReady came on, so
+// they arrive in the order the puller made them.
+struct KvTransport {
+  std::string request_id;
+  std::string bytes;
+};
+
 using ControlMessage = std::variant<Hello, LoadReport, Submit, Cancel, Tokens, Finish, KvReady,
-                                    KvReleased, KvProgress>;
+                                    KvReleased, KvProgress, KvTransport>;
 
 // Encodes one frame. Aborts (TANDEM_CHECK) on values over the limits.
 std::string EncodeControl(const ControlMessage& message);

@@ -1,487 +1,27 @@
+// The publisher and puller of the NCCL KV transport (kvtransfer/nccl/nccl_transport.h) over
+// NcclLink (nccl_link.cc); the protocol they speak is kvtransfer/nccl_protocol.h.
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/base/log.h"
 #include "kvtransfer/nccl/nccl_transport.h"
 
-#include <cuda_runtime_api.h>
-#include <nccl.h>
-
-#include <algorithm>
-#include <array>
-#include <condition_variable>
-#include <cstring>
-#include <deque>
-#include <map>
-#include <mutex>
-#include <optional>
-#include <set>
-#include <thread>
-#include <utility>
-
-#include "common/engine/cuda/cuda_util.h"
-
 namespace tandem {
-namespace {
 
 using Clock = std::chrono::steady_clock;
-
-constexpr size_t kHeaderBytes = 32;
-constexpr size_t kMaxInflight = 1024;  // header slots; also the bound on queued + posted
-constexpr uint64_t kHeaderMagic = (static_cast<uint64_t>(kKvWireVersion) << 32) | kKvWireMagic;
-
-// Aborts: the only NCCL teardown that never waits on the peer.
-struct CommDeleter {
-  void operator()(ncclComm_t comm) const {
-    if (comm != nullptr) ncclCommAbort(comm);
-  }
-};
-using CommPtr = std::unique_ptr<ncclComm, CommDeleter>;
-
-struct PinnedDeleter {
-  void operator()(void* p) const {
-    if (p != nullptr) cudaFreeHost(p);
-  }
-};
-using PinnedPtr = std::unique_ptr<void, PinnedDeleter>;
-
-class CudaEvent {
- public:
-  static StatusOr<CudaEvent> Create() {
-    cudaEvent_t event = nullptr;
-    TANDEM_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
-    return CudaEvent(event);
-  }
-  CudaEvent(CudaEvent&& other) noexcept : event_(std::exchange(other.event_, nullptr)) {}
-  CudaEvent& operator=(CudaEvent&& other) noexcept {
-    if (this != &other) {
-      Reset();
-      event_ = std::exchange(other.event_, nullptr);
-    }
-    return *this;
-  }
-  CudaEvent(const CudaEvent&) = delete;
-  CudaEvent& operator=(const CudaEvent&) = delete;
-  ~CudaEvent() { Reset(); }
-  cudaEvent_t get() const { return event_; }
-
- private:
-  explicit CudaEvent(cudaEvent_t event) : event_(event) {}
-  void Reset() {
-    if (event_ != nullptr) cudaEventDestroy(event_);
-    event_ = nullptr;
-  }
-  cudaEvent_t event_ = nullptr;
-};
-
-Status NcclStatus(ncclResult_t result, const char* what, ncclComm_t comm) {
-  std::string message = std::string("NCCL ") + what + ": " + ncclGetErrorString(result);
-  if (comm != nullptr) {
-    const char* last = ncclGetLastError(comm);
-    if (last != nullptr && last[0] != '\0') message += std::string(" (") + last + ")";
-  }
-  switch (result) {
-    case ncclSystemError:
-    case ncclRemoteError:
-      return Unavailable(std::move(message));
-    default:
-      return Internal(std::move(message));
-  }
-}
-
-uint64_t Fnv1a(std::string_view s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
-std::array<uint64_t, 4> MakeHeader(uint64_t seq, uint64_t total_bytes, const std::string& id) {
-  return {kHeaderMagic, seq, total_bytes, Fnv1a(id)};
-}
-
-}  // namespace
-
-StatusOr<std::string> CreateNcclUniqueId() {
-  ncclUniqueId id;
-  const ncclResult_t result = ncclGetUniqueId(&id);
-  if (result != ncclSuccess) return NcclStatus(result, "ncclGetUniqueId", nullptr);
-  static_assert(sizeof(id.internal) == kNcclUniqueIdBytes);
-  return std::string(id.internal, sizeof(id.internal));
-}
-
-std::vector<NcclPiece> NcclWireOrder(const LayerRanges& layers, uint64_t granule_bytes) {
-  std::vector<NcclPiece> pieces;
-  for (size_t layer = 0; layer < layers.size(); ++layer) {
-    uint64_t stream = 0;
-    for (const ByteRange& range : layers[layer]) {
-      uint64_t done = 0;
-      while (done < range.length) {
-        uint64_t length = range.length - done;
-        if (granule_bytes != 0) {
-          const uint64_t to_boundary = granule_bytes - (stream + done) % granule_bytes;
-          length = std::min(length, to_boundary);
-        }
-        pieces.push_back({static_cast<uint32_t>(layer), stream + done, range.offset + done, length});
-        done += length;
-      }
-      stream += range.length;
-    }
-  }
-  return pieces;
-}
-
-// ---- NcclLink ----------------------------------------------------------------------------------
-
-class NcclLink::Impl {
- public:
-  Impl(int rank, int device) : rank_(rank), device_(device) {}
-
-  ~Impl() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    if (thread_.joinable()) thread_.join();
-    cudaSetDevice(device_);
-    bool busy;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      busy = !active_.empty() || !queued_.empty();
-    }
-    if (busy) FailLink(Cancelled("NCCL link closed"), std::nullopt, Status());
-    // comm_ is declared last, so it is aborted before the stream and buffers go away.
-  }
-
-  Status Init(std::string_view unique_id, std::chrono::milliseconds timeout) {
-    TANDEM_RETURN_IF_ERROR(cuda::SetDevice(device_));
-    TANDEM_ASSIGN_OR_RETURN(stream_, cuda::CudaStream::Create());
-    TANDEM_ASSIGN_OR_RETURN(header_dev_, cuda::DeviceBuffer::Allocate(kMaxInflight * kHeaderBytes));
-    void* pinned = nullptr;
-    TANDEM_CUDA_RETURN_IF_ERROR(cudaMallocHost(&pinned, kMaxInflight * kHeaderBytes));
-    header_host_.reset(pinned);
-
-    ncclUniqueId id;
-    std::memcpy(id.internal, unique_id.data(), sizeof(id.internal));
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
-    ncclComm_t comm = nullptr;
-    ncclResult_t result = ncclCommInitRankConfig(&comm, 2, id, rank_, &config);
-    CommPtr owned(comm);  // aborted on every early return below
-    if (result != ncclSuccess && result != ncclInProgress) {
-      return NcclStatus(result, "ncclCommInitRankConfig", comm).WithContext("NCCL link init");
-    }
-    const Clock::time_point deadline = Clock::now() + timeout;
-    TANDEM_RETURN_IF_ERROR(WaitNotInProgress(comm, deadline, /*check_stop=*/false)
-                               .WithContext("NCCL link init"));
-    comm_ = std::move(owned);
-    thread_ = std::thread([this] { Run(); });
-    return Status();
-  }
-
-  int rank() const { return rank_; }
-  int device() const { return device_; }
-
-  Status health() const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return health_;
-  }
-
-  size_t inflight_count() const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return active_.size() + queued_.size();
-  }
-
-  Status Post(Transfer transfer) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (!health_.ok()) return health_;
-      if (stop_) return FailedPrecondition("NCCL link is shutting down");
-      if (active_.size() + queued_.size() >= kMaxInflight) {
-        return ResourceExhausted("NCCL link: " + std::to_string(kMaxInflight) +
-                                 " transfers already in flight");
-      }
-      queued_.push_back(Queued{std::move(transfer), next_seq_++});
-    }
-    cv_.notify_all();
-    return Status();
-  }
-
-  void Abort(const Status& reason) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (!health_.ok() || !abort_reason_.ok()) return;
-      abort_reason_ = reason.ok() ? Cancelled("NCCL link aborted") : reason;
-    }
-    cv_.notify_all();
-  }
-
- private:
-  struct Queued {
-    Transfer transfer;
-    uint64_t seq = 0;
-  };
-  struct Active {
-    Transfer transfer;
-    uint64_t seq = 0;
-    std::vector<CudaEvent> events;  // one per NCCL group (max(layers, 1))
-    size_t events_done = 0;
-  };
-
-  void* HeaderDev(uint64_t seq) const {
-    return header_dev_.as<char>() + (seq % kMaxInflight) * kHeaderBytes;
-  }
-  void* HeaderHost(uint64_t seq) const {
-    return static_cast<char*>(header_host_.get()) + (seq % kMaxInflight) * kHeaderBytes;
-  }
-
-  // In non-blocking mode an NCCL call may leave the communicator "in progress"; no other call
-  // may be made on it until ncclCommGetAsyncError says otherwise.
-  Status WaitNotInProgress(ncclComm_t comm, Clock::time_point deadline, bool check_stop) {
-    for (;;) {
-      ncclResult_t state = ncclSuccess;
-      const ncclResult_t result = ncclCommGetAsyncError(comm, &state);
-      if (result != ncclSuccess) return NcclStatus(result, "ncclCommGetAsyncError", comm);
-      if (state == ncclSuccess) return Status();
-      if (state != ncclInProgress) return NcclStatus(state, "asynchronous error", comm);
-      if (Clock::now() >= deadline) return DeadlineExceeded("NCCL operation still in progress");
-      if (check_stop) {
-        std::lock_guard<std::mutex> lock(mutex_);
-        if (stop_) return Cancelled("NCCL link closed");
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
-  }
-
-  // Posts one transfer's groups on the stream. Progress thread only. The transfer is already
-  // at the back of active_, so a failure here is handled by FailLink like any other.
-  Status Launch(Active& a) {
-    const Transfer& t = a.transfer;
-    const size_t groups = std::max<size_t>(t.layers, 1);
-    a.events.reserve(groups);
-    for (size_t i = 0; i < groups; ++i) {
-      TANDEM_ASSIGN_OR_RETURN(CudaEvent event, CudaEvent::Create());
-      a.events.push_back(std::move(event));
-    }
-    ncclComm_t comm = comm_.get();
-    cudaStream_t stream = stream_.get();
-    const int peer = 1 - rank_;
-    const bool send = rank_ == 0;
-    if (send) {
-      const auto header = MakeHeader(a.seq, t.total_bytes, t.request_id);
-      std::memcpy(HeaderHost(a.seq), header.data(), kHeaderBytes);
-      TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(HeaderDev(a.seq), HeaderHost(a.seq), kHeaderBytes,
-                                                  cudaMemcpyHostToDevice, stream));
-    }
-    size_t m = 0;
-    for (size_t group = 0; group < groups; ++group) {
-      ncclResult_t r = ncclGroupStart();
-      if (r != ncclSuccess) return NcclStatus(r, "ncclGroupStart", comm);
-      if (group == 0) {
-        r = send ? ncclSend(HeaderDev(a.seq), kHeaderBytes, ncclUint8, peer, comm, stream)
-                 : ncclRecv(HeaderDev(a.seq), kHeaderBytes, ncclUint8, peer, comm, stream);
-      }
-      for (; r == ncclSuccess && m < t.messages.size() && t.messages[m].layer == group; ++m) {
-        const Message& msg = t.messages[m];
-        if (msg.bytes == 0) continue;
-        r = send ? ncclSend(msg.data, msg.bytes, ncclUint8, peer, comm, stream)
-                 : ncclRecv(msg.data, msg.bytes, ncclUint8, peer, comm, stream);
-      }
-      const ncclResult_t end = ncclGroupEnd();
-      if (r != ncclSuccess) return NcclStatus(r, send ? "ncclSend" : "ncclRecv", comm);
-      if (end == ncclInProgress) {
-        TANDEM_RETURN_IF_ERROR(WaitNotInProgress(comm, t.deadline, /*check_stop=*/true));
-      } else if (end != ncclSuccess) {
-        return NcclStatus(end, "ncclGroupEnd", comm);
-      }
-      if (group == 0 && !send) {
-        TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(HeaderHost(a.seq), HeaderDev(a.seq),
-                                                    kHeaderBytes, cudaMemcpyDeviceToHost, stream));
-      }
-      TANDEM_CUDA_RETURN_IF_ERROR(cudaEventRecord(a.events[group].get(), stream));
-    }
-    if (m != t.messages.size()) {
-      return Internal("NCCL link: messages not in layer-major order for " + t.request_id);
-    }
-    return Status();
-  }
-
-  // Aborts the communicator, drains the stream and fails every transfer: the one with
-  // `culprit_seq` gets `culprit_status`, the others `status`. Progress thread, or the
-  // destructor after the thread stopped.
-  void FailLink(Status status, std::optional<uint64_t> culprit_seq, Status culprit_status) {
-    comm_.reset();  // ncclCommAbort: kernels waiting on the peer exit
-    if (stream_.get() != nullptr) {
-      (void)cudaStreamSynchronize(stream_.get());  // nothing touches the buffers after this
-      (void)cudaGetLastError();
-    }
-    std::deque<Active> active;
-    std::deque<Queued> queued;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (health_.ok()) {
-        const Status& cause = culprit_seq ? culprit_status : status;
-        health_ = Unavailable("NCCL link failed: " + cause.ToString());
-      }
-      active.swap(active_);
-      queued.swap(queued_);
-    }
-    auto done = [&](Transfer& t, uint64_t seq) {
-      if (t.on_done) t.on_done(culprit_seq && *culprit_seq == seq ? culprit_status : status);
-    };
-    for (Active& a : active) done(a.transfer, a.seq);
-    for (Queued& q : queued) done(q.transfer, q.seq);
-  }
-
-  // Completes finished transfers and enforces deadlines; true when something changed.
-  bool Poll() {
-    bool progressed = false;
-    while (!active_.empty()) {
-      Active& a = active_.front();
-      while (a.events_done < a.events.size()) {
-        const cudaError_t q = cudaEventQuery(a.events[a.events_done].get());
-        if (q == cudaErrorNotReady) break;
-        if (q != cudaSuccess) {
-          FailLink(cuda::CudaErrorStatus(q, "cudaEventQuery", __FILE__, __LINE__), std::nullopt,
-                   Status());
-          return true;
-        }
-        if (a.events_done < a.transfer.layers && a.transfer.on_layer) {
-          a.transfer.on_layer(static_cast<uint32_t>(a.events_done));
-        }
-        ++a.events_done;
-        progressed = true;
-      }
-      if (a.events_done < a.events.size()) break;
-      if (rank_ == 1) {
-        const auto want = MakeHeader(a.seq, a.transfer.total_bytes, a.transfer.request_id);
-        if (std::memcmp(HeaderHost(a.seq), want.data(), kHeaderBytes) != 0) {
-          FailLink(Unavailable("NCCL link desynchronised by " + a.transfer.request_id), a.seq,
-                   DataLoss("NCCL transfer " + a.transfer.request_id +
-                            ": the publisher sent a different request (pull order must equal "
-                            "publish order)"));
-          return true;
-        }
-      }
-      Active finished = std::move(a);
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        active_.pop_front();
-      }
-      if (finished.transfer.on_done) finished.transfer.on_done(Status());
-      progressed = true;
-    }
-    if (active_.empty()) return progressed;
-
-    ncclResult_t state = ncclSuccess;
-    const ncclResult_t result = ncclCommGetAsyncError(comm_.get(), &state);
-    if (result != ncclSuccess || (state != ncclSuccess && state != ncclInProgress)) {
-      Status cause = NcclStatus(result != ncclSuccess ? result : state, "peer or network error",
-                                comm_.get());
-      FailLink(Unavailable(cause.message()), std::nullopt, Status());
-      return true;
-    }
-    const Clock::time_point now = Clock::now();
-    for (const Active& a : active_) {
-      if (now >= a.transfer.deadline) {
-        FailLink(Unavailable("NCCL link aborted: transfer " + a.transfer.request_id + " timed out"),
-                 a.seq, DeadlineExceeded("NCCL transfer " + a.transfer.request_id +
-                                         " not done within its timeout"));
-        return true;
-      }
-    }
-    return progressed;
-  }
-
-  void Run() {
-    cudaSetDevice(device_);
-    for (;;) {
-      std::optional<Queued> next;
-      Status abort_reason;
-      {
-        std::unique_lock<std::mutex> lock(mutex_);
-        if (active_.empty()) {
-          cv_.wait_for(lock, std::chrono::milliseconds(10), [this] {
-            return stop_ || !queued_.empty() || !abort_reason_.ok();
-          });
-        }
-        if (stop_) return;
-        abort_reason = std::exchange(abort_reason_, Status());
-        if (abort_reason.ok() && !queued_.empty() && health_.ok()) {
-          next.emplace(std::move(queued_.front()));
-          queued_.pop_front();
-        }
-      }
-      if (!abort_reason.ok()) {
-        FailLink(abort_reason, std::nullopt, Status());
-        continue;
-      }
-      if (!health_ok_unlocked()) continue;
-      bool progressed = false;
-      if (next) {
-        {
-          std::lock_guard<std::mutex> lock(mutex_);
-          active_.push_back(Active{std::move(next->transfer), next->seq, {}, 0});
-        }
-        const uint64_t seq = active_.back().seq;
-        Status launched = Launch(active_.back());
-        if (!launched.ok()) {
-          FailLink(Unavailable("NCCL link aborted: " + launched.ToString()), seq, launched);
-          continue;
-        }
-        progressed = true;
-      }
-      progressed |= Poll();
-      if (!progressed && !active_.empty()) {
-        std::this_thread::sleep_for(std::chrono::microseconds(20));
-      }
-    }
-  }
-
-  // health_ is written only by this thread (FailLink), so this thread may read it unlocked.
-  bool health_ok_unlocked() const { return health_.ok(); }
-
-  const int rank_;
-  const int device_;
-  mutable std::mutex mutex_;
-  std::condition_variable cv_;
-  bool stop_ = false;
-  Status health_;
-  Status abort_reason_;
-  uint64_t next_seq_ = 0;
-  std::deque<Queued> queued_;  // guarded by mutex_
-  std::deque<Active> active_;  // mutated by the progress thread under mutex_
-  std::thread thread_;
-  cuda::CudaStream stream_;
-  cuda::DeviceBuffer header_dev_;
-  PinnedPtr header_host_;
-  CommPtr comm_;  // last: destroyed (aborted) first
-};
-
-StatusOr<std::unique_ptr<NcclLink>> NcclLink::Connect(std::string_view unique_id_bytes, int rank,
-                                                      int device,
-                                                      std::chrono::milliseconds timeout) {
-  if (unique_id_bytes.size() != kNcclUniqueIdBytes) {
-    return InvalidArgument("NCCL unique id must be " + std::to_string(kNcclUniqueIdBytes) +
-                           " bytes, got " + std::to_string(unique_id_bytes.size()));
-  }
-  if (rank != 0 && rank != 1) return InvalidArgument("NCCL link rank must be 0 or 1");
-  auto impl = std::make_unique<Impl>(rank, device);
-  TANDEM_RETURN_IF_ERROR(impl->Init(unique_id_bytes, timeout));
-  return std::unique_ptr<NcclLink>(new NcclLink(std::move(impl)));
-}
-
-NcclLink::NcclLink(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-NcclLink::~NcclLink() = default;
-int NcclLink::rank() const { return impl_->rank(); }
-int NcclLink::device() const { return impl_->device(); }
-Status NcclLink::health() const { return impl_->health(); }
-Status NcclLink::Post(Transfer transfer) { return impl_->Post(std::move(transfer)); }
-void NcclLink::Abort(const Status& reason) { impl_->Abort(reason); }
-size_t NcclLink::inflight_count() const { return impl_->inflight_count(); }
 
 // ---- publisher ---------------------------------------------------------------------------------
 
 namespace {
+
+constexpr size_t kMaxLinks = 64;
+constexpr auto kIdleLinkTimeout = std::chrono::seconds(60);
 
 Status CheckRequestId(const std::string& id) {
   if (id.empty()) return InvalidArgument("empty request id");
@@ -489,18 +29,29 @@ Status CheckRequestId(const std::string& id) {
   return Status();
 }
 
+// A link that failed, or that nothing used for a minute and has nothing in flight.
+bool Closable(const NcclLink& link, Clock::time_point last_used, Clock::time_point now) {
+  if (link.inflight_count() > 0) return false;
+  return !link.health().ok() || now - last_used > kIdleLinkTimeout;
+}
+
 class NcclPublisher final : public KvPublisher {
  public:
-  NcclPublisher(std::shared_ptr<NcclLink> link, MemoryRegion region, NcclTransferOptions options)
-      : link_(std::move(link)), region_(region), options_(options) {
+  NcclPublisher(MemoryRegion region, NcclTransferOptions options)
+      : region_(region), options_(options) {
     info_.instance_id = NewInstanceId();
     info_.transport = std::string(kNcclTransport);
     info_.region_base = reinterpret_cast<uint64_t>(region.base);
     info_.region_bytes = region.bytes;
   }
 
+  // The links go with state_ once their callbacks are done: each aborts and drains.
   ~NcclPublisher() override {
-    if (published_count() > 0) link_->Abort(Cancelled("NCCL publisher destroyed"));
+    std::map<uint64_t, Link> links;
+    {
+      std::lock_guard<std::mutex> lock(state_->mutex);
+      links.swap(state_->links);
+    }
   }
 
   const PeerInfo& peer_info() const override { return info_; }
@@ -512,53 +63,121 @@ class NcclPublisher final : public KvPublisher {
     if (layers.size() > kKvMaxLayers) return InvalidArgument("too many layers");
     TANDEM_ASSIGN_OR_RETURN(KvDescriptor descriptor,
                             MakeDescriptor(info_.instance_id, request_id, layers));
-    NcclLink::Transfer t;
-    t.request_id = request_id;
-    t.layers = static_cast<uint32_t>(layers.size());
-    t.total_bytes = descriptor.total_bytes;
-    for (const NcclPiece& p : NcclWireOrder(layers, options_.granule_bytes)) {
-      t.messages.push_back({p.layer, static_cast<char*>(region_.base) + p.remote_offset, p.length});
-    }
-    t.deadline = Clock::now() + options_.timeout;
-    t.on_done = [state = state_, request_id](const Status& status) {
-      ReleaseCallback cb;
-      {
-        std::lock_guard<std::mutex> lock(state->mutex);
-        auto it = state->leases.find(request_id);
-        if (it == state->leases.end()) return;
-        cb = std::move(it->second);
-        state->leases.erase(it);
-      }
-      if (cb) cb(request_id, status);
-    };
+    std::vector<std::pair<std::string, ReleaseCallback>> expired = ExpireLeases();
     {
       std::lock_guard<std::mutex> lock(state_->mutex);
-      if (!state_->leases.emplace(request_id, std::move(on_release)).second) {
+      Lease lease{std::move(layers), std::move(on_release), Clock::now()};
+      if (!state_->leases.emplace(request_id, std::move(lease)).second)
         return InvalidArgument("request " + request_id + " already published");
-      }
     }
-    Status posted = link_->Post(std::move(t));
-    if (!posted.ok()) {
-      std::lock_guard<std::mutex> lock(state_->mutex);
-      state_->leases.erase(request_id);
-      return posted;
-    }
+    for (auto& [id, cb] : expired)
+      if (cb) cb(id, DeadlineExceeded("NCCL publication of " + id + " never released"));
     return descriptor;
   }
 
-  Status Release(const TransferResult& result) override {
-    if (result.instance_id != info_.instance_id) {
-      return NotFound("result for another publisher instance");
+  Status OnPullerMessage(std::span<const uint8_t> bytes) override {
+    TANDEM_ASSIGN_OR_RETURN(NcclPullOrder order, DecodeNcclPullOrder(bytes));
+    const KvDescriptor& d = order.descriptor;
+    if (d.instance_id != info_.instance_id)
+      return InvalidArgument("NCCL pull order for publisher " + std::to_string(d.instance_id) +
+                             ", this is " + std::to_string(info_.instance_id));
+    TANDEM_RETURN_IF_ERROR(CheckRequestId(d.request_id));
+    TANDEM_RETURN_IF_ERROR(CheckRanges(d.layers, region_.bytes));
+
+    // Links let go of are destroyed after the lock is released: a link's destructor runs the
+    // callbacks of its transfers, which take the lock.
+    std::vector<Link> closing;
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    const Clock::time_point now = Clock::now();
+    auto found = state_->links.find(order.link_token);
+    if (found == state_->links.end()) {
+      if (order.seq != 0)  // the link this order belongs to is gone here
+        return InvalidArgument("NCCL pull order " + std::to_string(order.seq) +
+                               " for an unknown link");
+      for (auto it = state_->links.begin(); it != state_->links.end();) {
+        if (Closable(*it->second.link, it->second.last_used, now)) {
+          closing.push_back(std::move(it->second));
+          it = state_->links.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      if (state_->links.size() >= kMaxLinks)
+        return ResourceExhausted("NCCL publisher already has " + std::to_string(kMaxLinks) +
+                                 " links");
+      TANDEM_ASSIGN_OR_RETURN(std::shared_ptr<NcclLink> made,
+                              NcclLink::Start(order.unique_id, /*rank=*/0, options_.device,
+                                              options_.timeout));
+      found = state_->links.emplace(order.link_token, Link{std::move(made), 0, now}).first;
     }
+    Link& link = found->second;
+    link.last_used = now;
+    if (order.seq != link.next_seq) {
+      link.link->Abort(DataLoss("NCCL pull orders out of step"));
+      const uint64_t due = link.next_seq;
+      closing.push_back(std::move(link));
+      state_->links.erase(found);
+      return DataLoss("NCCL pull order " + std::to_string(order.seq) + " where order " +
+                      std::to_string(due) + " was due: link aborted");
+    }
+    // Held: the sends read the published ranges. Not held (released, never published, or
+    // ranges that differ from the publication): filler of the same sizes from the ranges the
+    // order names, so that the puller's receives complete and the link stays in step.
+    auto lease = state_->leases.find(d.request_id);
+    const bool held =
+        lease != state_->leases.end() && !lease->second.sending && lease->second.ranges == d.layers;
+    NcclLink::Transfer t;
+    t.request_id = d.request_id;
+    t.layers = static_cast<uint32_t>(d.layers.size());
+    t.total_bytes = d.total_bytes;
+    t.held = held;
+    for (const NcclPiece& p : NcclWireOrder(d.layers, options_.granule_bytes))
+      t.messages.push_back({p.layer, static_cast<char*>(region_.base) + p.remote_offset, p.length});
+    t.deadline = now + options_.timeout;
+    if (held) {
+      t.on_done = [state = state_, id = d.request_id](const Status& status) {
+        SendsDone(*state, id, status);
+      };
+    }
+    StatusOr<uint64_t> seq = link.link->Post(std::move(t));
+    if (!seq.ok()) {
+      link.link->Abort(seq.status());
+      closing.push_back(std::move(link));
+      state_->links.erase(found);
+      return seq.status();
+    }
+    TANDEM_CHECK(*seq == link.next_seq, "an NCCL publisher link posted out of its own order");
+    ++link.next_seq;
+    if (held) {
+      lease->second.sending = true;
+      lease->second.link_token = order.link_token;
+    }
+    return Status();
+  }
+
+  Status Release(const TransferResult& result) override {
+    if (result.instance_id != info_.instance_id)
+      return NotFound("result for another publisher instance");
+    ReleaseCallback cb;
+    std::vector<Link> closing;  // destroyed after the lock (see OnPullerMessage)
     {
       std::lock_guard<std::mutex> lock(state_->mutex);
-      if (!state_->leases.count(result.request_id)) {
+      auto it = state_->leases.find(result.request_id);
+      if (it == state_->leases.end())
         return NotFound("request " + result.request_id + " not published");
+      // A failure while the sends are posted: they cannot be withdrawn and the ranges are
+      // about to be reused, so their link goes (the puller's pull fails; it would have failed).
+      if (result.code != StatusCode::kOk && it->second.sending) {
+        if (auto link = state_->links.find(it->second.link_token); link != state_->links.end()) {
+          link->second.link->Abort(result.ToStatus());
+          closing.push_back(std::move(link->second));
+          state_->links.erase(link);
+        }
       }
+      cb = std::move(it->second.on_release);
+      state_->leases.erase(it);
     }
-    // Success: the lease ends when the sends complete. Failure: the puller will not post the
-    // matching receives, so the posted sends can only end by aborting the link.
-    if (result.code != StatusCode::kOk) link_->Abort(result.ToStatus());
+    if (cb) cb(result.request_id, result.ToStatus());
     return Status();
   }
 
@@ -568,11 +187,55 @@ class NcclPublisher final : public KvPublisher {
   }
 
  private:
+  struct Lease {
+    LayerRanges ranges;
+    ReleaseCallback on_release;
+    Clock::time_point published;
+    bool sending = false;  // its sends are posted on link `link_token`
+    uint64_t link_token = 0;
+  };
+  struct Link {
+    std::shared_ptr<NcclLink> link;
+    uint64_t next_seq = 0;  // the order due next
+    Clock::time_point last_used;
+  };
   struct State {
     std::mutex mutex;
-    std::map<std::string, ReleaseCallback> leases;
+    std::map<std::string, Lease> leases;
+    std::map<uint64_t, Link> links;  // by the puller's link token
   };
-  std::shared_ptr<NcclLink> link_;
+
+  // The link's thread: the sends of a held request completed (OK: the lease ends) or failed
+  // (the lease stays, for Release or its timeout).
+  static void SendsDone(State& state, const std::string& id, const Status& status) {
+    ReleaseCallback cb;
+    {
+      std::lock_guard<std::mutex> lock(state.mutex);
+      auto it = state.leases.find(id);
+      if (it == state.leases.end()) return;
+      it->second.sending = false;
+      if (!status.ok()) return;
+      cb = std::move(it->second.on_release);
+      state.leases.erase(it);
+    }
+    if (cb) cb(id, Status());
+  }
+
+  std::vector<std::pair<std::string, ReleaseCallback>> ExpireLeases() {
+    std::vector<std::pair<std::string, ReleaseCallback>> expired;
+    const Clock::time_point now = Clock::now();
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    for (auto it = state_->leases.begin(); it != state_->leases.end();) {
+      if (!it->second.sending && now - it->second.published > options_.lease_timeout) {
+        expired.emplace_back(it->first, std::move(it->second.on_release));
+        it = state_->leases.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    return expired;
+  }
+
   MemoryRegion region_;
   NcclTransferOptions options_;
   PeerInfo info_;
@@ -581,91 +244,90 @@ class NcclPublisher final : public KvPublisher {
 
 // ---- puller ------------------------------------------------------------------------------------
 
+uint64_t NewLinkToken() {
+  uint64_t token = 0;
+  while (token == 0) token = NewInstanceId();
+  return token;
+}
+
 class NcclPuller final : public KvPuller {
  public:
-  NcclPuller(std::shared_ptr<NcclLink> link, MemoryRegion region, MetricsRegistry* metrics,
-             NcclTransferOptions options)
-      : link_(std::move(link)),
-        region_(region),
+  NcclPuller(MemoryRegion region, NcclTransferOptions options)
+      : region_(region),
         options_(options),
-        metrics_(std::make_shared<TransferMetrics>(metrics)) {}
+        metrics_(std::make_shared<TransferMetrics>(options.metrics)) {}
 
   ~NcclPuller() override {
-    if (inflight_count() > 0) link_->Abort(Cancelled("NCCL puller destroyed"));
+    std::map<uint64_t, Peer> peers;
+    {
+      std::lock_guard<std::mutex> lock(state_->mutex);
+      peers.swap(state_->peers);
+    }  // each link aborts, drains and fails its pulls with Cancelled
   }
 
   Status Connect(const PeerInfo& peer) override {
-    if (peer.transport != kNcclTransport) {
+    if (peer.transport != kNcclTransport)
       return InvalidArgument("NCCL puller cannot connect to transport '" + peer.transport + "'");
-    }
     if (peer.instance_id == 0) return InvalidArgument("publisher instance id 0");
+    std::vector<Peer> closing;  // destroyed after the lock: a link's destructor takes it
     std::lock_guard<std::mutex> lock(state_->mutex);
-    peer_id_ = peer.instance_id;
-    peer_region_bytes_ = peer.region_bytes;
+    const Clock::time_point now = Clock::now();
+    for (auto it = state_->peers.begin(); it != state_->peers.end();) {
+      const Peer& p = it->second;
+      if (it->first != peer.instance_id && now - p.last_used > kIdleLinkTimeout &&
+          (p.link == nullptr || Closable(*p.link, p.last_used, now))) {
+        closing.push_back(std::move(it->second));
+        it = state_->peers.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    Peer& p = state_->peers[peer.instance_id];
+    p.region_bytes = peer.region_bytes;
+    p.last_used = now;
     return Status();
   }
 
-  // NCCL is push-based (the publisher sends once the pull is matched): no layer-wise streaming.
+  // The publisher sends when asked: no layer-wise streaming.
   Status Pull(const KvDescriptor& descriptor, LayerRanges local, PullCallbacks callbacks,
               uint32_t layers_available) override {
-    if (layers_available != kAllLayers && layers_available < descriptor.layers.size()) {
+    if (layers_available != kAllLayers && layers_available < descriptor.layers.size())
       return FailedPrecondition("NCCL transfers cannot stream layers (transfer.layerwise)");
-    }
-    uint64_t peer_region_bytes = 0;
-    {
-      std::lock_guard<std::mutex> lock(state_->mutex);
-      if (peer_id_ == 0 || descriptor.instance_id != peer_id_) {
-        return NotFound("NCCL publisher " + std::to_string(descriptor.instance_id) +
-                        " not connected");
-      }
-      peer_region_bytes = peer_region_bytes_;
-    }
+    if (!callbacks.to_publisher)
+      return FailedPrecondition("an NCCL pull needs a way to the publisher (to_publisher)");
     TANDEM_RETURN_IF_ERROR(CheckRequestId(descriptor.request_id));
-    // Validates bounds and equal per-layer totals on both sides.
-    TANDEM_ASSIGN_OR_RETURN(
-        std::vector<CopyPiece> plan,
-        PlanCopies(descriptor.layers, peer_region_bytes, local, region_.bytes));
-    (void)plan;
     TANDEM_ASSIGN_OR_RETURN(uint64_t total, TotalBytes(descriptor.layers));
     if (total != descriptor.total_bytes) return InvalidArgument("descriptor total_bytes mismatch");
+    TANDEM_RETURN_IF_ERROR(CheckRanges(local, region_.bytes));
+    TANDEM_ASSIGN_OR_RETURN(std::vector<NcclReceive> receives,
+                            PlanNcclReceives(descriptor.layers, local, options_.granule_bytes));
+
+    // Post and order under one lock: the orders leave in the order the receives were posted.
+    std::shared_ptr<NcclLink> failed;  // destroyed after the lock (see Connect)
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    auto peer = state_->peers.find(descriptor.instance_id);
+    if (peer == state_->peers.end())
+      return NotFound("NCCL publisher " + std::to_string(descriptor.instance_id) +
+                      " not connected");
+    TANDEM_RETURN_IF_ERROR(CheckRanges(descriptor.layers, peer->second.region_bytes));
+    if (state_->inflight.count(descriptor.request_id))
+      return FailedPrecondition("request " + descriptor.request_id + " already being pulled");
+    Peer& p = peer->second;
+    if (p.link == nullptr || !p.link->health().ok()) {  // first pull, or the last link failed
+      failed = std::move(p.link);
+      TANDEM_ASSIGN_OR_RETURN(p.unique_id, CreateNcclUniqueId());
+      TANDEM_ASSIGN_OR_RETURN(p.link, NcclLink::Start(p.unique_id, /*rank=*/1, options_.device,
+                                                      options_.timeout));
+      p.token = NewLinkToken();
+    }
+    p.last_used = Clock::now();
 
     NcclLink::Transfer t;
     t.request_id = descriptor.request_id;
     t.layers = static_cast<uint32_t>(descriptor.layers.size());
     t.total_bytes = total;
-    // Map each wire piece (publisher's cut) into one local range.
-    const std::vector<NcclPiece> pieces =
-        NcclWireOrder(descriptor.layers, options_.granule_bytes);
-    size_t range = 0;
-    uint64_t range_start = 0;  // stream offset of local[layer][range]
-    uint32_t layer = 0;
-    for (const NcclPiece& p : pieces) {
-      if (p.layer != layer) {
-        layer = p.layer;
-        range = 0;
-        range_start = 0;
-      }
-      const std::vector<ByteRange>& mine = local[layer];
-      while (range < mine.size() && range_start + mine[range].length <= p.stream_offset) {
-        range_start += mine[range].length;
-        ++range;
-      }
-      if (range >= mine.size() || p.stream_offset + p.length > range_start + mine[range].length) {
-        return InvalidArgument("NCCL pull of " + descriptor.request_id + ": layer " +
-                               std::to_string(layer) + " piece at stream offset " +
-                               std::to_string(p.stream_offset) +
-                               " crosses a local range boundary (granule_bytes " +
-                               std::to_string(options_.granule_bytes) + ")");
-      }
-      const uint64_t local_offset = mine[range].offset + (p.stream_offset - range_start);
-      t.messages.push_back({p.layer, static_cast<char*>(region_.base) + local_offset, p.length});
-    }
-    {
-      std::lock_guard<std::mutex> lock(state_->mutex);
-      if (!state_->inflight.insert(descriptor.request_id).second) {
-        return FailedPrecondition("request " + descriptor.request_id + " already being pulled");
-      }
-    }
+    for (const NcclReceive& r : receives)
+      t.messages.push_back({r.layer, static_cast<char*>(region_.base) + r.local_offset, r.length});
     const Clock::time_point start = Clock::now();
     t.deadline = start + options_.timeout;
     t.on_layer = std::move(callbacks.on_layer);
@@ -683,16 +345,20 @@ class NcclPuller final : public KvPuller {
       }
       if (on_done) on_done(id, status);
     };
+    state_->inflight.insert(descriptor.request_id);
     metrics_->Started();
-    Status posted = link_->Post(std::move(t));
-    if (!posted.ok()) {
-      {
-        std::lock_guard<std::mutex> lock(state_->mutex);
-        state_->inflight.erase(descriptor.request_id);
-      }
-      metrics_->Failed(0.0, TransferMetrics::ReasonFor(posted));
-      return posted;
+    StatusOr<uint64_t> seq = p.link->Post(std::move(t));
+    if (!seq.ok()) {
+      state_->inflight.erase(descriptor.request_id);
+      metrics_->Failed(0.0, TransferMetrics::ReasonFor(seq.status()));
+      return seq.status();
     }
+    NcclPullOrder order;
+    order.link_token = p.token;
+    order.unique_id = p.unique_id;
+    order.seq = *seq;
+    order.descriptor = descriptor;
+    callbacks.to_publisher(Encode(order));
     return Status();
   }
 
@@ -706,38 +372,36 @@ class NcclPuller final : public KvPuller {
   }
 
  private:
+  struct Peer {
+    uint64_t region_bytes = 0;
+    std::shared_ptr<NcclLink> link;  // made at the first pull from this publisher
+    uint64_t token = 0;
+    std::string unique_id;
+    Clock::time_point last_used;
+  };
   struct State {
     std::mutex mutex;
     std::set<std::string> inflight;
+    std::map<uint64_t, Peer> peers;  // by publisher instance id
   };
-  std::shared_ptr<NcclLink> link_;
   MemoryRegion region_;
   NcclTransferOptions options_;
   std::shared_ptr<TransferMetrics> metrics_;
   std::shared_ptr<State> state_ = std::make_shared<State>();
-  uint64_t peer_id_ = 0;  // guarded by state_->mutex
-  uint64_t peer_region_bytes_ = 0;
 };
 
 }  // namespace
 
-StatusOr<std::unique_ptr<KvPublisher>> CreateNcclPublisher(std::shared_ptr<NcclLink> link,
-                                                           MemoryRegion region,
+StatusOr<std::unique_ptr<KvPublisher>> CreateNcclPublisher(MemoryRegion region,
                                                            NcclTransferOptions options) {
-  if (link == nullptr) return InvalidArgument("NCCL publisher needs a link");
-  if (link->rank() != 0) return InvalidArgument("NCCL publisher needs the rank-0 end of a link");
   if (region.base == nullptr || region.bytes == 0) return InvalidArgument("empty region");
-  return std::unique_ptr<KvPublisher>(new NcclPublisher(std::move(link), region, options));
+  return std::unique_ptr<KvPublisher>(new NcclPublisher(region, options));
 }
 
-StatusOr<std::unique_ptr<KvPuller>> CreateNcclPuller(std::shared_ptr<NcclLink> link,
-                                                     MemoryRegion region,
-                                                     MetricsRegistry* metrics,
+StatusOr<std::unique_ptr<KvPuller>> CreateNcclPuller(MemoryRegion region,
                                                      NcclTransferOptions options) {
-  if (link == nullptr) return InvalidArgument("NCCL puller needs a link");
-  if (link->rank() != 1) return InvalidArgument("NCCL puller needs the rank-1 end of a link");
   if (region.base == nullptr || region.bytes == 0) return InvalidArgument("empty region");
-  return std::unique_ptr<KvPuller>(new NcclPuller(std::move(link), region, metrics, options));
+  return std::unique_ptr<KvPuller>(new NcclPuller(region, options));
 }
 
 }  // namespace tandem

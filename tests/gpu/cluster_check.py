@@ -6,12 +6,13 @@ over CUDA IPC (`transfer.backend: cuda_ipc`), SmolLM2-135M-Instruct, driven by t
 bandwidth.
 
   .venv/bin/python tests/gpu/cluster_check.py TANDEM_BINARY LOG_DIR [--d2d-gbps X] [--cpu]
-      [--decode-tp T]
+      [--decode-tp T] [--transfer nccl]
 
 --cpu runs the same checks on the CPU cluster (ucx, device cpu): the script's own check where no
 GPU is. --decode-tp T puts decode on GPUs 0..T-1 with tensor_parallel T (prefill stays on GPU 0,
 tensor_parallel 1): every pull re-shards the KV heads 1 -> T (SmolLM2's 9 heads, 3 KV heads:
-T = 3 or 9).
+T = 3 or 9). --transfer nccl puts prefill on GPU 0 and decode on GPU 1 and moves the KV with
+NCCL (the transport for GPU pools on different machines; NCCL refuses two ranks on one GPU).
 
 Judged: the greedy answer names Paris; streaming and non-streaming give the same text; eight
 concurrent requests all finish with their max_tokens or a stop; every pull succeeded
@@ -37,18 +38,21 @@ READY_TIMEOUT_S = 120
 CLUSTER_ROW = {False: "cluster 1P+1D over CUDA IPC (openai)",
                True: "cluster 1P+1D on the CPU over UCX (openai; the script's own check)"}
 TRANSFER_ROW = {False: "KV transfer (cuda_ipc) vs D2D copy", True: "KV transfer (ucx, CPU)"}
+NCCL_ROWS = ("cluster 1P+1D over NCCL, GPU 0 -> 1 (openai)", "KV transfer (nccl, GPU 0 -> 1)")
 
 
 def row(name, result, detail):
     print(f"ROW|{name}|{result}|{detail}", flush=True)
 
 
-def start(binary, log_dir, cpu, decode_tp):
+def start(binary, log_dir, cpu, decode_tp, transfer):
     router, metrics = free_base(1), free_base(1)
-    log_path = os.path.join(log_dir, f"cluster-cuda-ipc-tp{decode_tp}.log")
+    log_path = os.path.join(log_dir, f"cluster-{transfer}-tp{decode_tp}.log")
     log = open(log_path, "w")
-    placement = [] if cpu else ["--transfer.backend=cuda_ipc", "--prefill.device=cuda",
+    placement = [] if cpu else [f"--transfer.backend={transfer}", "--prefill.device=cuda",
                                 "--decode.device=cuda"]
+    if transfer == "nccl":
+        placement += ["--prefill.cuda_devices=0", "--decode.cuda_devices=1"]
     if decode_tp > 1:
         gpus = ",".join(str(g) for g in range(decode_tp))
         placement += [f"--decode.tensor_parallel={decode_tp}", "--prefill.cuda_devices=0",
@@ -71,15 +75,19 @@ def main():
                         help="bytes a device-to-device copy moves per second, in GB/s")
     parser.add_argument("--cpu", action="store_true")
     parser.add_argument("--decode-tp", type=int, default=1)
+    parser.add_argument("--transfer", choices=("cuda_ipc", "nccl"), default="cuda_ipc")
     args = parser.parse_args()
     name = CLUSTER_ROW[args.cpu] if args.decode_tp == 1 else \
         f"cluster 1P+1D, decode tensor_parallel {args.decode_tp} (KV re-sharded 1 -> {args.decode_tp})"
+    transfer_row = TRANSFER_ROW[args.cpu]
+    if args.transfer == "nccl":
+        name, transfer_row = NCCL_ROWS
     proc = None
     failed = []
     try:
         started = time.time()
         proc, url, metrics_port, log_path = start(args.binary, args.log_dir, args.cpu,
-                                                  args.decode_tp)
+                                                  args.decode_tp, args.transfer)
         ready_s = time.time() - started
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120,
                                http_client=httpx.Client(trust_env=False, timeout=120))
@@ -129,11 +137,11 @@ def main():
             gbps = moved / took / 1e9
             ratio = f" ({100 * gbps / args.d2d_gbps:.0f}% of the D2D copy's {args.d2d_gbps:.0f} GB/s)" \
                 if args.d2d_gbps > 0 else ""
-            row(TRANSFER_ROW[args.cpu], "info",
+            row(transfer_row, "info",
                 f"{moved / 1e6:.1f} MB in {took * 1000:.2f} ms of copying: {gbps:.1f} GB/s{ratio} "
                 f"(layer-wise: the waits for prefill's layers are not counted)")
         else:
-            row(TRANSFER_ROW[args.cpu], "FAIL", f"no transfer measured ({moved} B)")
+            row(transfer_row, "FAIL", f"no transfer measured ({moved} B)")
             failed.append("no transfer measured")
     except Exception as e:  # noqa: BLE001 - reported as a row
         row(name, "FAIL", f"{type(e).__name__}: {e}"[:400])

@@ -1,15 +1,18 @@
 // GPU check of the NCCL KV transfer backend (kvtransfer/nccl/nccl_transport.h).
 //
-// What it does: the parent process is the prefill side (rank 0, device 0); it creates the NCCL
-// unique id and starts itself again (posix_spawn of /proc/self/exe, so the child gets a fresh
-// CUDA context) as the decode side (rank 1, device 1). A pipe from parent to child is the
-// control plane: it carries the unique id, the PeerInfo and every KvDescriptor (wire encoded).
+// What it does: the parent process is the prefill side (publisher, device 0); it starts itself
+// again (posix_spawn of /proc/self/exe, so the child gets a fresh CUDA context) as the decode
+// side (puller, device 1). Two pipes are the control plane: parent to child carries the PeerInfo
+// and every KvDescriptor, child to parent the pull orders (all wire encoded); the puller makes
+// the NCCL link at its first pull, as the servers' do.
 //   1. correctness: 300 requests with seeded random block lists (1..64 blocks of 64 KiB per
 //      layer, 4 layers, different random block choices on each side, so the range cuts differ;
 //      granule_bytes = one block). Each layer's byte stream is filled from a seeded generator on
 //      the publisher; the puller checks an FNV-1a checksum of every received block against the
 //      same generator. Up to 4 requests in flight.
-//   2. bandwidth: 8 requests of 1 GiB (32 layers x 32 MiB, one range per layer); GB/s measured
+//   2. a request the publisher released before the pull (its hold ran out): that pull fails
+//      with NotFound and the link goes on.
+//   3. bandwidth: 8 requests of 1 GiB (32 layers x 32 MiB, one range per layer); GB/s measured
 //      on the puller from the first Pull to the last on_done.
 // NCCL refuses two ranks of one communicator on the same GPU ("Duplicate GPU detected"), so
 // this needs two GPUs; with fewer (or none) it prints the reason and exits 2.
@@ -27,8 +30,10 @@
 #include <deque>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/engine/cuda/cuda_util.h"
@@ -127,6 +132,16 @@ std::string ReadExact(int fd, size_t n) {
   }
   return out;
 }
+// One message, or nothing when the other side closed the pipe.
+std::optional<std::string> ReadMsgOrEnd(int fd) {
+  std::string head(kKvWireHeaderBytes, '\0');
+  const ssize_t k = read(fd, head.data(), head.size());
+  if (k == 0) return std::nullopt;
+  if (k < 0) Die("control pipe read failed");
+  if (static_cast<size_t>(k) < head.size()) head = head.substr(0, k) + ReadExact(fd, head.size() - k);
+  KvWireHeader h = Must(DecodeKvWireHeader(AsBytes(head)), "wire header");
+  return head + ReadExact(fd, h.message_bytes - kKvWireHeaderBytes);
+}
 std::string ReadMsg(int fd) {
   std::string head = ReadExact(fd, kKvWireHeaderBytes);
   KvWireHeader h = Must(DecodeKvWireHeader(AsBytes(head)), "wire header");
@@ -153,17 +168,21 @@ struct Releases {
   }
 };
 
-int Publisher(int out_fd, const std::string& uid) {
+int Publisher(int out_fd, int in_fd) {
   Must(cuda::SetDevice(0), "set device 0");
-  WriteMsg(out_fd, uid);
-  std::shared_ptr<NcclLink> link = Must(NcclLink::Connect(uid, 0, 0, kTimeout), "link rank 0");
   const uint64_t region_bytes = std::max(kWindow * kSlotBytes, 2 * kBwLayers * kBwLayerBytes);
   cuda::DeviceBuffer region = Must(cuda::DeviceBuffer::Allocate(region_bytes), "region");
   NcclTransferOptions options;
   options.timeout = kTimeout;
   options.granule_bytes = kBlockBytes;
-  auto pub = Must(CreateNcclPublisher(link, {region.data(), region.size()}, options), "publisher");
+  options.device = 0;
+  auto pub = Must(CreateNcclPublisher({region.data(), region.size()}, options), "publisher");
   WriteMsg(out_fd, Encode(pub->peer_info()));
+  // The puller's orders, as the prefill server relays them (KvTransport).
+  std::thread orders([&] {
+    while (std::optional<std::string> order = ReadMsgOrEnd(in_fd))
+      Must(pub->OnPullerMessage(AsBytes(*order)), "pull order");
+  });
   Releases releases;
   auto on_release = [&](const std::string&, const Status& s) { releases.Add(s); };
 
@@ -184,6 +203,16 @@ int Publisher(int out_fd, const std::string& uid) {
     WriteMsg(out_fd, Encode(d));
   }
   releases.WaitFor(kRequests);
+  {  // released before the pull: the puller gets filler and NotFound
+    KvDescriptor d = Must(pub->Publish("gone-0", RandomRanges(0, 1), {}), "publish gone-0");
+    TransferResult expired;
+    expired.instance_id = pub->peer_info().instance_id;
+    expired.request_id = "gone-0";
+    expired.code = StatusCode::kDeadlineExceeded;
+    expired.message = "hold ran out";
+    Must(pub->Release(expired), "release gone-0");
+    WriteMsg(out_fd, Encode(d));
+  }
   for (int r = 0; r < kBwRequests; ++r) {
     releases.WaitFor(kRequests + r - 1);  // two slots of kBwLayers layers
     LayerRanges layers(kBwLayers);
@@ -195,21 +224,24 @@ int Publisher(int out_fd, const std::string& uid) {
     WriteMsg(out_fd, Encode(d));
   }
   releases.WaitFor(kRequests + kBwRequests);
+  orders.join();  // the puller closes its pipe when it is done
   std::printf("publisher: %d releases, %d failed\n", releases.done, releases.failed);
   return releases.failed == 0 ? 0 : 1;
 }
 
-int Puller(int in_fd) {
+int Puller(int in_fd, int out_fd) {
   Must(cuda::SetDevice(1), "set device 1");
-  const std::string uid = ReadExact(in_fd, kNcclUniqueIdBytes);
-  std::shared_ptr<NcclLink> link = Must(NcclLink::Connect(uid, 1, 1, kTimeout), "link rank 1");
   const uint64_t region_bytes = std::max(kWindow * kSlotBytes, 2 * kBwLayers * kBwLayerBytes);
   cuda::DeviceBuffer region = Must(cuda::DeviceBuffer::Allocate(region_bytes), "region");
   NcclTransferOptions options;
   options.timeout = kTimeout;
   options.granule_bytes = kBlockBytes;
-  auto puller = Must(CreateNcclPuller(link, {region.data(), region.size()}, nullptr, options),
-                     "puller");
+  options.device = 1;
+  auto puller = Must(CreateNcclPuller({region.data(), region.size()}, options), "puller");
+  auto with_orders = [out_fd](PullCallbacks callbacks) {
+    callbacks.to_publisher = [out_fd](std::string bytes) { WriteMsg(out_fd, bytes); };
+    return callbacks;
+  };
   Must(puller->Connect(Must(DecodePeerInfo(AsBytes(ReadMsg(in_fd))), "peer info")), "connect");
 
   struct InFlight {
@@ -239,7 +271,8 @@ int Puller(int in_fd) {
   for (int r = 0; r < kRequests; ++r) {
     KvDescriptor d = Must(DecodeKvDescriptor(AsBytes(ReadMsg(in_fd))), "descriptor");
     inflight.push_back({r, RandomRanges(r, 2), PullWaiter()});
-    Must(puller->Pull(d, inflight.back().local, inflight.back().waiter.callbacks()), "pull");
+    Must(puller->Pull(d, inflight.back().local, with_orders(inflight.back().waiter.callbacks())),
+         "pull");
     if (inflight.size() >= kWindow) {
       finish(inflight.front());
       inflight.pop_front();
@@ -253,6 +286,16 @@ int Puller(int in_fd) {
               (unsigned long long)checked_blocks, (unsigned long long)bytes,
               (unsigned long long)bad_blocks);
 
+  {
+    KvDescriptor d = Must(DecodeKvDescriptor(AsBytes(ReadMsg(in_fd))), "descriptor gone-0");
+    PullWaiter waiter;
+    Must(puller->Pull(d, RandomRanges(0, 2), with_orders(waiter.callbacks())), "pull gone-0");
+    const Status gone =
+        waiter.Wait(std::chrono::duration_cast<std::chrono::milliseconds>(kTimeout));
+    std::printf("released before the pull: %s\n", gone.ToString().c_str());
+    if (gone.code() != StatusCode::kNotFound) Die("gone-0: expected NotFound");
+  }
+
   std::deque<PullWaiter> waiters;
   auto start = std::chrono::steady_clock::now();
   for (int r = 0; r < kBwRequests; ++r) {
@@ -265,7 +308,7 @@ int Puller(int in_fd) {
                           kBwLayerBytes});
     }
     waiters.emplace_back();
-    Must(puller->Pull(d, std::move(local), waiters.back().callbacks()), "bw pull");
+    Must(puller->Pull(d, std::move(local), with_orders(waiters.back().callbacks())), "bw pull");
     if (waiters.size() >= 2) {
       Must(waiters.front().Wait(std::chrono::duration_cast<std::chrono::milliseconds>(kTimeout)),
            "bw wait");
@@ -289,7 +332,11 @@ int Puller(int in_fd) {
 
 int main(int argc, char** argv) {
   using namespace tandem;
-  if (argc == 3 && std::string(argv[1]) == "--puller") return Puller(std::atoi(argv[2]));
+  if (argc == 4 && std::string(argv[1]) == "--puller") {
+    const int rc = Puller(std::atoi(argv[2]), std::atoi(argv[3]));
+    close(std::atoi(argv[3]));
+    return rc;
+  }
   StatusOr<int> count = cuda::DeviceCount();
   if (!count.ok()) {
     std::printf("nccl_transfer_check: skipped: no usable GPU (%s)\n",
@@ -301,19 +348,20 @@ int main(int argc, char** argv) {
                 "different devices\n", *count);
     return 2;
   }
-  const std::string uid = Must(CreateNcclUniqueId(), "unique id");
-  int fds[2];
-  if (pipe(fds) != 0) Die("pipe");
-  const std::string fd_arg = std::to_string(fds[0]);
+  int down[2], up[2];  // parent -> child, child -> parent
+  if (pipe(down) != 0 || pipe(up) != 0) Die("pipe");
+  const std::string in_arg = std::to_string(down[0]), out_arg = std::to_string(up[1]);
   char* child_argv[] = {const_cast<char*>("/proc/self/exe"), const_cast<char*>("--puller"),
-                        const_cast<char*>(fd_arg.c_str()), nullptr};
+                        const_cast<char*>(in_arg.c_str()), const_cast<char*>(out_arg.c_str()),
+                        nullptr};
   pid_t child = 0;
   if (posix_spawn(&child, "/proc/self/exe", nullptr, nullptr, child_argv, environ) != 0) {
     Die("posix_spawn");
   }
-  close(fds[0]);
-  const int pub_rc = Publisher(fds[1], uid);
-  close(fds[1]);
+  close(down[0]);
+  close(up[1]);
+  const int pub_rc = Publisher(down[1], up[0]);
+  close(down[1]);
   int wstatus = 0;
   waitpid(child, &wstatus, 0);
   const int child_rc = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 1;

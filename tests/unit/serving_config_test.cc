@@ -89,8 +89,23 @@ TEST_CASE("serving config: GPU layouts load for simulation and are refused for s
 }
 
 TEST_CASE("serving config: the KV transports this build cannot serve are refused", "[config]") {
-  CHECK(Has(ServingError("transfer:\n  backend: nccl\n"),
-            "cluster.yaml:2:12: transfer.backend: nccl is not wired into the instance servers"));
+  // GPU pools on any machines: nccl, prefill and decode on cuda, one pool each.
+  const std::string nccl_cpu = ServingError("transfer:\n  backend: nccl\n");
+  const std::string nccl_gpus =
+      ServingError("transfer: {backend: nccl}\nprefill: {device: cuda}\ndecode: {device: cuda}\n");
+  const std::string nccl_tp = ServingError(
+      "transfer: {backend: nccl}\nprefill: {device: cuda}\n"
+      "decode: {device: cuda, tensor_parallel: 2}\n");
+  if (BuiltWithCuda()) {
+    CHECK(Has(nccl_cpu, "cluster.yaml:2:12: transfer.backend: nccl moves KV between GPU pools, "
+                        "and prefill.device is cpu"));
+    CHECK(nccl_gpus.empty());
+    CHECK(Has(nccl_tp, "transfer.backend: nccl moves one KV pool per instance, and "
+                       "decode.tensor_parallel 2 keeps one per GPU"));
+  } else {
+    CHECK(Has(nccl_cpu, "cluster.yaml:2:12: transfer.backend: nccl needs a build with CUDA"));
+    CHECK(Has(nccl_gpus, "decode.device: cuda cannot be served by this build"));
+  }
   // GPU pools on one machine: cuda_ipc, with prefill and decode both on cuda.
   const std::string gpu_pools =
       ServingError("transfer: {backend: cuda_ipc}\nprefill: {device: cuda}\ndecode: {device: cuda}\n");
@@ -104,6 +119,12 @@ TEST_CASE("serving config: the KV transports this build cannot serve are refused
     CHECK(Has(gpu_pools, "transfer.backend: cuda_ipc needs a build with CUDA"));
     CHECK(Has(gpu_pools, "prefill.device: cuda cannot be served by this build"));
   }
+  CHECK(Has(ServingError("prefill: {device: cuda}\ndecode: {device: cuda}\n"),
+            BuiltWithCuda() ? "prefill.device: cuda on prefill instances keeps the KV in GPU "
+                              "memory, which transfer.backend ucx cannot move: set "
+                              "transfer.backend: cuda_ipc (prefill and decode on one machine) or "
+                              "nccl (on any machines)"
+                            : "prefill.device: cuda cannot be served by this build"));
   CHECK(Has(ServingError("transfer: {backend: inproc}\n"), "transfer.backend: inproc moves KV"));
   // Colocated instances move no KV: any backend will do.
   CHECK(ServingError("transfer: {backend: inproc}\nprefill: {instances: 0}\n"
