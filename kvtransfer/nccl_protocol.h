@@ -30,7 +30,8 @@
 
 namespace tandem {
 
-inline constexpr size_t kNcclUniqueIdBytes = 128;  // NCCL_UNIQUE_ID_BYTES
+inline constexpr std::string_view kNcclTransport = "nccl";  // PeerInfo::transport
+inline constexpr size_t kNcclUniqueIdBytes = 128;             // NCCL_UNIQUE_ID_BYTES
 inline constexpr size_t kNcclHeaderBytes = 32;
 
 // One message of a request on the wire, in wire order.

@@ -46,9 +46,11 @@
 // Threads: all methods are thread-safe and return without waiting on the network; every NCCL
 // call on a communicator is made by its link's progress thread, where callbacks run.
 //
-// Built only with the CUDA backend (kvtransfer/nccl/*.cc go to tandem_cuda). The protocol is
-// tested on the CPU (tests/unit/kvtransfer_nccl_protocol_test.cc); this file runs only on GPUs:
-// tests/gpu/nccl_transfer_check.cc (two GPUs).
+// Built only with the CUDA backend (kvtransfer/nccl/*.cc go to tandem_cuda): NcclLink and
+// nothing else. The protocol (kvtransfer/nccl_protocol.h) and the publisher and puller
+// (kvtransfer/nccl_endpoints.h) are host code, tested on the CPU over a CPU link pair
+// (tests/unit/kvtransfer_nccl_*_test.cc); the link runs only on GPUs:
+// tests/gpu/nccl_transfer_check.cc (two GPUs) and tests/gpu/run.sh's NCCL cluster.
 #pragma once
 
 #include <chrono>
@@ -61,13 +63,12 @@
 
 #include "common/base/metrics.h"
 #include "common/base/status.h"
+#include "kvtransfer/nccl_endpoints.h"
 #include "kvtransfer/nccl_protocol.h"
 #include "kvtransfer/transfer.h"
 #include "kvtransfer/wire.h"
 
 namespace tandem {
-
-inline constexpr std::string_view kNcclTransport = "nccl";
 
 // A new ncclUniqueId as 128 bytes, to ship to the other rank. The process that calls this hosts
 // NCCL's bootstrap root for the communicator.
@@ -75,7 +76,7 @@ inline constexpr std::string_view kNcclTransport = "nccl";
 StatusOr<std::string> CreateNcclUniqueId();
 
 // A 2-rank communicator and the stream, events and progress thread that drive it.
-class NcclLink {
+class NcclLink final : public OrderedLink {
  public:
   // Starts joining the communicator of `unique_id_bytes` as `rank` (0 sends, 1 receives) on
   // CUDA device `device`, and returns at once: the progress thread sets the link up
@@ -88,43 +89,18 @@ class NcclLink {
   // Transfers still in flight fail with Cancelled (after the communicator is aborted and the
   // stream drained). The communicator is aborted (ncclCommAbort) in every case: NCCL has no
   // cheaper teardown that cannot wait on the peer.
-  ~NcclLink();
+  ~NcclLink() override;
   NcclLink(const NcclLink&) = delete;
   NcclLink& operator=(const NcclLink&) = delete;
 
   int rank() const;
   int device() const;
-  // OK while usable (setting up included); else why the link failed (aborted, stays dead).
-  Status health() const;
-
-  // One request's messages, posted in order on the link's stream: one NCCL group per layer,
-  // the 32-byte header (kvtransfer/nccl_protocol.h) first in layer 0's group.
-  struct Message {
-    uint32_t layer = 0;
-    void* data = nullptr;  // device memory
-    uint64_t bytes = 0;
-  };
-  struct Transfer {
-    std::string request_id;
-    uint32_t layers = 0;
-    uint64_t total_bytes = 0;
-    bool held = true;  // rank 0: the header's "held" flag (false: the messages are filler)
-    std::vector<Message> messages;  // layer-major
-    std::chrono::steady_clock::time_point deadline;
-    std::function<void(uint32_t layer)> on_layer;  // optional
-    // OK; NotFound (rank 1: the header said "gone"); the link's failure otherwise.
-    std::function<void(const Status& status)> on_done;
-  };
-  // Queues a transfer: sends on rank 0, receives on rank 1. Returns its place on the link (0, 1,
-  // 2, ... in Post order, the header's seq); on_done runs exactly once unless this returns an
-  // error: Unavailable (link dead), ResourceExhausted (too many in flight), FailedPrecondition
-  // (link shutting down).
-  StatusOr<uint64_t> Post(Transfer transfer);
-
-  // Aborts the link: every transfer in flight fails with `reason` (not OK).
-  void Abort(const Status& reason);
-
-  size_t inflight_count() const;
+  // OrderedLink. Each transfer is one NCCL group per layer on the link's stream, the 32-byte
+  // header first in layer 0's group.
+  Status health() const override;
+  StatusOr<uint64_t> Post(Transfer transfer) override;
+  void Abort(const Status& reason) override;
+  size_t inflight_count() const override;
 
   class Impl;
 
@@ -133,22 +109,20 @@ class NcclLink {
   std::unique_ptr<Impl> impl_;
 };
 
-struct NcclTransferOptions {
-  std::chrono::milliseconds timeout{5000};        // per transfer, from its Post
-  std::chrono::milliseconds lease_timeout{60000};  // publisher: unreleased publications
-  uint64_t granule_bytes = 0;                      // see NcclWireOrder; same on both sides
-  int device = 0;                                  // the CUDA device of the region
-  MetricsRegistry* metrics = nullptr;              // puller: tandem_kv_transfer_*
+struct NcclTransferOptions : PullDrivenOptions {
+  int device = 0;  // the CUDA device of the region and the links
 };
 
-// The prefill side: publishes ranges of `region` (device memory, not owned, must outlive the
-// publisher) and serves pull orders (OnPullerMessage). peer_info(): transport "nccl", a new
-// instance_id, the region's size. Errors: InvalidArgument (empty region).
+// The prefill side (kvtransfer/nccl_endpoints.h over NcclLinks): publishes ranges of `region`
+// (device memory, not owned, must outlive the publisher) and serves pull orders
+// (OnPullerMessage). peer_info(): transport "nccl", a new instance_id, the region's size.
+// Errors: InvalidArgument (empty region).
 StatusOr<std::unique_ptr<KvPublisher>> CreateNcclPublisher(MemoryRegion region,
                                                            NcclTransferOptions options = {});
 
-// The decode side: pulls into `region` (device memory, not owned). Connect(peer) accepts a
-// PeerInfo with transport "nccl"; Pull needs PullCallbacks::to_publisher.
+// The decode side (kvtransfer/nccl_endpoints.h over NcclLinks): pulls into `region` (device
+// memory, not owned). Connect(peer) accepts a PeerInfo with transport "nccl"; Pull needs
+// PullCallbacks::to_publisher.
 // Errors: InvalidArgument (empty region).
 StatusOr<std::unique_ptr<KvPuller>> CreateNcclPuller(MemoryRegion region,
                                                      NcclTransferOptions options = {});

@@ -1,0 +1,89 @@
+// The publisher and puller of the NCCL KV transport, over any link that pairs transfers by
+// posting order (OrderedLink): NcclLink on GPUs (kvtransfer/nccl/nccl_transport.h), a CPU pair in
+// the tests (tests/unit/kvtransfer_nccl_endpoints_test.cc). Everything here is host code: the
+// leases, the links per peer, the pull orders and their sequence, what a link failure fails.
+// The protocol and the guarantees are kvtransfer/nccl_protocol.h's and nccl_transport.h's.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/base/metrics.h"
+#include "common/base/status.h"
+#include "kvtransfer/transfer.h"
+#include "kvtransfer/wire.h"
+
+namespace tandem {
+
+// Two ranks that match each other's transfers by posting order: the i-th transfer posted on
+// rank 0 (sends) pairs with the i-th on rank 1 (receives), message by message, after a 32-byte
+// header (kvtransfer/nccl_protocol.h) that rank 0 writes and rank 1 checks.
+class OrderedLink {
+ public:
+  struct Message {
+    uint32_t layer = 0;
+    void* data = nullptr;  // in the region (device memory for NCCL)
+    uint64_t bytes = 0;
+  };
+  struct Transfer {
+    std::string request_id;
+    uint32_t layers = 0;
+    uint64_t total_bytes = 0;
+    bool held = true;  // rank 0: the header's "held" flag (false: the messages are filler)
+    std::vector<Message> messages;  // layer-major
+    std::chrono::steady_clock::time_point deadline;
+    std::function<void(uint32_t layer)> on_layer;  // optional
+    // Exactly once, on the link's thread: OK; NotFound (rank 1: the header said "gone"); else
+    // the link's failure (DeadlineExceeded for the transfer that timed out, DataLoss for the
+    // one whose header was out of step, Unavailable for the others).
+    std::function<void(const Status& status)> on_done;
+  };
+
+  // Fails what is still in flight (Cancelled) and may run those callbacks in the caller: the
+  // endpoints let go of links only outside their lock.
+  virtual ~OrderedLink() = default;
+  // OK while usable (setting up included); else why it failed (it stays dead).
+  virtual Status health() const = 0;
+  // Queues a transfer; returns its place on the link (0, 1, 2, ...: the header's seq). Errors
+  // (on_done will not run): Unavailable (dead), ResourceExhausted, FailedPrecondition.
+  virtual StatusOr<uint64_t> Post(Transfer transfer) = 0;
+  // Every transfer in flight fails with `reason`; the link is dead. Returns at once: the
+  // callbacks run on the link's thread (the endpoints call it holding their lock).
+  virtual void Abort(const Status& reason) = 0;
+  virtual size_t inflight_count() const = 0;
+};
+
+// How the endpoints make links: the puller draws a unique id and starts rank 1 with it; the
+// publisher starts rank 0 with the id from the puller's first order.
+struct OrderedLinkMaker {
+  std::function<StatusOr<std::string>()> new_unique_id;
+  std::function<StatusOr<std::shared_ptr<OrderedLink>>(std::string_view unique_id, int rank)>
+      start;
+};
+
+struct PullDrivenOptions {
+  std::chrono::milliseconds timeout{5000};         // per transfer, from its Post
+  std::chrono::milliseconds lease_timeout{60000};  // publisher: unreleased publications
+  uint64_t granule_bytes = 0;                      // NcclWireOrder's; same on both sides
+  MetricsRegistry* metrics = nullptr;              // puller: tandem_kv_transfer_*
+};
+
+// Limits: a publisher serves at most kMaxPullDrivenLinks links (an order for one more is
+// ResourceExhausted); links and peers unused for kIdleLinkSeconds are closed.
+inline constexpr size_t kMaxPullDrivenLinks = 64;
+inline constexpr int kIdleLinkSeconds = 60;
+
+// PeerInfo.transport "nccl". Errors: InvalidArgument (empty region, a maker without functions).
+StatusOr<std::unique_ptr<KvPublisher>> CreatePullDrivenPublisher(MemoryRegion region,
+                                                                 PullDrivenOptions options,
+                                                                 OrderedLinkMaker maker);
+StatusOr<std::unique_ptr<KvPuller>> CreatePullDrivenPuller(MemoryRegion region,
+                                                           PullDrivenOptions options,
+                                                           OrderedLinkMaker maker);
+
+}  // namespace tandem

@@ -1,0 +1,449 @@
+// The NCCL transport's publisher and puller (kvtransfer/nccl_endpoints.h) on the CPU: the same
+// code the servers run on GPUs, over a CPU link pair that pairs transfers by posting order as
+// NCCL does (NCCL itself needs GPUs: tests/gpu/nccl_transfer_check.cc). The test is the control
+// plane: it carries the descriptors to the puller and the pull orders back, in order, and can
+// hold orders back, drop them or forge them.
+#include <catch2/catch.hpp>
+
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <numeric>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kvtransfer/nccl_endpoints.h"
+#include "kvtransfer/nccl_protocol.h"
+
+namespace tandem {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+// Both ranks of one link: a thread pairs the i-th send with the i-th receive, checks the header
+// as NcclLink does (kvtransfer/nccl_protocol.h), copies message by message, and fails the whole
+// link on a deadline, a mismatch or an abort, as an aborted communicator does.
+class Wire {
+ public:
+  Wire() : thread_([this] { Run(); }) {}
+  ~Wire() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+    Fail(Cancelled("link closed"), -1, Status());
+  }
+
+  Status health() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return health_;
+  }
+  size_t inflight(int rank) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return queue_[rank].size();
+  }
+  StatusOr<uint64_t> Post(int rank, OrderedLink::Transfer t) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!health_.ok()) return health_;
+    const uint64_t seq = next_seq_[rank]++;
+    queue_[rank].push_back({std::move(t), seq});
+    cv_.notify_all();
+    return seq;
+  }
+  // As NcclLink's: returns at once, the link's thread fails the transfers (callers may hold
+  // locks that the callbacks take).
+  void Abort(const Status& reason) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (abort_.ok()) abort_ = reason;
+    cv_.notify_all();
+  }
+
+ private:
+  struct Entry {
+    OrderedLink::Transfer t;
+    uint64_t seq;
+  };
+
+  // Fails every transfer: the front one of `culprit_rank` with `culprit`, the rest `status`.
+  void Fail(const Status& status, int culprit_rank, const Status& culprit) {
+    std::deque<Entry> queues[2];
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (health_.ok()) health_ = Unavailable("link failed: " + status.ToString());
+      queues[0].swap(queue_[0]);
+      queues[1].swap(queue_[1]);
+    }
+    for (int rank = 0; rank < 2; ++rank)
+      for (size_t i = 0; i < queues[rank].size(); ++i)
+        if (queues[rank][i].t.on_done)
+          queues[rank][i].t.on_done(rank == culprit_rank && i == 0 ? culprit : status);
+  }
+
+  void Run() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!stop_) {
+      cv_.wait_for(lock, 2ms);
+      if (!abort_.ok()) {
+        const Status reason = std::exchange(abort_, Cancelled("aborted again"));
+        lock.unlock();
+        Fail(reason, -1, Status());
+        lock.lock();
+        continue;
+      }
+      for (int rank = 0; rank < 2; ++rank) {
+        if (!queue_[rank].empty() && Clock::now() >= queue_[rank].front().t.deadline) {
+          const std::string id = queue_[rank].front().t.request_id;
+          lock.unlock();
+          Fail(Unavailable("transfer " + id + " timed out"), rank,
+               DeadlineExceeded("transfer " + id + " not done within its timeout"));
+          lock.lock();
+        }
+      }
+      if (queue_[0].empty() || queue_[1].empty()) continue;
+      Entry send = std::move(queue_[0].front());
+      Entry recv = std::move(queue_[1].front());
+      queue_[0].pop_front();
+      queue_[1].pop_front();
+      lock.unlock();
+      Pair(send, recv);
+      lock.lock();
+    }
+  }
+
+  void Pair(Entry& send, Entry& recv) {
+    const auto header = EncodeNcclHeader(
+        MakeNcclHeader(send.seq, send.t.total_bytes, send.t.request_id, send.t.held));
+    Status verdict = CheckNcclHeader(header, recv.seq, recv.t.total_bytes, recv.t.request_id);
+    bool same_messages = send.t.messages.size() == recv.t.messages.size();
+    for (size_t i = 0; same_messages && i < send.t.messages.size(); ++i)
+      same_messages = send.t.messages[i].bytes == recv.t.messages[i].bytes;
+    if (verdict.code() == StatusCode::kDataLoss || !same_messages) {
+      if (verdict.ok()) verdict = DataLoss("messages of different sizes");
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        queue_[1].push_front(std::move(recv));
+        queue_[0].push_front(std::move(send));
+      }
+      return Fail(Unavailable("out of step"), 1, verdict);
+    }
+    for (size_t i = 0; i < send.t.messages.size(); ++i)
+      std::memcpy(recv.t.messages[i].data, send.t.messages[i].data, send.t.messages[i].bytes);
+    for (uint32_t l = 0; l < recv.t.layers; ++l)
+      if (recv.t.on_layer) recv.t.on_layer(l);
+    if (send.t.on_done) send.t.on_done(Status());
+    if (recv.t.on_done) recv.t.on_done(verdict);
+  }
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  Status health_;
+  Status abort_;  // an Abort the thread has not carried out yet
+  uint64_t next_seq_[2] = {0, 0};
+  std::deque<Entry> queue_[2];
+  std::thread thread_;  // last: starts after the rest is made
+};
+
+class CpuLink final : public OrderedLink {
+ public:
+  CpuLink(std::shared_ptr<Wire> wire, int rank) : wire_(std::move(wire)), rank_(rank) {}
+  ~CpuLink() override { wire_->Abort(Cancelled("the other end closed the link")); }
+  Status health() const override { return wire_->health(); }
+  StatusOr<uint64_t> Post(Transfer transfer) override {
+    return wire_->Post(rank_, std::move(transfer));
+  }
+  void Abort(const Status& reason) override { wire_->Abort(reason); }
+  size_t inflight_count() const override { return wire_->inflight(rank_); }
+
+ private:
+  std::shared_ptr<Wire> wire_;
+  int rank_;
+};
+
+// The "NCCL" of these tests: unique ids name wires; both ranks of an id share one.
+struct CpuLinks {
+  std::mutex mutex;
+  std::map<std::string, std::weak_ptr<Wire>> wires;
+  int ids_made = 0;
+
+  OrderedLinkMaker Maker() {
+    OrderedLinkMaker maker;
+    maker.new_unique_id = [this]() -> StatusOr<std::string> {
+      std::lock_guard<std::mutex> lock(mutex);
+      std::string id(kNcclUniqueIdBytes, '\0');
+      std::snprintf(id.data(), id.size(), "cpu-link-%d", ++ids_made);
+      return id;
+    };
+    maker.start = [this](std::string_view id, int rank) -> StatusOr<std::shared_ptr<OrderedLink>> {
+      std::lock_guard<std::mutex> lock(mutex);
+      std::shared_ptr<Wire> wire = wires[std::string(id)].lock();
+      if (!wire) {
+        wire = std::make_shared<Wire>();
+        wires[std::string(id)] = wire;
+      }
+      return std::shared_ptr<OrderedLink>(std::make_shared<CpuLink>(wire, rank));
+    };
+    return maker;
+  }
+};
+
+constexpr uint64_t kBlock = 64;
+constexpr int kLayers = 3, kPoolBlocks = 32;
+
+// A prefill and a decode side; the test is their control plane.
+struct Cluster {
+  CpuLinks links;
+  std::vector<char> prefill_pool = std::vector<char>(kLayers * kPoolBlocks * kBlock);
+  std::vector<char> decode_pool = std::vector<char>(kLayers * kPoolBlocks * kBlock);
+  std::unique_ptr<KvPublisher> publisher;
+  std::unique_ptr<KvPuller> puller;
+  std::mutex mutex;
+  std::deque<std::string> orders;  // decode -> prefill, in the order the puller made them
+
+  explicit Cluster(std::chrono::milliseconds timeout = 5000ms) {
+    PullDrivenOptions options;
+    options.timeout = timeout;
+    options.granule_bytes = kBlock;
+    publisher = std::move(CreatePullDrivenPublisher({prefill_pool.data(), prefill_pool.size()},
+                                                    options, links.Maker()))
+                    .value();
+    puller = std::move(CreatePullDrivenPuller({decode_pool.data(), decode_pool.size()}, options,
+                                              links.Maker()))
+                 .value();
+    REQUIRE(puller->Connect(publisher->peer_info()).ok());
+  }
+
+  PullCallbacks WithOrders(PullCallbacks callbacks) {
+    callbacks.to_publisher = [this](std::string bytes) {
+      std::lock_guard<std::mutex> lock(mutex);
+      orders.push_back(std::move(bytes));
+    };
+    return callbacks;
+  }
+  std::string TakeOrder() {
+    std::lock_guard<std::mutex> lock(mutex);
+    REQUIRE_FALSE(orders.empty());
+    std::string order = std::move(orders.front());
+    orders.pop_front();
+    return order;
+  }
+  Status Deliver() { return publisher->OnPullerMessage(AsBytes(TakeOrder())); }
+
+  // Blocks [first, first + n) of every layer in a pool.
+  static LayerRanges Blocks(int first, int n) {
+    LayerRanges out(kLayers);
+    for (int l = 0; l < kLayers; ++l)
+      for (int b = first; b < first + n; ++b)
+        out[l].push_back({(uint64_t(l) * kPoolBlocks + b) * kBlock, kBlock});
+    return out;
+  }
+  static std::string Read(const std::vector<char>& pool, const LayerRanges& ranges) {
+    std::string s;
+    for (const auto& layer : ranges)
+      for (const ByteRange& r : layer) s.append(pool.data() + r.offset, r.length);
+    return s;
+  }
+  void Fill(const LayerRanges& ranges, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    for (const auto& layer : ranges)
+      for (const ByteRange& r : layer)
+        for (uint64_t i = 0; i < r.length; ++i) prefill_pool[r.offset + i] = static_cast<char>(rng());
+  }
+};
+
+bool Eventually(const std::function<bool()>& condition) {
+  const auto until = Clock::now() + 5s;
+  while (!condition()) {
+    if (Clock::now() > until) return false;
+    std::this_thread::sleep_for(1ms);
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("nccl endpoints: pulls move the KV in order and release the publications",
+          "[kvtransfer]") {
+  Cluster c;
+  std::mt19937_64 rng(3);
+  std::vector<std::string> released;
+  std::mutex released_mutex;
+  for (int round = 0; round < 20; ++round) {
+    // Several pulls in flight, the block lists shuffled differently on each side.
+    std::vector<PullWaiter> waiters(3);
+    std::vector<LayerRanges> mine, theirs;
+    for (int i = 0; i < 3; ++i) {
+      LayerRanges remote = Cluster::Blocks(i * 8, 1 + static_cast<int>(rng() % 8));
+      LayerRanges local = Cluster::Blocks(31 - i * 8 - static_cast<int>(remote[0].size()) + 1,
+                                          static_cast<int>(remote[0].size()));
+      for (auto& layer : local) std::shuffle(layer.begin(), layer.end(), rng);
+      c.Fill(remote, round * 10 + i);
+      const std::string id = "r" + std::to_string(round) + "-" + std::to_string(i);
+      StatusOr<KvDescriptor> d = c.publisher->Publish(
+          id, remote, [&](const std::string& rid, const Status& s) {
+            std::lock_guard<std::mutex> lock(released_mutex);
+            if (s.ok()) released.push_back(rid);
+          });
+      REQUIRE(d.ok());
+      REQUIRE(c.puller->Pull(*d, local, c.WithOrders(waiters[i].callbacks())).ok());
+      mine.push_back(local);
+      theirs.push_back(remote);
+    }
+    for (int i = 0; i < 3; ++i) REQUIRE(c.Deliver().ok());
+    for (int i = 0; i < 3; ++i) {
+      REQUIRE(waiters[i].Wait(5000ms).ok());
+      CHECK(waiters[i].layers_done() == kLayers);
+      CHECK(Cluster::Read(c.decode_pool, mine[i]) == Cluster::Read(c.prefill_pool, theirs[i]));
+    }
+  }
+  // Every publication ended when its sends completed; one link carried them all.
+  CHECK(Eventually([&] { return c.publisher->published_count() == 0; }));
+  CHECK(released.size() == 60);
+  CHECK(c.links.ids_made == 1);
+  CHECK(c.puller->inflight_count() == 0);
+}
+
+TEST_CASE("nccl endpoints: a request released before its order arrives fails only its pull",
+          "[kvtransfer]") {
+  Cluster c;
+  StatusOr<KvDescriptor> gone = c.publisher->Publish("gone", Cluster::Blocks(0, 4), {});
+  StatusOr<KvDescriptor> kept = c.publisher->Publish("kept", Cluster::Blocks(4, 4), {});
+  REQUIRE(gone.ok());
+  REQUIRE(kept.ok());
+  c.Fill(Cluster::Blocks(4, 4), 9);
+  // The prefill's hold ran out before decode pulled.
+  TransferResult expired{c.publisher->peer_info().instance_id, "gone",
+                         StatusCode::kDeadlineExceeded, "hold ran out", 0};
+  REQUIRE(c.publisher->Release(expired).ok());
+  PullWaiter first, second;
+  REQUIRE(c.puller->Pull(*gone, Cluster::Blocks(10, 4), c.WithOrders(first.callbacks())).ok());
+  REQUIRE(c.puller->Pull(*kept, Cluster::Blocks(20, 4), c.WithOrders(second.callbacks())).ok());
+  REQUIRE(c.Deliver().ok());  // answered with filler and a "gone" header
+  REQUIRE(c.Deliver().ok());
+  const Status status = first.Wait(5000ms);
+  CHECK(status.code() == StatusCode::kNotFound);
+  CHECK(status.message() == "the prefill instance no longer holds the KV of gone");
+  REQUIRE(second.Wait(5000ms).ok());  // the link stayed in step
+  CHECK(Cluster::Read(c.decode_pool, Cluster::Blocks(20, 4)) ==
+        Cluster::Read(c.prefill_pool, Cluster::Blocks(4, 4)));
+  CHECK(c.links.ids_made == 1);
+}
+
+TEST_CASE("nccl endpoints: a lost order times the link out, and the next pull makes a new one",
+          "[kvtransfer]") {
+  Cluster c(300ms);
+  StatusOr<KvDescriptor> a = c.publisher->Publish("a", Cluster::Blocks(0, 2), {});
+  StatusOr<KvDescriptor> b = c.publisher->Publish("b", Cluster::Blocks(2, 2), {});
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  PullWaiter wa, wb;
+  REQUIRE(c.puller->Pull(*a, Cluster::Blocks(0, 2), c.WithOrders(wa.callbacks())).ok());
+  REQUIRE(c.puller->Pull(*b, Cluster::Blocks(2, 2), c.WithOrders(wb.callbacks())).ok());
+  c.TakeOrder();  // order 0 is lost on the way
+  // Order 1 names a link the publisher never joined: refused, not served out of step.
+  const Status refused = c.Deliver();
+  CHECK(refused.code() == StatusCode::kInvalidArgument);
+  CHECK(refused.message() == "NCCL pull order 1 for an unknown link");
+  CHECK(wa.Wait(5000ms).code() == StatusCode::kDeadlineExceeded);
+  CHECK(wb.Wait(5000ms).code() == StatusCode::kUnavailable);
+  CHECK(c.puller->inflight_count() == 0);
+  // Both publications are still held: a new link serves them.
+  c.Fill(Cluster::Blocks(0, 2), 4);
+  PullWaiter again;
+  REQUIRE(c.puller->Pull(*a, Cluster::Blocks(8, 2), c.WithOrders(again.callbacks())).ok());
+  REQUIRE(c.Deliver().ok());
+  REQUIRE(again.Wait(5000ms).ok());
+  CHECK(Cluster::Read(c.decode_pool, Cluster::Blocks(8, 2)) ==
+        Cluster::Read(c.prefill_pool, Cluster::Blocks(0, 2)));
+  CHECK(c.links.ids_made == 2);
+}
+
+TEST_CASE("nccl endpoints: orders out of step abort the link instead of misdelivering",
+          "[kvtransfer]") {
+  Cluster c(2000ms);
+  std::vector<StatusOr<KvDescriptor>> d;
+  for (int i = 0; i < 3; ++i) d.push_back(c.publisher->Publish("q" + std::to_string(i),
+                                                               Cluster::Blocks(i * 2, 2), {}));
+  std::vector<PullWaiter> w(3);
+  for (int i = 0; i < 3; ++i)
+    REQUIRE(c.puller->Pull(*d[i], Cluster::Blocks(10 + i * 2, 2),
+                           c.WithOrders(w[i].callbacks())).ok());
+  REQUIRE(c.Deliver().ok());  // order 0
+  CHECK(w[0].Wait(5000ms).ok());
+  c.TakeOrder();                       // order 1 lost
+  const Status skipped = c.Deliver();  // order 2 where 1 is due
+  CHECK(skipped.code() == StatusCode::kDataLoss);
+  CHECK(skipped.message() == "NCCL pull order 2 where order 1 was due: link aborted");
+  CHECK_FALSE(w[1].Wait(5000ms).ok());
+  CHECK_FALSE(w[2].Wait(5000ms).ok());
+  CHECK(c.puller->inflight_count() == 0);
+}
+
+TEST_CASE("nccl endpoints: a failure released while the sends are posted aborts their link",
+          "[kvtransfer]") {
+  Cluster c;
+  StatusOr<KvDescriptor> d = c.publisher->Publish("cut", Cluster::Blocks(0, 2), {});
+  REQUIRE(d.ok());
+  // A pull whose receives never get posted on the link in time: the publisher's sends wait.
+  // Simulate by delivering the order and releasing before the wire pairs them: post the order
+  // on a publisher-side link only (a forged order the puller never made).
+  NcclPullOrder forged;
+  forged.link_token = 77;
+  forged.unique_id = std::string(kNcclUniqueIdBytes, 'f');
+  forged.seq = 0;
+  forged.descriptor = *d;
+  REQUIRE(c.publisher->OnPullerMessage(AsBytes(Encode(forged))).ok());
+  CHECK(c.publisher->published_count() == 1);
+  TransferResult cancelled{c.publisher->peer_info().instance_id, "cut", StatusCode::kCancelled,
+                           "client gone", 0};
+  REQUIRE(c.publisher->Release(cancelled).ok());
+  CHECK(c.publisher->published_count() == 0);
+  CHECK(c.publisher->Release(cancelled).code() == StatusCode::kNotFound);
+  // The next order on that token is for a link the publisher closed.
+  forged.seq = 1;
+  CHECK(c.publisher->OnPullerMessage(AsBytes(Encode(forged))).code() ==
+        StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("nccl endpoints: bad orders and pulls are refused, naming what is wrong",
+          "[kvtransfer]") {
+  Cluster c;
+  StatusOr<KvDescriptor> d = c.publisher->Publish("x", Cluster::Blocks(0, 2), {});
+  REQUIRE(d.ok());
+  NcclPullOrder order;
+  order.link_token = 5;
+  order.unique_id = std::string(kNcclUniqueIdBytes, 'u');
+  order.descriptor = *d;
+  order.descriptor.instance_id += 1;
+  CHECK(c.publisher->OnPullerMessage(AsBytes(Encode(order))).message().find(
+            "NCCL pull order for publisher") == 0);
+  order.descriptor = *d;
+  order.descriptor.layers[0][0].offset = c.prefill_pool.size();  // outside the pool
+  CHECK(c.publisher->OnPullerMessage(AsBytes(Encode(order))).code() ==
+        StatusCode::kInvalidArgument);
+  CHECK(c.publisher->OnPullerMessage(AsBytes(std::string("garbage"))).code() ==
+        StatusCode::kDataLoss);
+
+  PullWaiter w;
+  CHECK(c.puller->Pull(*d, Cluster::Blocks(4, 2), w.callbacks()).code() ==
+        StatusCode::kFailedPrecondition);  // no way to the publisher
+  CHECK(c.puller->Pull(*d, Cluster::Blocks(4, 2), c.WithOrders(w.callbacks()), 1).code() ==
+        StatusCode::kFailedPrecondition);  // layer-wise streaming
+  CHECK(c.puller->Pull(*d, Cluster::Blocks(4, 3), c.WithOrders(w.callbacks())).code() ==
+        StatusCode::kInvalidArgument);  // sizes differ
+  KvDescriptor stranger = *d;
+  stranger.instance_id = 12345;
+  CHECK(c.puller->Pull(stranger, Cluster::Blocks(4, 2), c.WithOrders(w.callbacks())).code() ==
+        StatusCode::kNotFound);
+  CHECK(c.orders.empty());  // nothing refused sent an order
+  CHECK(c.publisher->OnPullerMessage(AsBytes(std::string())).code() == StatusCode::kDataLoss);
+}
+
+}  // namespace tandem
