@@ -1,7 +1,8 @@
 // Real `tandem prefill` and `tandem decode` processes under the faults that the instance host, the
 // KV handoff and the KV intake must handle, with this test acting as the router: a request
 // cancelled before its KV reached decode, router sessions given up or never opened, the
-// heartbeat interval from the config, and shared memory left behind by a killed instance.
+// heartbeat interval from the config, shared memory left behind by a killed instance, and KV
+// transport messages its publisher cannot take.
 #include <catch2/catch.hpp>
 
 #include <sys/ipc.h>
@@ -227,6 +228,30 @@ TEST_CASE("instance faults: a closed router session ends its requests on prefill
                      1s));
   CHECK(prefill.Terminate(10s) == 0);
   CHECK(colocated.Terminate(10s) == 0);
+}
+
+TEST_CASE("instance faults: a KV transport message prefill's publisher cannot take is refused",
+          "[instances]") {
+  // The message nccl's pullers send (KvTransport: a pull order); this prefill moves KV with ucx,
+  // whose publisher takes none: it says so in its log and serves on.
+  Cluster cluster("  kv_blocks: 12\n", false);
+  Child prefill(cluster.Args("prefill"), cluster.Log("prefill"));
+  FakeRouter router;
+  const int p = router.Connect(cluster.prefill_port, 30s, 0x73);
+  router.Send(p, KvTransport{"forged", std::string("not an order")});
+  const std::string nowhere = "127.0.0.1:" + std::to_string(FreePort());
+  router.Send(p, Greedy("after", Prompt(8, 3), 4, nowhere));
+  Inbox& inbox = router.inbox;
+  REQUIRE(inbox.WaitFor(20s, [&] { return !inbox.finishes["after"].empty(); }));
+  CHECK(inbox.finishes["after"][0].code == StatusCode::kUnavailable);  // decode unreachable
+  std::ifstream log(cluster.Log("prefill"));
+  const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  INFO(text);
+  CHECK(text.find("[req=forged]") != std::string::npos);
+  CHECK(text.find("KV transport message refused: FailedPrecondition: transport 'ucx") !=
+        std::string::npos);
+  CHECK(text.find("takes no messages from its pullers") != std::string::npos);
+  CHECK(prefill.Terminate(10s) == 0);
 }
 
 TEST_CASE("instance faults: load reports follow control.heartbeat_interval_s", "[instances]") {
