@@ -129,8 +129,8 @@ int main(int argc, char** argv) {
     // The version, then what this binary and the libraries it runs with can do.
     std::printf("tandem %s\n", TANDEM_VERSION);
 #if TANDEM_HAVE_CUDA
-    std::printf("CUDA backend: compiled in (device cuda: colocated instances; prefill and decode "
-                "on cuda need a GPU KV transfer, not built yet); %s\n",
+    std::printf("CUDA backend: compiled in (device cuda on every instance; KV between GPU pools "
+                "over cuda_ipc or nccl); %s\n",
                 cuda::DescribeCudaDevices().c_str());
 #else
     std::printf("CUDA backend: not built (cmake -DTANDEM_CUDA=ON on a machine with nvcc)\n");

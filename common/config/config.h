@@ -137,7 +137,7 @@ struct KvCacheSection {
 };
 
 struct TransferSection {
-  std::string backend = "ucx";  // ucx|cuda_ipc|nccl|inproc
+  std::string backend = "ucx";  // ucx|cuda_ipc|nccl|inproc (serving_config.h: where each runs)
   std::string ucx_tls = "tcp,sm,self";
   double timeout_s = 5.0;
   int max_inflight = 64;

@@ -5,9 +5,10 @@
 # - `tandem --version` says the CUDA backend is compiled in and why no device is usable;
 # - every GPU check exits 2 (skipped) and says why;
 # - check-config accepts colocated instances on cuda, and prefill/decode on cuda with
-#   transfer.backend cuda_ipc; it refuses them on cuda with ucx, naming file, line and field;
-# - `tandem serve` with instances on cuda (colocated; prefill + decode over cuda_ipc; an instance
-#   given its GPU by S.cuda_devices) stops at start-up naming the missing device.
+#   transfer.backend cuda_ipc or nccl (the Kubernetes GPU overlay's config among them); it
+#   refuses them on cuda with ucx, naming file, line and field;
+# - `tandem serve` with instances on cuda (colocated; prefill + decode over cuda_ipc or nccl; an
+#   instance given its GPU by S.cuda_devices) stops at start-up naming the missing device.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 build=$1
@@ -39,6 +40,25 @@ grep -q 'decode.yaml:2:11: decode.device: cuda on decode instances keeps the KV 
 
 printf 'transfer: {backend: cuda_ipc}\nprefill: {device: cuda}\ndecode: {device: cuda}\n' >"$work/ipc.yaml"
 "$build/tandem" check-config "$work/ipc.yaml" >/dev/null || fail "check-config refused prefill + decode on cuda over cuda_ipc"
+printf 'transfer: {backend: nccl}\nprefill: {device: cuda}\ndecode: {device: cuda}\n' >"$work/nccl.yaml"
+"$build/tandem" check-config "$work/nccl.yaml" >/dev/null || fail "check-config refused prefill + decode on cuda over nccl"
+# The Kubernetes GPU overlay's cluster.yaml, as its ConfigMap carries it.
+if command -v kubectl >/dev/null && [[ -x .venv/bin/python ]]; then
+  .venv/bin/python - "$work/k8s-gpu.yaml" <<'PY' || fail "cannot render deploy/kubernetes/overlays/gpu"
+import sys
+sys.path.insert(0, "tests/python")
+import k8s_util
+_, docs = k8s_util.render("gpu")
+config = next(d["data"]["cluster.yaml"] for d in k8s_util.of_kind(docs, "ConfigMap")
+              if "cluster.yaml" in d.get("data", {}))
+open(sys.argv[1], "w").write(config)
+PY
+  out=$(TANDEM_CLUSTER_SECRET=$(printf 'x%.0s' {1..32}) "$build/tandem" check-config "$work/k8s-gpu.yaml" 2>&1 >/dev/null)
+  (($? == 0)) && echo "check-config: the Kubernetes gpu overlay's cluster.yaml is accepted" ||
+    fail "check-config refused the Kubernetes gpu overlay's cluster.yaml: $out"
+else
+  echo "check-config of the Kubernetes gpu overlay: skipped (no kubectl or .venv)"
+fi
 
 serve_without_gpu() {  # NAME ROLE FLAGS...
   local name=$1 role=$2
@@ -54,6 +74,8 @@ serve_without_gpu "colocated on cuda" colocated-0 --prefill.instances=0 --decode
   --colocated.instances=1 --colocated.device=cuda
 serve_without_gpu "prefill + decode over cuda_ipc" "\(prefill\|decode\)-0" \
   --transfer.backend=cuda_ipc --prefill.device=cuda --decode.device=cuda
+serve_without_gpu "prefill + decode over nccl" "\(prefill\|decode\)-0" \
+  --transfer.backend=nccl --prefill.device=cuda --decode.device=cuda
 # S.cuda_devices: the instance runs under its own CUDA_VISIBLE_DEVICES, and says which.
 serve_without_gpu "colocated on cuda_devices [3]" colocated-0 --prefill.instances=0 \
   --decode.instances=0 --colocated.instances=1 --colocated.device=cuda '--colocated.cuda_devices=[3]'

@@ -338,16 +338,57 @@ def test_networkpolicy_covers_every_internal_port():
                     f"{overlay}: {role} internal port {port} is open to everyone"
 
 
+# What a build without the CUDA backend refuses in a GPU config, and the flags that move it to
+# the CPU so that the rest of the config is still checked (tests/gpu/without_gpu.sh checks the
+# GPU overlay's config, unchanged, with the CUDA build).
+NEEDS_CUDA = ("cannot be served by this build", "needs a build with CUDA")
+ON_CPU = ["--prefill.device=cpu", "--decode.device=cpu", "--transfer.backend=ucx"]
+
+
 def effective_config(overlay, config_text, tmp):
     path = os.path.join(tmp, f"{overlay}-cluster.yaml")
     with open(path, "w") as f:
         f.write(config_text)
     env = dict(os.environ, TANDEM_CLUSTER_SECRET="x" * 32)
-    out = subprocess.run([BINARY, "check-config", path], capture_output=True, text=True,
-                         timeout=120, env=env)
+
+    def check(*flags):
+        return subprocess.run([BINARY, "check-config", path, *flags], capture_output=True,
+                              text=True, timeout=120, env=env)
+
+    out = check()
+    refused = [line for line in out.stderr.splitlines() if re.match(r"^\S+:\d+:\d+: ", line)]
+    if out.returncode != 0 and refused and all(any(n in line for n in NEEDS_CUDA)
+                                               for line in refused):
+        out = check(*ON_CPU)   # a CPU build: only the GPU parts were refused
     assert out.returncode == 0, \
         f"{overlay}: `tandem check-config` refuses the ConfigMap's cluster.yaml:\n{out.stderr}"
     return yaml.safe_load(out.stdout)
+
+
+def test_gpu_overlay_serves_on_the_gpus_and_moves_kv_over_nccl():
+    """The gpu overlay's pods compute on their GPU and move the KV with NCCL; NCCL's ports (the
+    kernel picks them) are open between the instance pods and to nobody else."""
+    docs = docs_of("gpu")
+    config = yaml.safe_load(next(c["data"]["cluster.yaml"] for c in of_kind(docs, "ConfigMap")
+                                 if "cluster.yaml" in c["data"]))
+    for role in INSTANCE_ROLES:
+        assert config[role].get("device") == "cuda", \
+            f"gpu: {role}.device is {config[role].get('device')!r}: the pods' GPUs sit idle"
+    assert config["transfer"]["backend"] == "nccl", \
+        f"gpu: transfer.backend {config['transfer']['backend']!r} cannot move KV between GPU pods"
+    policies = of_kind(docs, "NetworkPolicy")
+    for role in INSTANCE_ROLES:
+        labels = deployment_of(docs, role)["spec"]["template"]["metadata"]["labels"]
+        rules = [r for p in policies if selects(p["spec"]["podSelector"], labels)
+                 for r in p["spec"].get("ingress", [])]
+        for port in (32768, 45000, 60999):   # the kernel's default ephemeral range
+            peers = [r for r in rules if rule_allows(r, port)]
+            assert peers, f"gpu: {role} port {port} (NCCL) is closed to the other instances"
+            assert all(r.get("from") for r in peers), f"gpu: {role} port {port} is open to all"
+        router = deployment_of(docs, "router")["spec"]["template"]["metadata"]["labels"]
+        assert not any(rule_allows(r, 45000) and any(
+            "podSelector" in f and selects(f["podSelector"], router) for f in r.get("from", []))
+            for r in rules), f"gpu: NCCL's ports on {role} are open to the router"
 
 
 def test_config_accepted_by_tandem_and_ports_match():
@@ -583,6 +624,7 @@ TESTS = [
     test_grace_period_covers_prestop_and_drain,
     test_rollout_never_removes_the_last_decode_instance,
     test_gpu_overlay_uses_distinct_gpu_pools,
+    test_gpu_overlay_serves_on_the_gpus_and_moves_kv_over_nccl,
     test_networkpolicy_covers_every_internal_port,
     test_config_accepted_by_tandem_and_ports_match,
     test_config_mounts_reload_and_roll,
