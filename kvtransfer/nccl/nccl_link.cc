@@ -217,9 +217,10 @@ class NcclLink::Impl {
       if (state == ncclSuccess) return Status();
       if (state != ncclInProgress) return NcclStatus(state, "asynchronous error", comm);
       if (Clock::now() >= deadline) return DeadlineExceeded("NCCL operation still in progress");
-      if (check_stop) {
+      if (check_stop) {  // closing or aborted: stop waiting (the caller fails the link)
         std::lock_guard<std::mutex> lock(mutex_);
         if (stop_) return Cancelled("NCCL link closed");
+        if (!abort_reason_.ok()) return abort_reason_;
       }
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
