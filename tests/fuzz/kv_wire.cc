@@ -1,6 +1,8 @@
 // Fuzzes the KV transfer wire decoders (kvtransfer/wire.h): DecodeKvWireHeader, DecodePeerInfo,
-// DecodeKvDescriptor, DecodeTransferResult, and the UCX read request (kvtransfer/ucx_reads.h,
-// what a publisher decodes from anyone who reaches its worker) on the same bytes. Properties:
+// DecodeKvDescriptor, DecodeTransferResult, the NCCL pull order (kvtransfer/nccl_protocol.h, what
+// a prefill instance decodes from its control connections), and the UCX read request
+// (kvtransfer/ucx_reads.h, what a publisher decodes from anyone who reaches its worker) on the
+// same bytes. Properties:
 // nothing crashes; a message that decodes has the type and size its header says; Encode of it
 // decodes to an equal struct and is a fixed point (encode(decode(encode(x))) == encode(x)); a
 // descriptor's total_bytes is the sum of its ranges; a read request that decodes re-encodes to
@@ -10,6 +12,7 @@
 #include <span>
 #include <string>
 
+#include "kvtransfer/nccl_protocol.h"
 #include "kvtransfer/ucx_reads.h"
 #include "kvtransfer/wire.h"
 #include "tests/fuzz/fuzz_check.h"
@@ -43,6 +46,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   RoundTrip<PeerInfo>(input, KvWireType::kPeerInfo, DecodePeerInfo);
   RoundTrip<KvDescriptor>(input, KvWireType::kKvDescriptor, DecodeKvDescriptor);
   RoundTrip<TransferResult>(input, KvWireType::kTransferResult, DecodeTransferResult);
+  RoundTrip<NcclPullOrder>(input, KvWireType::kNcclPullOrder, DecodeNcclPullOrder);
+  StatusOr<NcclPullOrder> order = DecodeNcclPullOrder(input);
+  if (order.ok()) {
+    FUZZ_CHECK(order->link_token != 0 && order->unique_id.size() == kNcclUniqueIdBytes,
+               "a pull order without a link token or with a unique id of the wrong size");
+  }
   StatusOr<ucx_detail::ReadRequest> read = ucx_detail::DecodeReadRequest(input);
   if (read.ok()) {
     FUZZ_CHECK(ucx_detail::EncodeReadRequest(*read) ==

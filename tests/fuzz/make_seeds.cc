@@ -12,6 +12,7 @@
 #include "common/model/safetensors.h"
 #include "common/net/control_auth.h"
 #include "common/net/control_wire.h"
+#include "kvtransfer/nccl_protocol.h"
 #include "kvtransfer/wire.h"
 
 namespace {
@@ -66,6 +67,7 @@ void ControlSeeds(const fs::path& dir) {
   Put(dir, "kv_released", EncodeControl(KvReleased{"cmpl-1", StatusCode::kDataLoss, "pull"}));
   Put(dir, "kv_progress", EncodeControl(KvProgress{"cmpl-3", 4, std::nullopt, false}));
   Put(dir, "kv_progress_done", EncodeControl(KvProgress{"cmpl-3", -1, Token(), true}));
+  Put(dir, "kv_transport", EncodeControl(KvTransport{"cmpl-4", std::string("order\0\x01", 7)}));
   AuthNonce nonce{};
   for (size_t i = 0; i < nonce.size(); ++i) nonce[i] = static_cast<uint8_t>(i * 7);
   auto challenge = EncodeAuthChallenge(nonce);
@@ -79,6 +81,10 @@ void KvSeeds(const fs::path& dir) {
   StatusOr<KvDescriptor> d = MakeDescriptor(99, "cmpl-1", {{{0, 64}, {128, 64}}, {{4096, 128}}});
   if (d.ok()) Put(dir, "kv_descriptor", Encode(*d));
   Put(dir, "transfer_result", Encode(TransferResult{99, "cmpl-1", StatusCode::kOk, "", 256}));
+  if (d.ok()) {
+    NcclPullOrder order{0x5eed, std::string(kNcclUniqueIdBytes, '\x02'), 3, *d};
+    Put(dir, "nccl_pull_order", Encode(order));
+  }
   Put(dir, "transfer_result_error",
       Encode(TransferResult{99, "cmpl-2", StatusCode::kDeadlineExceeded, "pull timed out", 0}));
 }
