@@ -36,31 +36,22 @@ Status CheckBackend(const TransferSection& transfer, size_t pool_bytes,
       return InvalidArgument("KV pool of " + std::to_string(pool_bytes) + " bytes, its shape says " +
                              std::to_string(shape.pool_bytes()));
   }
-  if (transfer.backend == "ucx" || transfer.backend == "inproc" || transfer.backend == "nccl") {
+  if (transfer.backend == "ucx" || transfer.backend == "inproc") {
     if (shape.degree > 1)
       return InvalidArgument("transfer.backend " + transfer.backend + " moves one KV pool; "
                              "tensor_parallel " + std::to_string(shape.degree) + " keeps one per "
-                             "GPU: use cuda_ipc");
-    if (transfer.backend != "nccl") return Status();
-#if TANDEM_HAVE_CUDA
-    if (shape.num_blocks <= 0)  // its granule is one block of one layer
-      return InvalidArgument("nccl: the KV pool's shape (TransferFactoryOptions::pool_shape) is "
-                             "required");
+                             "GPU: use cuda_ipc or nccl");
     return Status();
-#else
-    return InvalidArgument("transfer.backend nccl needs a build with the CUDA backend "
-                           "(cmake -DTANDEM_CUDA=ON on a machine with nvcc)");
-#endif
   }
-  if (transfer.backend == "cuda_ipc") {
+  if (transfer.backend == "cuda_ipc" || transfer.backend == "nccl") {
 #if TANDEM_HAVE_CUDA
     if (shape.num_blocks <= 0)  // its publisher sends the shape, its puller re-shards by it
-      return InvalidArgument("cuda_ipc: the KV pools' shape (TransferFactoryOptions::pool_shape) "
-                             "is required");
+      return InvalidArgument(transfer.backend + ": the KV pools' shape "
+                             "(TransferFactoryOptions::pool_shape) is required");
     return Status();
 #else
-    return InvalidArgument("transfer.backend cuda_ipc needs a build with the CUDA backend "
-                           "(cmake -DTANDEM_CUDA=ON on a machine with nvcc)");
+    return InvalidArgument("transfer.backend " + transfer.backend + " needs a build with the "
+                           "CUDA backend (cmake -DTANDEM_CUDA=ON on a machine with nvcc)");
 #endif
   }
   return InvalidArgument("transfer.backend '" + transfer.backend +
@@ -80,17 +71,25 @@ CudaIpcOptions CudaIpcOptionsFor(const TransferSection& transfer,
   return co;
 }
 
-// One pool on the instance's GPU; a message is at most one block of one layer, so that any two
-// block lists of one block size are compatible (NcclWireOrder).
-NcclTransferOptions NcclOptionsFor(const TransferSection& transfer,
-                                   const TransferFactoryOptions& options) {
-  NcclTransferOptions no;
+PullDrivenOptions NcclOptionsFor(const TransferSection& transfer,
+                                 const TransferFactoryOptions& options) {
+  PullDrivenOptions no;
   no.timeout = Millis(transfer.timeout_s);
   no.lease_timeout = Millis(options.lease_timeout_s);
-  no.granule_bytes = options.pool_shape.rank_layout().block_bytes();
-  no.device = 0;
   no.metrics = options.metrics;
   return no;
+}
+
+// The pools of an NCCL instance: pool r on CUDA device r, as the ranks' (cuda_ipc's alike).
+StatusOr<std::vector<KvPoolMemory>> NcclPools(const KvPoolShape& shape,
+                                              std::vector<MemoryRegion>* regions) {
+  std::vector<KvPoolMemory> pools;
+  for (int r = 0; r < shape.degree; ++r) {
+    TANDEM_ASSIGN_OR_RETURN(KvPoolMemory pool, cuda::AllocateCudaKvPool(shape.pool_bytes(), r));
+    regions->push_back({pool.base, pool.bytes});
+    pools.push_back(std::move(pool));
+  }
+  return pools;
 }
 #endif
 
@@ -181,11 +180,12 @@ StatusOr<PublisherWithPool> CreatePublisherWithPool(const TransferSection& trans
   if (transfer.backend == "cuda_ipc")
     return CreateCudaIpcPublisherWithPool(options.pool_shape, CudaIpcOptionsFor(transfer, options));
   if (transfer.backend == "nccl") {
-    const NcclTransferOptions no = NcclOptionsFor(transfer, options);
     PublisherWithPool out;
-    TANDEM_ASSIGN_OR_RETURN(KvPoolMemory pool, cuda::AllocateCudaKvPool(pool_bytes, no.device));
-    TANDEM_ASSIGN_OR_RETURN(out.publisher, CreateNcclPublisher(RegionOf(pool), no));
-    out.pools.push_back(std::move(pool));
+    std::vector<MemoryRegion> regions;
+    TANDEM_ASSIGN_OR_RETURN(out.pools, NcclPools(options.pool_shape, &regions));
+    TANDEM_ASSIGN_OR_RETURN(out.publisher,
+                            CreateNcclPublisher(std::move(regions), options.pool_shape,
+                                                NcclOptionsFor(transfer, options)));
     return out;
   }
 #endif
@@ -212,11 +212,12 @@ StatusOr<PullerWithPool> CreatePullerWithPool(const TransferSection& transfer, s
   if (transfer.backend == "cuda_ipc")
     return CreateCudaIpcPullerWithPool(options.pool_shape, CudaIpcOptionsFor(transfer, options));
   if (transfer.backend == "nccl") {
-    const NcclTransferOptions no = NcclOptionsFor(transfer, options);
     PullerWithPool out;
-    TANDEM_ASSIGN_OR_RETURN(KvPoolMemory pool, cuda::AllocateCudaKvPool(pool_bytes, no.device));
-    TANDEM_ASSIGN_OR_RETURN(out.puller, CreateNcclPuller(RegionOf(pool), no));
-    out.pools.push_back(std::move(pool));
+    std::vector<MemoryRegion> regions;
+    TANDEM_ASSIGN_OR_RETURN(out.pools, NcclPools(options.pool_shape, &regions));
+    TANDEM_ASSIGN_OR_RETURN(out.puller,
+                            CreateNcclPuller(std::move(regions), options.pool_shape,
+                                             NcclOptionsFor(transfer, options)));
     return out;
   }
 #endif

@@ -4,8 +4,8 @@
 //
 // Pool memory: for cuda_ipc it is device memory, a pool per GPU of the instance
 // (kvtransfer/cuda_ipc/cuda_ipc_transport.h; CUDA builds only), exported to the puller's process
-// by CUDA IPC handles; for nccl one pool on the instance's GPU (kvtransfer/nccl/nccl_transport.h;
-// CUDA builds only; one block of one layer per NCCL message); for ucx the transport allocates it (UCX-mapped, so that shared-memory
+// by CUDA IPC handles; for nccl the same pools, moved by NCCL point-to-point
+// (kvtransfer/nccl/nccl_transport.h; CUDA builds only); for ucx the transport allocates it (UCX-mapped, so that shared-memory
 // transports do RMA on it: kvtransfer/ucx_transport.h UcxPool) and registers it once; for inproc
 // it is heap memory as KvCache would allocate. KvPoolMemory.owner keeps it alive, so the cache
 // and the publisher/puller may be destroyed in either order.
@@ -67,8 +67,8 @@ struct TransferFactoryOptions {
   // transfer.ucx_tls by ReadsForTls). Required for ucx.
   std::string secret;
   // The instance's KV pools (kvtransfer/sharded_copies.h): required by cuda_ipc, whose
-  // publisher sends it and whose puller re-shards by it, and by nccl (its message size);
-  // degree > 1 (tensor parallelism: a pool per GPU) only with cuda_ipc. Set, pool_bytes must be pool_shape.pool_bytes().
+  // publisher sends it and whose puller re-shards by it, and by nccl likewise; degree > 1
+  // (tensor parallelism: a pool per GPU) only with cuda_ipc or nccl. Set, pool_bytes must be pool_shape.pool_bytes().
   KvPoolShape pool_shape;
 };
 

@@ -1,5 +1,6 @@
 #include "kvtransfer/nccl_endpoints.h"
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -13,19 +14,29 @@
 #include "kvtransfer/nccl_protocol.h"
 
 namespace tandem {
+namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// ---- publisher ---------------------------------------------------------------------------------
-
-namespace {
-
-constexpr size_t kMaxLinks = kMaxPullDrivenLinks;
 constexpr auto kIdleLinkTimeout = std::chrono::seconds(kIdleLinkSeconds);
 
 Status CheckRequestId(const std::string& id) {
   if (id.empty()) return InvalidArgument("empty request id");
   if (id.size() > kKvMaxRequestIdBytes) return InvalidArgument("request id too long");
+  return Status();
+}
+
+Status CheckPools(const std::vector<MemoryRegion>& pools, const KvPoolShape& shape,
+                  const OrderedLinkMaker& maker) {
+  TANDEM_RETURN_IF_ERROR(shape.Validate());
+  if (pools.size() != static_cast<size_t>(shape.degree))
+    return InvalidArgument(std::to_string(pools.size()) + " KV pools for tensor_parallel " +
+                           std::to_string(shape.degree));
+  for (const MemoryRegion& pool : pools)
+    if (pool.base == nullptr || pool.bytes < shape.pool_bytes())
+      return InvalidArgument("a KV pool smaller than its shape's " +
+                             std::to_string(shape.pool_bytes()) + " bytes");
+  if (!maker.new_unique_id || !maker.start) return InvalidArgument("a link maker without functions");
   return Status();
 }
 
@@ -35,23 +46,39 @@ bool Closable(const OrderedLink& link, Clock::time_point last_used, Clock::time_
   return !link.health().ok() || now - last_used > kIdleLinkTimeout;
 }
 
+OrderedLink::Transfer TransferOf(const std::string& id, size_t layers, const NcclPairPlan& pair,
+                                 const MemoryRegion& pool, bool remote_side) {
+  OrderedLink::Transfer t;
+  t.request_id = id;
+  t.layers = static_cast<uint32_t>(layers);
+  t.total_bytes = pair.bytes;
+  for (const CopyPiece& p : pair.pieces) {
+    const uint64_t offset = remote_side ? p.remote_offset : p.local_offset;
+    t.messages.push_back({p.layer, static_cast<char*>(pool.base) + offset, p.length});
+  }
+  return t;
+}
+
+// ---- publisher ---------------------------------------------------------------------------------
+
 class PullDrivenPublisher final : public KvPublisher {
  public:
-  PullDrivenPublisher(MemoryRegion region, PullDrivenOptions options, OrderedLinkMaker maker)
-      : region_(region), options_(options), maker_(std::move(maker)) {
+  PullDrivenPublisher(std::vector<MemoryRegion> pools, const KvPoolShape& shape,
+                      PullDrivenOptions options, OrderedLinkMaker maker)
+      : pools_(std::move(pools)), shape_(shape), options_(options), maker_(std::move(maker)) {
     info_.instance_id = NewInstanceId();
     info_.transport = std::string(kNcclTransport);
-    info_.region_base = reinterpret_cast<uint64_t>(region.base);
-    info_.region_bytes = region.bytes;
+    info_.packed_rkey = EncodeKvPoolShape(shape_);
+    info_.region_base = reinterpret_cast<uint64_t>(pools_[0].base);
+    info_.region_bytes = shape_.pool_bytes();
   }
 
-  // The links go with state_ once their callbacks are done: each aborts and drains.
+  // The links go once this returns, outside the lock: each aborts, drains and runs the
+  // callbacks of its transfers (which take the lock).
   ~PullDrivenPublisher() override {
-    std::map<uint64_t, Link> links;
-    {
-      std::lock_guard<std::mutex> lock(state_->mutex);
-      links.swap(state_->links);
-    }
+    std::map<std::string, Link> links;
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    links.swap(state_->links);
   }
 
   const PeerInfo& peer_info() const override { return info_; }
@@ -59,14 +86,17 @@ class PullDrivenPublisher final : public KvPublisher {
   StatusOr<KvDescriptor> Publish(const std::string& request_id, LayerRanges layers,
                                  ReleaseCallback on_release) override {
     TANDEM_RETURN_IF_ERROR(CheckRequestId(request_id));
-    TANDEM_RETURN_IF_ERROR(CheckRanges(layers, region_.bytes));
+    TANDEM_RETURN_IF_ERROR(CheckRanges(layers, shape_.pool_bytes()));
     if (layers.size() > kKvMaxLayers) return InvalidArgument("too many layers");
     TANDEM_ASSIGN_OR_RETURN(KvDescriptor descriptor,
                             MakeDescriptor(info_.instance_id, request_id, layers));
     std::vector<std::pair<std::string, ReleaseCallback>> expired = ExpireLeases();
     {
       std::lock_guard<std::mutex> lock(state_->mutex);
-      Lease lease{std::move(layers), std::move(on_release), Clock::now()};
+      Lease lease;
+      lease.ranges = std::move(layers);
+      lease.on_release = std::move(on_release);
+      lease.published = Clock::now();
       if (!state_->leases.emplace(request_id, std::move(lease)).second)
         return InvalidArgument("request " + request_id + " already published");
     }
@@ -82,18 +112,42 @@ class PullDrivenPublisher final : public KvPublisher {
       return InvalidArgument("NCCL pull order for publisher " + std::to_string(d.instance_id) +
                              ", this is " + std::to_string(info_.instance_id));
     TANDEM_RETURN_IF_ERROR(CheckRequestId(d.request_id));
-    TANDEM_RETURN_IF_ERROR(CheckRanges(d.layers, region_.bytes));
+    // The plan the puller made its receives from, made again here.
+    TANDEM_ASSIGN_OR_RETURN(std::vector<NcclPairPlan> plan,
+                            PlanNcclPairs(d.layers, shape_, order.local, order.local_shape));
+    bool same_pairs = plan.size() == order.pairs.size();
+    for (size_t i = 0; same_pairs && i < plan.size(); ++i)
+      same_pairs = plan[i].remote_pool == order.pairs[i].remote_pool &&
+                   plan[i].local_pool == order.pairs[i].local_pool;
+    if (!same_pairs)
+      return InvalidArgument("NCCL pull order of " + d.request_id +
+                             ": its links are not the pairs of pools its plan moves");
 
-    // Links let go of are destroyed after the lock is released: a link's destructor runs the
-    // callbacks of its transfers, which take the lock.
+    // Links let go of are destroyed after the lock is released (see the destructor).
     std::vector<Link> closing;
     std::lock_guard<std::mutex> lock(state_->mutex);
     const Clock::time_point now = Clock::now();
-    auto found = state_->links.find(order.link_token);
-    if (found == state_->links.end()) {
-      if (order.seq != 0)  // the link this order belongs to is gone here
-        return InvalidArgument("NCCL pull order " + std::to_string(order.seq) +
-                               " for an unknown link");
+    // Every link in step before any send is posted: a link whose order is not the one due is
+    // out of step for good, and so is the pull (its other receives wait for nothing).
+    size_t new_links = 0;
+    Status out_of_step;
+    for (const NcclPairOrder& pair : order.pairs) {
+      auto found = state_->links.find(pair.unique_id);
+      if (found == state_->links.end()) {
+        ++new_links;
+        if (pair.seq != 0 && out_of_step.ok())  // a link this publisher lost (or never had)
+          out_of_step = InvalidArgument("NCCL pull order " + std::to_string(pair.seq) +
+                                        " for an unknown link");
+      } else if (pair.seq != found->second.next_seq && out_of_step.ok()) {
+        out_of_step = DataLoss("NCCL pull order " + std::to_string(pair.seq) + " where order " +
+                               std::to_string(found->second.next_seq) + " was due: link aborted");
+      }
+    }
+    if (!out_of_step.ok()) {
+      for (const NcclPairOrder& pair : order.pairs) Drop(pair.unique_id, out_of_step, &closing);
+      return out_of_step;
+    }
+    if (new_links > 0) {
       for (auto it = state_->links.begin(); it != state_->links.end();) {
         if (Closable(*it->second.link, it->second.last_used, now)) {
           closing.push_back(std::move(it->second));
@@ -102,54 +156,43 @@ class PullDrivenPublisher final : public KvPublisher {
           ++it;
         }
       }
-      if (state_->links.size() >= kMaxLinks)
-        return ResourceExhausted("NCCL publisher already has " + std::to_string(kMaxLinks) +
-                                 " links");
-      TANDEM_ASSIGN_OR_RETURN(std::shared_ptr<OrderedLink> made,
-                              maker_.start(order.unique_id, /*rank=*/0));
-      found = state_->links.emplace(order.link_token, Link{std::move(made), 0, now}).first;
-    }
-    Link& link = found->second;
-    link.last_used = now;
-    if (order.seq != link.next_seq) {
-      link.link->Abort(DataLoss("NCCL pull orders out of step"));
-      const uint64_t due = link.next_seq;
-      closing.push_back(std::move(link));
-      state_->links.erase(found);
-      return DataLoss("NCCL pull order " + std::to_string(order.seq) + " where order " +
-                      std::to_string(due) + " was due: link aborted");
+      if (state_->links.size() + new_links > kMaxPullDrivenLinks)
+        return ResourceExhausted("NCCL publisher already has " +
+                                 std::to_string(state_->links.size()) + " links");
     }
     // Held: the sends read the published ranges. Not held (released, never published, or
     // ranges that differ from the publication): filler of the same sizes from the ranges the
-    // order names, so that the puller's receives complete and the link stays in step.
+    // order names, so that the puller's receives complete and every link stays in step.
     auto lease = state_->leases.find(d.request_id);
-    const bool held =
-        lease != state_->leases.end() && !lease->second.sending && lease->second.ranges == d.layers;
-    OrderedLink::Transfer t;
-    t.request_id = d.request_id;
-    t.layers = static_cast<uint32_t>(d.layers.size());
-    t.total_bytes = d.total_bytes;
-    t.held = held;
-    for (const NcclPiece& p : NcclWireOrder(d.layers, options_.granule_bytes))
-      t.messages.push_back({p.layer, static_cast<char*>(region_.base) + p.remote_offset, p.length});
-    t.deadline = now + options_.timeout;
-    if (held) {
-      t.on_done = [state = state_, id = d.request_id](const Status& status) {
-        SendsDone(*state, id, status);
-      };
-    }
-    StatusOr<uint64_t> seq = link.link->Post(std::move(t));
-    if (!seq.ok()) {
-      link.link->Abort(seq.status());
-      closing.push_back(std::move(link));
-      state_->links.erase(found);
-      return seq.status();
-    }
-    TANDEM_CHECK(*seq == link.next_seq, "an NCCL publisher link posted out of its own order");
-    ++link.next_seq;
-    if (held) {
-      lease->second.sending = true;
-      lease->second.link_token = order.link_token;
+    const bool held = lease != state_->leases.end() && lease->second.sending == 0 &&
+                      lease->second.ranges == d.layers;
+    for (size_t i = 0; i < plan.size(); ++i) {
+      const NcclPairOrder& pair = order.pairs[i];
+      auto found = state_->links.find(pair.unique_id);
+      if (found == state_->links.end()) {
+        StatusOr<std::shared_ptr<OrderedLink>> made =
+            maker_.start(pair.unique_id, /*rank=*/0, static_cast<int>(pair.remote_pool));
+        if (!made.ok()) return Abandon(order, i, made.status(), &closing);
+        found = state_->links.emplace(pair.unique_id, Link{std::move(*made), 0, now}).first;
+      }
+      Link& link = found->second;
+      link.last_used = now;
+      OrderedLink::Transfer t =
+          TransferOf(d.request_id, d.layers.size(), plan[i], pools_[pair.remote_pool], true);
+      t.held = held;
+      t.deadline = now + options_.timeout;
+      if (held)
+        t.on_done = [state = state_, id = d.request_id](const Status& status) {
+          SendsDone(*state, id, status);
+        };
+      StatusOr<uint64_t> seq = link.link->Post(std::move(t));
+      if (!seq.ok()) return Abandon(order, i + 1, seq.status(), &closing);
+      TANDEM_CHECK(*seq == link.next_seq, "an NCCL publisher link posted out of its own order");
+      ++link.next_seq;
+      if (held) {
+        ++lease->second.sending;
+        lease->second.links.push_back(pair.unique_id);
+      }
     }
     return Status();
   }
@@ -158,21 +201,16 @@ class PullDrivenPublisher final : public KvPublisher {
     if (result.instance_id != info_.instance_id)
       return NotFound("result for another publisher instance");
     ReleaseCallback cb;
-    std::vector<Link> closing;  // destroyed after the lock (see OnPullerMessage)
+    std::vector<Link> closing;  // destroyed after the lock
     {
       std::lock_guard<std::mutex> lock(state_->mutex);
       auto it = state_->leases.find(result.request_id);
       if (it == state_->leases.end())
         return NotFound("request " + result.request_id + " not published");
-      // A failure while the sends are posted: they cannot be withdrawn and the ranges are
-      // about to be reused, so their link goes (the puller's pull fails; it would have failed).
-      if (result.code != StatusCode::kOk && it->second.sending) {
-        if (auto link = state_->links.find(it->second.link_token); link != state_->links.end()) {
-          link->second.link->Abort(result.ToStatus());
-          closing.push_back(std::move(link->second));
-          state_->links.erase(link);
-        }
-      }
+      // A failure while sends are posted: they cannot be withdrawn and the ranges are about to
+      // be reused, so their links go (the pull fails; it had failed on the puller's side).
+      if (result.code != StatusCode::kOk && it->second.sending > 0)
+        for (const std::string& uid : it->second.links) Drop(uid, result.ToStatus(), &closing);
       cb = std::move(it->second.on_release);
       state_->leases.erase(it);
     }
@@ -190,8 +228,9 @@ class PullDrivenPublisher final : public KvPublisher {
     LayerRanges ranges;
     ReleaseCallback on_release;
     Clock::time_point published;
-    bool sending = false;  // its sends are posted on link `link_token`
-    uint64_t link_token = 0;
+    int sending = 0;                 // its transfers posted and not done
+    bool failed = false;             // one of them failed
+    std::vector<std::string> links;  // the links they are on
   };
   struct Link {
     std::shared_ptr<OrderedLink> link;
@@ -201,20 +240,40 @@ class PullDrivenPublisher final : public KvPublisher {
   struct State {
     std::mutex mutex;
     std::map<std::string, Lease> leases;
-    std::map<uint64_t, Link> links;  // by the puller's link token
+    std::map<std::string, Link> links;  // by unique id
   };
 
-  // The link's thread: the sends of a held request completed (OK: the lease ends) or failed
-  // (the lease stays, for Release or its timeout).
+  // Aborts and forgets the link of `uid` (lock held); `closing` destroys it after the lock.
+  void Drop(const std::string& uid, const Status& why, std::vector<Link>* closing) {
+    auto it = state_->links.find(uid);
+    if (it == state_->links.end()) return;
+    it->second.link->Abort(why);
+    closing->push_back(std::move(it->second));
+    state_->links.erase(it);
+  }
+
+  // Pairs [0, posted) of `order` have their sends posted and the rest cannot be: the links of
+  // the posted ones go, so that nothing waits for receives that pair with no sends.
+  Status Abandon(const NcclPullOrder& order, size_t posted, const Status& why,
+                 std::vector<Link>* closing) {
+    for (size_t i = 0; i < posted; ++i) Drop(order.pairs[i].unique_id, why, closing);
+    return why;
+  }
+
+  // A link's thread: one transfer of a held request completed (OK) or failed. All of them
+  // completed OK: the lease ends. One failed: the lease stays, for Release or its timeout.
   static void SendsDone(State& state, const std::string& id, const Status& status) {
     ReleaseCallback cb;
     {
       std::lock_guard<std::mutex> lock(state.mutex);
       auto it = state.leases.find(id);
-      if (it == state.leases.end()) return;
-      it->second.sending = false;
-      if (!status.ok()) return;
-      cb = std::move(it->second.on_release);
+      if (it == state.leases.end() || it->second.sending == 0) return;
+      Lease& lease = it->second;
+      lease.failed = lease.failed || !status.ok();
+      if (--lease.sending > 0) return;
+      lease.links.clear();
+      if (std::exchange(lease.failed, false)) return;
+      cb = std::move(lease.on_release);
       state.leases.erase(it);
     }
     if (cb) cb(id, Status());
@@ -225,7 +284,7 @@ class PullDrivenPublisher final : public KvPublisher {
     const Clock::time_point now = Clock::now();
     std::lock_guard<std::mutex> lock(state_->mutex);
     for (auto it = state_->leases.begin(); it != state_->leases.end();) {
-      if (!it->second.sending && now - it->second.published > options_.lease_timeout) {
+      if (it->second.sending == 0 && now - it->second.published > options_.lease_timeout) {
         expired.emplace_back(it->first, std::move(it->second.on_release));
         it = state_->leases.erase(it);
       } else {
@@ -235,7 +294,8 @@ class PullDrivenPublisher final : public KvPublisher {
     return expired;
   }
 
-  MemoryRegion region_;
+  std::vector<MemoryRegion> pools_;
+  KvPoolShape shape_;
   PullDrivenOptions options_;
   OrderedLinkMaker maker_;
   PeerInfo info_;
@@ -244,39 +304,52 @@ class PullDrivenPublisher final : public KvPublisher {
 
 // ---- puller ------------------------------------------------------------------------------------
 
-uint64_t NewLinkToken() {
-  uint64_t token = 0;
-  while (token == 0) token = NewInstanceId();
-  return token;
-}
+// One pull: its transfers (one per pair of pools) and what it has told its caller.
+struct PullProgress {
+  std::mutex mutex;
+  std::string request_id;
+  std::vector<uint32_t> layers_done;  // per transfer
+  uint32_t layers_reported = 0;
+  size_t transfers_left = 0;
+  Status status;          // the first failure
+  bool refused = false;   // Pull returned an error: no callback runs
+  std::function<void(uint32_t layer)> on_layer;
+  std::function<void(const Status& status)> on_done;  // the puller's wrapper of the caller's
+};
 
 class PullDrivenPuller final : public KvPuller {
  public:
-  PullDrivenPuller(MemoryRegion region, PullDrivenOptions options, OrderedLinkMaker maker)
-      : region_(region),
+  PullDrivenPuller(std::vector<MemoryRegion> pools, const KvPoolShape& shape,
+                   PullDrivenOptions options, OrderedLinkMaker maker)
+      : pools_(std::move(pools)),
+        shape_(shape),
         options_(options),
         maker_(std::move(maker)),
         metrics_(std::make_shared<TransferMetrics>(options.metrics)) {}
 
-  ~PullDrivenPuller() override {
+  ~PullDrivenPuller() override {  // each link aborts, drains and fails its pulls (Cancelled)
     std::map<uint64_t, Peer> peers;
-    {
-      std::lock_guard<std::mutex> lock(state_->mutex);
-      peers.swap(state_->peers);
-    }  // each link aborts, drains and fails its pulls with Cancelled
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    peers.swap(state_->peers);
   }
 
   Status Connect(const PeerInfo& peer) override {
     if (peer.transport != kNcclTransport)
       return InvalidArgument("NCCL puller cannot connect to transport '" + peer.transport + "'");
     if (peer.instance_id == 0) return InvalidArgument("publisher instance id 0");
+    size_t consumed = 0;
+    TANDEM_ASSIGN_OR_RETURN(KvPoolShape shape, DecodeKvPoolShape(peer.packed_rkey, &consumed));
+    if (consumed != peer.packed_rkey.size())
+      return InvalidArgument("NCCL publisher's key is " + std::to_string(peer.packed_rkey.size()) +
+                             " bytes, its pool shape " + std::to_string(consumed));
+    if (shape.full != shape_.full)
+      return InvalidArgument("NCCL publisher serves another model's KV: " +
+                             shape.full.ToString() + ", here " + shape_.full.ToString());
     std::vector<Peer> closing;  // destroyed after the lock: a link's destructor takes it
     std::lock_guard<std::mutex> lock(state_->mutex);
     const Clock::time_point now = Clock::now();
     for (auto it = state_->peers.begin(); it != state_->peers.end();) {
-      const Peer& p = it->second;
-      if (it->first != peer.instance_id && now - p.last_used > kIdleLinkTimeout &&
-          (p.link == nullptr || Closable(*p.link, p.last_used, now))) {
+      if (it->first != peer.instance_id && Idle(it->second, now)) {
         closing.push_back(std::move(it->second));
         it = state_->peers.erase(it);
       } else {
@@ -284,7 +357,7 @@ class PullDrivenPuller final : public KvPuller {
       }
     }
     Peer& p = state_->peers[peer.instance_id];
-    p.region_bytes = peer.region_bytes;
+    p.shape = shape;
     p.last_used = now;
     return Status();
   }
@@ -299,40 +372,45 @@ class PullDrivenPuller final : public KvPuller {
     TANDEM_RETURN_IF_ERROR(CheckRequestId(descriptor.request_id));
     TANDEM_ASSIGN_OR_RETURN(uint64_t total, TotalBytes(descriptor.layers));
     if (total != descriptor.total_bytes) return InvalidArgument("descriptor total_bytes mismatch");
-    TANDEM_RETURN_IF_ERROR(CheckRanges(local, region_.bytes));
-    TANDEM_ASSIGN_OR_RETURN(std::vector<NcclReceive> receives,
-                            PlanNcclReceives(descriptor.layers, local, options_.granule_bytes));
 
     // Post and order under one lock: the orders leave in the order the receives were posted.
-    std::shared_ptr<OrderedLink> failed;  // destroyed after the lock (see Connect)
+    std::vector<std::shared_ptr<OrderedLink>> failed;  // destroyed after the lock
     std::lock_guard<std::mutex> lock(state_->mutex);
     auto peer = state_->peers.find(descriptor.instance_id);
     if (peer == state_->peers.end())
       return NotFound("NCCL publisher " + std::to_string(descriptor.instance_id) +
                       " not connected");
-    TANDEM_RETURN_IF_ERROR(CheckRanges(descriptor.layers, peer->second.region_bytes));
+    Peer& p = peer->second;
+    TANDEM_ASSIGN_OR_RETURN(std::vector<NcclPairPlan> plan,
+                            PlanNcclPairs(descriptor.layers, p.shape, local, shape_));
     if (state_->inflight.count(descriptor.request_id))
       return FailedPrecondition("request " + descriptor.request_id + " already being pulled");
-    Peer& p = peer->second;
-    if (p.link == nullptr || !p.link->health().ok()) {  // first pull, or the last link failed
-      failed = std::move(p.link);
-      TANDEM_ASSIGN_OR_RETURN(p.unique_id, maker_.new_unique_id());
-      TANDEM_ASSIGN_OR_RETURN(p.link, maker_.start(p.unique_id, /*rank=*/1));
-      p.token = NewLinkToken();
-    }
     p.last_used = Clock::now();
 
-    OrderedLink::Transfer t;
-    t.request_id = descriptor.request_id;
-    t.layers = static_cast<uint32_t>(descriptor.layers.size());
-    t.total_bytes = total;
-    for (const NcclReceive& r : receives)
-      t.messages.push_back({r.layer, static_cast<char*>(region_.base) + r.local_offset, r.length});
+    NcclPullOrder order;
+    order.descriptor = descriptor;
+    order.local_shape = shape_;
+    order.local = std::move(local);
+    for (const NcclPairPlan& pair : plan) {
+      PairLink& link = p.links[{pair.remote_pool, pair.local_pool}];
+      if (link.link == nullptr || !link.link->health().ok()) {  // first use, or it failed
+        failed.push_back(std::move(link.link));
+        TANDEM_ASSIGN_OR_RETURN(link.unique_id, maker_.new_unique_id());
+        TANDEM_ASSIGN_OR_RETURN(link.link, maker_.start(link.unique_id, /*rank=*/1,
+                                                        static_cast<int>(pair.local_pool)));
+      }
+      order.pairs.push_back({pair.remote_pool, pair.local_pool, link.unique_id, 0});
+    }
+
+    auto progress = std::make_shared<PullProgress>();
+    progress->request_id = descriptor.request_id;
+    progress->layers_done.assign(plan.size(), 0);
+    progress->transfers_left = plan.size();
+    progress->on_layer = std::move(callbacks.on_layer);
     const Clock::time_point start = Clock::now();
-    t.deadline = start + options_.timeout;
-    t.on_layer = std::move(callbacks.on_layer);
-    t.on_done = [state = state_, metrics = metrics_, start, total, id = descriptor.request_id,
-                 on_done = std::move(callbacks.on_done)](const Status& status) {
+    progress->on_done = [state = state_, metrics = metrics_, start, total,
+                         id = descriptor.request_id,
+                         on_done = std::move(callbacks.on_done)](const Status& status) {
       {
         std::lock_guard<std::mutex> lock(state->mutex);
         state->inflight.erase(id);
@@ -347,17 +425,32 @@ class PullDrivenPuller final : public KvPuller {
     };
     state_->inflight.insert(descriptor.request_id);
     metrics_->Started();
-    StatusOr<uint64_t> seq = p.link->Post(std::move(t));
-    if (!seq.ok()) {
-      state_->inflight.erase(descriptor.request_id);
-      metrics_->Failed(0.0, TransferMetrics::ReasonFor(seq.status()));
-      return seq.status();
+    for (size_t i = 0; i < plan.size(); ++i) {
+      PairLink& link = p.links[{plan[i].remote_pool, plan[i].local_pool}];
+      OrderedLink::Transfer t = TransferOf(descriptor.request_id, descriptor.layers.size(),
+                                           plan[i], pools_[plan[i].local_pool], false);
+      t.deadline = start + options_.timeout;
+      t.on_layer = [progress, i](uint32_t layer) { LayerDone(*progress, i, layer); };
+      t.on_done = [progress](const Status& status) { TransferDone(*progress, status); };
+      StatusOr<uint64_t> seq = link.link->Post(std::move(t));
+      if (!seq.ok()) {
+        // The receives posted so far pair with no sends: their links go, and the callbacks
+        // of this pull are dropped.
+        {
+          std::lock_guard<std::mutex> pull_lock(progress->mutex);
+          progress->refused = true;
+          progress->transfers_left -= plan.size() - i;
+        }
+        for (size_t j = 0; j < i; ++j) {
+          PairLink& posted = p.links[{plan[j].remote_pool, plan[j].local_pool}];
+          posted.link->Abort(seq.status());
+        }
+        state_->inflight.erase(descriptor.request_id);
+        metrics_->Failed(0.0, TransferMetrics::ReasonFor(seq.status()));
+        return seq.status();
+      }
+      order.pairs[i].seq = *seq;
     }
-    NcclPullOrder order;
-    order.link_token = p.token;
-    order.unique_id = p.unique_id;
-    order.seq = *seq;
-    order.descriptor = descriptor;
     callbacks.to_publisher(Encode(order));
     return Status();
   }
@@ -372,11 +465,13 @@ class PullDrivenPuller final : public KvPuller {
   }
 
  private:
-  struct Peer {
-    uint64_t region_bytes = 0;
-    std::shared_ptr<OrderedLink> link;  // made at the first pull from this publisher
-    uint64_t token = 0;
+  struct PairLink {
+    std::shared_ptr<OrderedLink> link;  // made at the first pull that needs it
     std::string unique_id;
+  };
+  struct Peer {
+    KvPoolShape shape;  // the publisher's pools
+    std::map<std::pair<uint32_t, uint32_t>, PairLink> links;  // by (its pool, our pool)
     Clock::time_point last_used;
   };
   struct State {
@@ -384,33 +479,69 @@ class PullDrivenPuller final : public KvPuller {
     std::set<std::string> inflight;
     std::map<uint64_t, Peer> peers;  // by publisher instance id
   };
-  MemoryRegion region_;
+
+  static bool Idle(const Peer& peer, Clock::time_point now) {
+    if (now - peer.last_used <= kIdleLinkTimeout) return false;
+    for (const auto& [pair, link] : peer.links)
+      if (link.link != nullptr && !Closable(*link.link, peer.last_used, now)) return false;
+    return true;
+  }
+
+  // Layer `layer` of transfer `i` landed: report the layers every transfer has.
+  static void LayerDone(PullProgress& progress, size_t i, uint32_t layer) {
+    std::vector<uint32_t> report;
+    std::function<void(uint32_t)> on_layer;
+    {
+      std::lock_guard<std::mutex> lock(progress.mutex);
+      progress.layers_done[i] = std::max(progress.layers_done[i], layer + 1);
+      const uint32_t all =
+          *std::min_element(progress.layers_done.begin(), progress.layers_done.end());
+      if (progress.refused || !progress.status.ok()) return;
+      for (; progress.layers_reported < all; ++progress.layers_reported)
+        report.push_back(progress.layers_reported);
+      on_layer = progress.on_layer;
+    }
+    if (on_layer)
+      for (uint32_t l : report) on_layer(l);
+  }
+
+  static void TransferDone(PullProgress& progress, const Status& status) {
+    Status outcome;
+    {
+      std::lock_guard<std::mutex> lock(progress.mutex);
+      if (progress.status.ok() && !status.ok()) progress.status = status;
+      if (--progress.transfers_left > 0 || progress.refused) return;
+      outcome = progress.status;
+    }
+    progress.on_done(outcome);
+  }
+
+  std::vector<MemoryRegion> pools_;
+  KvPoolShape shape_;
   PullDrivenOptions options_;
   OrderedLinkMaker maker_;
   std::shared_ptr<TransferMetrics> metrics_;
   std::shared_ptr<State> state_ = std::make_shared<State>();
 };
 
-Status CheckMaker(const MemoryRegion& region, const OrderedLinkMaker& maker) {
-  if (region.base == nullptr || region.bytes == 0) return InvalidArgument("empty region");
-  if (!maker.new_unique_id || !maker.start) return InvalidArgument("a link maker without functions");
-  return Status();
-}
-
 }  // namespace
 
-StatusOr<std::unique_ptr<KvPublisher>> CreatePullDrivenPublisher(MemoryRegion region,
+StatusOr<std::unique_ptr<KvPublisher>> CreatePullDrivenPublisher(std::vector<MemoryRegion> pools,
+                                                                 const KvPoolShape& shape,
                                                                  PullDrivenOptions options,
                                                                  OrderedLinkMaker maker) {
-  TANDEM_RETURN_IF_ERROR(CheckMaker(region, maker));
-  return std::unique_ptr<KvPublisher>(new PullDrivenPublisher(region, options, std::move(maker)));
+  TANDEM_RETURN_IF_ERROR(CheckPools(pools, shape, maker));
+  return std::unique_ptr<KvPublisher>(
+      new PullDrivenPublisher(std::move(pools), shape, options, std::move(maker)));
 }
 
-StatusOr<std::unique_ptr<KvPuller>> CreatePullDrivenPuller(MemoryRegion region,
+StatusOr<std::unique_ptr<KvPuller>> CreatePullDrivenPuller(std::vector<MemoryRegion> pools,
+                                                           const KvPoolShape& shape,
                                                            PullDrivenOptions options,
                                                            OrderedLinkMaker maker) {
-  TANDEM_RETURN_IF_ERROR(CheckMaker(region, maker));
-  return std::unique_ptr<KvPuller>(new PullDrivenPuller(region, options, std::move(maker)));
+  TANDEM_RETURN_IF_ERROR(CheckPools(pools, shape, maker));
+  return std::unique_ptr<KvPuller>(
+      new PullDrivenPuller(std::move(pools), shape, options, std::move(maker)));
 }
 
 }  // namespace tandem

@@ -15,6 +15,7 @@
 
 #include "common/base/metrics.h"
 #include "common/base/status.h"
+#include "kvtransfer/sharded_copies.h"
 #include "kvtransfer/transfer.h"
 #include "kvtransfer/wire.h"
 
@@ -59,30 +60,40 @@ class OrderedLink {
 };
 
 // How the endpoints make links: the puller draws a unique id and starts rank 1 with it; the
-// publisher starts rank 0 with the id from the puller's first order.
+// publisher starts rank 0 with the id from the puller's first order. `pool`: the local pool the
+// link's end reads or writes (for NCCL, the GPU it runs on).
 struct OrderedLinkMaker {
   std::function<StatusOr<std::string>()> new_unique_id;
-  std::function<StatusOr<std::shared_ptr<OrderedLink>>(std::string_view unique_id, int rank)>
+  std::function<StatusOr<std::shared_ptr<OrderedLink>>(std::string_view unique_id, int rank,
+                                                       int pool)>
       start;
 };
 
 struct PullDrivenOptions {
   std::chrono::milliseconds timeout{5000};         // per transfer, from its Post
   std::chrono::milliseconds lease_timeout{60000};  // publisher: unreleased publications
-  uint64_t granule_bytes = 0;                      // NcclWireOrder's; same on both sides
   MetricsRegistry* metrics = nullptr;              // puller: tandem_kv_transfer_*
 };
 
-// Limits: a publisher serves at most kMaxPullDrivenLinks links (an order for one more is
+// Limits: a publisher serves at most kMaxPullDrivenLinks links (an order for more is
 // ResourceExhausted); links and peers unused for kIdleLinkSeconds are closed.
-inline constexpr size_t kMaxPullDrivenLinks = 64;
+inline constexpr size_t kMaxPullDrivenLinks = 1024;
 inline constexpr int kIdleLinkSeconds = 60;
 
-// PeerInfo.transport "nccl". Errors: InvalidArgument (empty region, a maker without functions).
-StatusOr<std::unique_ptr<KvPublisher>> CreatePullDrivenPublisher(MemoryRegion region,
+// An instance's KV pools: shape.degree of them, pool r its rank r's (kvtransfer/sharded_copies.h;
+// ranges are offsets in each). Tensor parallelism on either side: a pull moves each KV head from
+// the publisher pool that holds it to the puller pool that wants it, one link per pair of pools
+// (kvtransfer/nccl_protocol.h PlanNcclPairs), re-sharding when the degrees differ.
+// The publisher's PeerInfo: transport "nccl", a new instance_id, its shape in packed_rkey
+// (EncodeKvPoolShape), region_bytes = one pool's bytes.
+// Errors: InvalidArgument (a shape that does not validate, not one region of at least
+// shape.pool_bytes() per rank, a maker without functions).
+StatusOr<std::unique_ptr<KvPublisher>> CreatePullDrivenPublisher(std::vector<MemoryRegion> pools,
+                                                                 const KvPoolShape& shape,
                                                                  PullDrivenOptions options,
                                                                  OrderedLinkMaker maker);
-StatusOr<std::unique_ptr<KvPuller>> CreatePullDrivenPuller(MemoryRegion region,
+StatusOr<std::unique_ptr<KvPuller>> CreatePullDrivenPuller(std::vector<MemoryRegion> pools,
+                                                           const KvPoolShape& shape,
                                                            PullDrivenOptions options,
                                                            OrderedLinkMaker maker);
 

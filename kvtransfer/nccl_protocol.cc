@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
+#include <utility>
 
 #include "common/base/log.h"
 #include "common/net/wire_codec.h"
@@ -10,6 +12,7 @@ namespace tandem {
 namespace {
 
 constexpr uint16_t kHeldFlag = 1;
+constexpr size_t kMaxNestedBytes = kKvMaxWireBodyBytes / 4;  // a descriptor inside an order
 
 uint64_t Fnv1a(std::string_view s) {
   uint64_t h = 1469598103934665603ull;
@@ -33,65 +36,24 @@ T Get(const uint8_t* at) {
 
 }  // namespace
 
-std::vector<NcclPiece> NcclWireOrder(const LayerRanges& layers, uint64_t granule_bytes) {
-  std::vector<NcclPiece> pieces;
-  for (size_t layer = 0; layer < layers.size(); ++layer) {
-    uint64_t stream = 0;
-    for (const ByteRange& range : layers[layer]) {
-      uint64_t done = 0;
-      while (done < range.length) {
-        uint64_t length = range.length - done;
-        if (granule_bytes != 0) {
-          const uint64_t to_boundary = granule_bytes - (stream + done) % granule_bytes;
-          length = std::min(length, to_boundary);
-        }
-        pieces.push_back({static_cast<uint32_t>(layer), stream + done, range.offset + done, length});
-        done += length;
-      }
-      stream += range.length;
-    }
+StatusOr<std::vector<NcclPairPlan>> PlanNcclPairs(const LayerRanges& remote,
+                                                  const KvPoolShape& remote_shape,
+                                                  const LayerRanges& local,
+                                                  const KvPoolShape& local_shape) {
+  TANDEM_ASSIGN_OR_RETURN(std::vector<CopyPiece> pieces,
+                          PlanShardedCopies(remote, remote_shape, local, local_shape));
+  std::map<std::pair<uint32_t, uint32_t>, NcclPairPlan> pairs;
+  for (const CopyPiece& piece : pieces) {
+    NcclPairPlan& pair = pairs[{piece.remote_pool, piece.local_pool}];
+    pair.remote_pool = piece.remote_pool;
+    pair.local_pool = piece.local_pool;
+    pair.bytes += piece.length;
+    pair.pieces.push_back(piece);
   }
-  return pieces;
-}
-
-StatusOr<std::vector<NcclReceive>> PlanNcclReceives(const LayerRanges& remote,
-                                                    const LayerRanges& local,
-                                                    uint64_t granule_bytes) {
-  if (remote.size() != local.size())
-    return InvalidArgument("NCCL pull: the publisher has " + std::to_string(remote.size()) +
-                           " layers, the puller " + std::to_string(local.size()));
-  for (size_t l = 0; l < remote.size(); ++l) {
-    TANDEM_ASSIGN_OR_RETURN(uint64_t theirs, TotalBytes({remote[l]}));
-    TANDEM_ASSIGN_OR_RETURN(uint64_t ours, TotalBytes({local[l]}));
-    if (theirs != ours)
-      return InvalidArgument("NCCL pull: layer " + std::to_string(l) + " is " +
-                             std::to_string(theirs) + " bytes on the publisher, " +
-                             std::to_string(ours) + " here");
-  }
-  std::vector<NcclReceive> receives;
-  size_t range = 0;
-  uint64_t range_start = 0;  // stream offset of local[layer][range]
-  uint32_t layer = 0;
-  for (const NcclPiece& p : NcclWireOrder(remote, granule_bytes)) {
-    if (p.layer != layer) {
-      layer = p.layer;
-      range = 0;
-      range_start = 0;
-    }
-    const std::vector<ByteRange>& mine = local[layer];
-    while (range < mine.size() && range_start + mine[range].length <= p.stream_offset) {
-      range_start += mine[range].length;
-      ++range;
-    }
-    if (range >= mine.size() || p.stream_offset + p.length > range_start + mine[range].length) {
-      return InvalidArgument("NCCL pull: layer " + std::to_string(layer) +
-                             " message at stream offset " + std::to_string(p.stream_offset) +
-                             " crosses a local range boundary (granule_bytes " +
-                             std::to_string(granule_bytes) + ")");
-    }
-    receives.push_back({p.layer, mine[range].offset + (p.stream_offset - range_start), p.length});
-  }
-  return receives;
+  std::vector<NcclPairPlan> out;
+  out.reserve(pairs.size());
+  for (auto& [key, pair] : pairs) out.push_back(std::move(pair));
+  return out;
 }
 
 NcclHeader MakeNcclHeader(uint64_t seq, uint64_t total_bytes, std::string_view request_id,
@@ -126,12 +88,27 @@ Status CheckNcclHeader(std::span<const uint8_t, kNcclHeaderBytes> received, uint
 }
 
 std::string Encode(const NcclPullOrder& order) {
-  TANDEM_CHECK(order.unique_id.size() == kNcclUniqueIdBytes, "NCCL unique id is not 128 bytes");
+  TANDEM_CHECK(order.pairs.size() <= kMaxNcclPairs, "an NCCL pull order with too many pairs");
   WireWriter w(kKvWireMagic, kKvWireVersion, static_cast<uint16_t>(KvWireType::kNcclPullOrder));
-  w.U64(order.link_token);
-  w.Str(order.unique_id, kNcclUniqueIdBytes);
-  w.U64(order.seq);
-  w.Str(Encode(order.descriptor), kKvMaxWireBodyBytes / 2);
+  w.Str(Encode(order.descriptor), kMaxNestedBytes);
+  w.Str(EncodeKvPoolShape(order.local_shape), kKvMaxBlobBytes);
+  // The puller's ranges in a descriptor of their own (its layout and checks).
+  TANDEM_CHECK(order.local.size() <= kKvMaxLayers, "an NCCL pull order with too many layers");
+  KvDescriptor local;
+  local.request_id = order.descriptor.request_id;
+  local.layers = order.local;
+  StatusOr<uint64_t> total = TotalBytes(order.local);
+  TANDEM_CHECK(total.ok(), "an NCCL pull order's ranges overflow");
+  local.total_bytes = *total;
+  w.Str(Encode(local), kMaxNestedBytes);
+  w.U32(static_cast<uint32_t>(order.pairs.size()));
+  for (const NcclPairOrder& pair : order.pairs) {
+    TANDEM_CHECK(pair.unique_id.size() == kNcclUniqueIdBytes, "NCCL unique id is not 128 bytes");
+    w.U32(pair.remote_pool);
+    w.U32(pair.local_pool);
+    w.Str(pair.unique_id, kNcclUniqueIdBytes);
+    w.U64(pair.seq);
+  }
   return w.Finish(kKvMaxWireBodyBytes);
 }
 
@@ -145,16 +122,32 @@ StatusOr<NcclPullOrder> DecodeNcclPullOrder(std::span<const uint8_t> bytes) {
                     " bytes, its header says " + std::to_string(header.message_bytes));
   WireReader r(bytes.subspan(kKvWireHeaderBytes));
   NcclPullOrder order;
-  std::string descriptor;
-  if (!r.U64(&order.link_token) || !r.Str(&order.unique_id, kNcclUniqueIdBytes) ||
-      !r.U64(&order.seq) || !r.Str(&descriptor, kKvMaxWireBodyBytes / 2))
+  std::string descriptor, shape, local;
+  uint32_t pairs = 0;
+  if (!r.Str(&descriptor, kMaxNestedBytes) || !r.Str(&shape, kKvMaxBlobBytes) ||
+      !r.Str(&local, kMaxNestedBytes) ||
+      !r.Count(&pairs, kMaxNcclPairs, 4 + 4 + 4 + kNcclUniqueIdBytes + 8))
     return r.Error("NcclPullOrder");
+  order.pairs.resize(pairs);
+  for (NcclPairOrder& pair : order.pairs) {
+    if (!r.U32(&pair.remote_pool) || !r.U32(&pair.local_pool) ||
+        !r.Str(&pair.unique_id, kNcclUniqueIdBytes) || !r.U64(&pair.seq))
+      return r.Error("NcclPullOrder pair");
+    if (pair.unique_id.size() != kNcclUniqueIdBytes)
+      return InvalidArgument("wire: NCCL unique id of " + std::to_string(pair.unique_id.size()) +
+                             " bytes (want " + std::to_string(kNcclUniqueIdBytes) + ")");
+  }
   TANDEM_RETURN_IF_ERROR(r.ExpectEnd("NcclPullOrder"));
-  if (order.link_token == 0) return InvalidArgument("wire: NCCL pull order with link token 0");
-  if (order.unique_id.size() != kNcclUniqueIdBytes)
-    return InvalidArgument("wire: NCCL unique id of " + std::to_string(order.unique_id.size()) +
-                           " bytes (want " + std::to_string(kNcclUniqueIdBytes) + ")");
   TANDEM_ASSIGN_OR_RETURN(order.descriptor, DecodeKvDescriptor(AsBytes(descriptor)));
+  size_t consumed = 0;
+  TANDEM_ASSIGN_OR_RETURN(order.local_shape, DecodeKvPoolShape(shape, &consumed));
+  if (consumed != shape.size())
+    return DataLoss("wire: NCCL pull order: " + std::to_string(shape.size() - consumed) +
+                    " bytes after the pool shape");
+  TANDEM_ASSIGN_OR_RETURN(KvDescriptor mine, DecodeKvDescriptor(AsBytes(local)));
+  if (mine.instance_id != 0 || mine.request_id != order.descriptor.request_id)
+    return InvalidArgument("wire: NCCL pull order: the puller's ranges name another request");
+  order.local = std::move(mine.layers);
   return order;
 }
 

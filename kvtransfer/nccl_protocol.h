@@ -6,9 +6,9 @@
 // be withdrawn. So the transfer is pull-driven: the decode side decides when a request moves,
 //
 //   decode (puller, NCCL rank 1)                      prefill (publisher, NCCL rank 0)
-//   Pull(desc): post the receives as order n
-//               ── NcclPullOrder{token, id, n, desc} ──▶  (over the control plane, in order)
-//                                                     post the sends as order n:
+//   Pull(desc): per link, post the receives as
+//   its order n     ── NcclPullOrder{desc, mine, (link, n)...} ──▶  (control plane, in order)
+//                                                     per link, post the sends as order n:
 //   check the header ◀── header + pieces (NCCL) ───   header says "held" or "gone"
 //
 // and every order is answered by exactly the messages its receives expect: a request the
@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "common/base/status.h"
+#include "kvtransfer/sharded_copies.h"
 #include "kvtransfer/transfer.h"
 #include "kvtransfer/wire.h"
 
@@ -34,34 +35,23 @@ inline constexpr std::string_view kNcclTransport = "nccl";  // PeerInfo::transpo
 inline constexpr size_t kNcclUniqueIdBytes = 128;             // NCCL_UNIQUE_ID_BYTES
 inline constexpr size_t kNcclHeaderBytes = 32;
 
-// One message of a request on the wire, in wire order.
-struct NcclPiece {
-  uint32_t layer = 0;
-  uint64_t stream_offset = 0;  // position inside the layer's byte stream
-  uint64_t remote_offset = 0;  // offset in the publisher's region
-  uint64_t length = 0;
-  bool operator==(const NcclPiece&) const = default;
+// The messages of a pull, link by link. An instance of degree t has t KV pools, one per GPU
+// (kvtransfer/sharded_copies.h), and a link joins one publisher pool r and one puller pool s:
+// it carries the pieces of PlanShardedCopies(remote, remote_shape, local, local_shape) that go
+// from pool r to pool s, in plan order (layer-major). Both sides compute the plan from the same
+// four inputs (the pull order carries the puller's two), so their messages pair one for one,
+// and the KV is re-sharded on the way when the degrees differ.
+struct NcclPairPlan {
+  uint32_t remote_pool = 0;
+  uint32_t local_pool = 0;
+  uint64_t bytes = 0;              // the pieces' total
+  std::vector<CopyPiece> pieces;  // this pair's, in plan order
 };
-
-// The messages of one request, from the publisher's ranges alone: layer-major, range order,
-// each range cut at multiples of `granule_bytes` of the layer stream (0: no extra cuts);
-// zero-length ranges skipped. With the same block size on both sides, granule_bytes = the bytes
-// of one block of one layer makes any two block lists compatible.
-std::vector<NcclPiece> NcclWireOrder(const LayerRanges& layers, uint64_t granule_bytes);
-
-// Where each message of NcclWireOrder(remote, granule_bytes) lands in the puller's ranges.
-struct NcclReceive {
-  uint32_t layer = 0;
-  uint64_t local_offset = 0;  // offset in the puller's region
-  uint64_t length = 0;
-  bool operator==(const NcclReceive&) const = default;
-};
-// InvalidArgument when the layer counts or a layer's totals differ, or when a message would
-// cross a boundary between two local ranges (the sides' cuts are not compatible under
-// `granule_bytes`).
-StatusOr<std::vector<NcclReceive>> PlanNcclReceives(const LayerRanges& remote,
-                                                    const LayerRanges& local,
-                                                    uint64_t granule_bytes);
+// Pairs with at least one piece, ordered by (remote_pool, local_pool). PlanShardedCopies' errors.
+StatusOr<std::vector<NcclPairPlan>> PlanNcclPairs(const LayerRanges& remote,
+                                                  const KvPoolShape& remote_shape,
+                                                  const LayerRanges& local,
+                                                  const KvPoolShape& local_shape);
 
 // The 32 bytes in front of every request on a link:
 //   u32 magic "TKVT" | u16 wire version | u16 flags (bit 0: held) | u64 seq | u64 total_bytes |
@@ -83,16 +73,26 @@ std::array<uint8_t, kNcclHeaderBytes> EncodeNcclHeader(const NcclHeader& header)
 Status CheckNcclHeader(std::span<const uint8_t, kNcclHeaderBytes> received, uint64_t seq,
                        uint64_t total_bytes, std::string_view request_id);
 
-// The puller's request to the publisher, carried over the control plane (KvTransport).
+// The puller's request to the publisher, carried over the control plane (KvTransport): what
+// the publisher needs to post the sends that pair with the receives the puller posted.
+inline constexpr size_t kMaxNcclPairs = 4096;  // 64 x 64 GPUs
+struct NcclPairOrder {
+  uint32_t remote_pool = 0;
+  uint32_t local_pool = 0;
+  std::string unique_id;  // the link's ncclUniqueId (the puller made it and hosts its bootstrap)
+  uint64_t seq = 0;       // the order's place on that link: 0, 1, 2, ...
+  bool operator==(const NcclPairOrder&) const = default;
+};
 struct NcclPullOrder {
-  uint64_t link_token = 0;  // names the puller's link to this publisher; random, never 0
-  std::string unique_id;    // that link's ncclUniqueId (the puller hosts its bootstrap)
-  uint64_t seq = 0;         // the order's place on the link: 0, 1, 2, ...
-  KvDescriptor descriptor;  // the request and the publisher's ranges, as the puller got them
+  KvDescriptor descriptor;           // the request and the publisher's ranges
+  KvPoolShape local_shape;           // the puller's pools
+  LayerRanges local;                 // the puller's ranges (offsets in each of its pools)
+  std::vector<NcclPairOrder> pairs;  // one per pair of PlanNcclPairs, in its order
   bool operator==(const NcclPullOrder&) const = default;
 };
 // kvtransfer/wire.h framing, type KvWireType::kNcclPullOrder. Encode aborts on a unique id that
-// is not 128 bytes (a bug); Decode returns DataLoss/InvalidArgument as the other decoders do.
+// is not 128 bytes or more than kMaxNcclPairs pairs (bugs); Decode returns DataLoss or
+// InvalidArgument as the other decoders do (an invalid shape, a unique id of another size).
 std::string Encode(const NcclPullOrder& order);
 StatusOr<NcclPullOrder> DecodeNcclPullOrder(std::span<const uint8_t> bytes);
 

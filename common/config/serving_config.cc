@@ -128,11 +128,6 @@ Status ValidateForServing(const ClusterConfig& config) {
         errors.Add("transfer.backend",
                    backend + " moves KV between GPU pools, and " + name + ".device is " +
                        s->device + ": set it to cuda, or use ucx");
-      if (backend == "nccl" && s->instances > 0 && s->tensor_parallel > 1)
-        errors.Add("transfer.backend",
-                   std::string("nccl moves one KV pool per instance, and ") + name +
-                       ".tensor_parallel " + std::to_string(s->tensor_parallel) +
-                       " keeps one per GPU: use cuda_ipc (one machine), or tensor_parallel 1");
     }
   if (config.transfer.backend == "inproc" &&
       (config.prefill.instances > 0 || config.decode.instances > 0))

@@ -12,7 +12,7 @@
 //   - S.preemption swap (decode preempts by recompute only);
 //   - S.scheduling prefill_first on prefill or decode (only colocated instances schedule steps);
 //   - transfer.backend cuda_ipc or nccl on a build without CUDA, or with prefill or decode on
-//     cpu; nccl with prefill or decode tensor_parallel > 1 (it moves one pool per instance);
+//     cpu;
 //   - transfer.backend inproc with prefill or decode instances (each instance is its own
 //     process; inproc moves KV within one process, for tests).
 // Sizes that need the model (the KV pool against max_model_len and the machine's memory) are

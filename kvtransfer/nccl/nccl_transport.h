@@ -4,20 +4,22 @@
 // Pull-driven (kvtransfer/nccl_protocol.h has the protocol and its checks): the decode side
 // posts its receives and sends the prefill side a pull order over the control plane; the
 // prefill side posts the matching sends. A link is one 2-rank NCCL communicator between one
-// puller (rank 1, which makes the unique id and so hosts NCCL's bootstrap) and one publisher
-// (rank 0), made by the puller at its first pull from that publisher:
+// puller pool (rank 1, whose process makes the unique id and so hosts NCCL's bootstrap) and one
+// publisher pool (rank 0), made by the puller at its first pull that needs that pair:
 //
 //   decode (puller)                                   prefill (publisher)
-//   Connect(peer_info)
+//   Connect(peer_info: the publisher's pool shape)
 //   Pull(desc, ranges, callbacks):
-//     first pull from this publisher: a new link
+//     plan the pairs of pools (PlanNcclPairs)
+//     a pair without a link: a new one
 //     (ncclGetUniqueId, rank 1, init in background)
-//     post receives (header + pieces, layer-major)
+//     per pair, post receives (header + pieces)
 //     callbacks.to_publisher(NcclPullOrder) ── KvTransport ──▶ OnPullerMessage(order):
-//                                                     new token: join the link (rank 0)
-//                                                     post sends: the lease's ranges with a
-//                                                     "held" header, or filler with "gone"
-//   on_layer(l) per layer, on_done(OK / NotFound ...)
+//                                                     the same plan; a new unique id: join
+//                                                     that link (rank 0); per pair, post the
+//                                                     sends: the lease's ranges with a "held"
+//                                                     header, or filler with "gone"
+//   on_layer(l) once every pair has layer l, on_done(OK / NotFound ...) once all are done
 //
 // What each side guarantees:
 //  * Order. Orders of one link carry 0, 1, 2, ...; the publisher posts them in that order and
@@ -26,9 +28,10 @@
 //    (DataLoss for that pull, Unavailable for the others on the link, the link aborted); a "gone"
 //    header fails only that pull (NotFound: the publisher released the request before the order
 //    came).
-//  * Messages: the pieces of NcclWireOrder(publisher's ranges, granule_bytes); each must fall
-//    inside one of the puller's ranges (PlanNcclReceives), else Pull returns InvalidArgument.
-//    Both sides must use the same granule_bytes (the servers use one block of one layer).
+//  * Messages: a link joins one publisher pool and one puller pool (tensor parallelism: a pool
+//    per GPU on each side) and carries the pieces that PlanNcclPairs gives that pair: both sides
+//    compute the plan from the publisher's ranges and shape and the puller's, which the order
+//    carries; the KV heads are re-sharded on the way when the degrees differ.
 //  * Release. The publisher's lease ends when its sends completed (on_release OK), or by
 //    Release(): OK ends it; a failure ends it too, and when its sends are still posted aborts
 //    their link (a send cannot be withdrawn, and the ranges are about to be reused).
@@ -38,11 +41,11 @@
 //    (ncclCommAbort), waits for the stream to drain, and fails every transfer of the link: the
 //    one that timed out with DeadlineExceeded, the others with Unavailable. A dead link is
 //    replaced by a new one (new unique id) at the puller's next pull.
-//  * Limits: at most 64 links per publisher; links and peers unused for 60 s are closed.
+//  * Limits: at most 1024 links per publisher; links and peers unused for 60 s are closed.
 //
-// Memory: MemoryRegion::base is device memory on `device` (cudaMalloc, e.g. the KV pool); it is
-// not registered with NCCL (ncclCommRegister is an optimisation left out). NCCL refuses two ranks
-// of one communicator on one GPU: publisher and puller need different GPUs.
+// Memory: pool r is device memory on CUDA device r (cudaMalloc: the KV pools); it is not
+// registered with NCCL (ncclCommRegister is an optimisation left out). NCCL refuses two ranks of
+// one communicator on one GPU: publisher and puller need different GPUs.
 // Threads: all methods are thread-safe and return without waiting on the network; every NCCL
 // call on a communicator is made by its link's progress thread, where callbacks run.
 //
@@ -109,22 +112,19 @@ class NcclLink final : public OrderedLink {
   std::unique_ptr<Impl> impl_;
 };
 
-struct NcclTransferOptions : PullDrivenOptions {
-  int device = 0;  // the CUDA device of the region and the links
-};
+// The prefill side (kvtransfer/nccl_endpoints.h over NcclLinks): publishes ranges of its pools
+// (device memory, pool r on CUDA device r; not owned, must outlive the publisher) and serves
+// pull orders (OnPullerMessage); a link of its pool r runs on device r.
+// CreatePullDrivenPublisher's errors.
+StatusOr<std::unique_ptr<KvPublisher>> CreateNcclPublisher(std::vector<MemoryRegion> pools,
+                                                           const KvPoolShape& shape,
+                                                           PullDrivenOptions options = {});
 
-// The prefill side (kvtransfer/nccl_endpoints.h over NcclLinks): publishes ranges of `region`
-// (device memory, not owned, must outlive the publisher) and serves pull orders
-// (OnPullerMessage). peer_info(): transport "nccl", a new instance_id, the region's size.
-// Errors: InvalidArgument (empty region).
-StatusOr<std::unique_ptr<KvPublisher>> CreateNcclPublisher(MemoryRegion region,
-                                                           NcclTransferOptions options = {});
-
-// The decode side (kvtransfer/nccl_endpoints.h over NcclLinks): pulls into `region` (device
-// memory, not owned). Connect(peer) accepts a PeerInfo with transport "nccl"; Pull needs
-// PullCallbacks::to_publisher.
-// Errors: InvalidArgument (empty region).
-StatusOr<std::unique_ptr<KvPuller>> CreateNcclPuller(MemoryRegion region,
-                                                     NcclTransferOptions options = {});
+// The decode side (kvtransfer/nccl_endpoints.h over NcclLinks): pulls into its pools (pool s on
+// CUDA device s). Connect(peer) accepts a PeerInfo with transport "nccl" and a pool shape of the
+// same model; Pull needs PullCallbacks::to_publisher. CreatePullDrivenPuller's errors.
+StatusOr<std::unique_ptr<KvPuller>> CreateNcclPuller(std::vector<MemoryRegion> pools,
+                                                     const KvPoolShape& shape,
+                                                     PullDrivenOptions options = {});
 
 }  // namespace tandem

@@ -11,8 +11,9 @@ bandwidth.
 --cpu runs the same checks on the CPU cluster (ucx, device cpu): the script's own check where no
 GPU is. --decode-tp T puts decode on GPUs 0..T-1 with tensor_parallel T (prefill stays on GPU 0,
 tensor_parallel 1): every pull re-shards the KV heads 1 -> T (SmolLM2's 9 heads, 3 KV heads:
-T = 3 or 9). --transfer nccl puts prefill on GPU 0 and decode on GPU 1 and moves the KV with
-NCCL (the transport for GPU pools on different machines; NCCL refuses two ranks on one GPU).
+T = 3 or 9). --transfer nccl puts prefill on GPU 0 and decode on GPU 1 (with --decode-tp T: GPUs 1..T)
+and moves the KV with NCCL (the transport for GPU pools on different machines; NCCL refuses two
+ranks on one GPU).
 
 Judged: the greedy answer names Paris; streaming and non-streaming give the same text; eight
 concurrent requests all finish with their max_tokens or a stop; every pull succeeded
@@ -51,9 +52,12 @@ def start(binary, log_dir, cpu, decode_tp, transfer):
     log = open(log_path, "w")
     placement = [] if cpu else [f"--transfer.backend={transfer}", "--prefill.device=cuda",
                                 "--decode.device=cuda"]
-    if transfer == "nccl":
-        placement += ["--prefill.cuda_devices=0", "--decode.cuda_devices=1"]
-    if decode_tp > 1:
+    if transfer == "nccl":  # NCCL puts no two ranks on one GPU: decode on the next ones
+        gpus = ",".join(str(g) for g in range(1, 1 + decode_tp))
+        placement += ["--prefill.cuda_devices=0", f"--decode.cuda_devices={gpus}"]
+    if decode_tp > 1 and transfer == "nccl":
+        placement += [f"--decode.tensor_parallel={decode_tp}"]
+    elif decode_tp > 1:
         gpus = ",".join(str(g) for g in range(decode_tp))
         placement += [f"--decode.tensor_parallel={decode_tp}", "--prefill.cuda_devices=0",
                       f"--decode.cuda_devices={gpus}"]
@@ -82,6 +86,9 @@ def main():
     transfer_row = TRANSFER_ROW[args.cpu]
     if args.transfer == "nccl":
         name, transfer_row = NCCL_ROWS
+        if args.decode_tp > 1:
+            name = (f"cluster 1P+1D over NCCL, decode tensor_parallel {args.decode_tp} on GPUs "
+                    f"1..{args.decode_tp} (KV re-sharded 1 -> {args.decode_tp})")
     proc = None
     failed = []
     try:

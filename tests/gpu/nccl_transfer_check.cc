@@ -2,12 +2,12 @@
 //
 // What it does: the parent process is the prefill side (publisher, device 0); it starts itself
 // again (posix_spawn of /proc/self/exe, so the child gets a fresh CUDA context) as the decode
-// side (puller, device 1). Two pipes are the control plane: parent to child carries the PeerInfo
+// side (puller, on the second GPU: CUDA_VISIBLE_DEVICES). Two pipes are the control plane: parent to child carries the PeerInfo
 // and every KvDescriptor, child to parent the pull orders (all wire encoded); the puller makes
 // the NCCL link at its first pull, as the servers' do.
 //   1. correctness: 300 requests with seeded random block lists (1..64 blocks of 64 KiB per
-//      layer, 4 layers, different random block choices on each side, so the range cuts differ;
-//      granule_bytes = one block). Each layer's byte stream is filled from a seeded generator on
+//      layer, 4 layers, different random block choices on each side, so the range cuts differ
+//      and both sides' plans must cut them alike). Each layer's byte stream is filled from a seeded generator on
 //      the publisher; the puller checks an FNV-1a checksum of every received block against the
 //      same generator. Up to 4 requests in flight.
 //   2. a request the publisher released before the pull (its hold ran out): that pull fails
@@ -148,6 +148,14 @@ std::string ReadMsg(int fd) {
   return head + ReadExact(fd, h.message_bytes - kKvWireHeaderBytes);
 }
 
+// One pool a side, of blocks of kBlockBytes (one "layer", as the ranges here are not laid out
+// layer by layer: with equal degrees the plan only needs them inside the pool).
+KvPoolShape PoolShape() {
+  const uint64_t bytes = std::max(kWindow * kSlotBytes, 2 * kBwLayers * kBwLayerBytes);
+  return KvPoolShape{KvLayout{1, 1, static_cast<int>(kBlockBytes / (2 * 8 * sizeof(float))), 8},
+                     1, static_cast<int>(bytes / kBlockBytes)};
+}
+
 struct Releases {
   std::mutex mu;
   std::condition_variable cv;
@@ -170,13 +178,11 @@ struct Releases {
 
 int Publisher(int out_fd, int in_fd) {
   Must(cuda::SetDevice(0), "set device 0");
-  const uint64_t region_bytes = std::max(kWindow * kSlotBytes, 2 * kBwLayers * kBwLayerBytes);
-  cuda::DeviceBuffer region = Must(cuda::DeviceBuffer::Allocate(region_bytes), "region");
-  NcclTransferOptions options;
+  cuda::DeviceBuffer region = Must(cuda::DeviceBuffer::Allocate(PoolShape().pool_bytes()), "region");
+  PullDrivenOptions options;
   options.timeout = kTimeout;
-  options.granule_bytes = kBlockBytes;
-  options.device = 0;
-  auto pub = Must(CreateNcclPublisher({region.data(), region.size()}, options), "publisher");
+  auto pub = Must(CreateNcclPublisher({{region.data(), region.size()}}, PoolShape(), options),
+                  "publisher");
   WriteMsg(out_fd, Encode(pub->peer_info()));
   // The puller's orders, as the prefill server relays them (KvTransport).
   std::thread orders([&] {
@@ -230,14 +236,12 @@ int Publisher(int out_fd, int in_fd) {
 }
 
 int Puller(int in_fd, int out_fd) {
-  Must(cuda::SetDevice(1), "set device 1");
-  const uint64_t region_bytes = std::max(kWindow * kSlotBytes, 2 * kBwLayers * kBwLayerBytes);
-  cuda::DeviceBuffer region = Must(cuda::DeviceBuffer::Allocate(region_bytes), "region");
-  NcclTransferOptions options;
+  Must(cuda::SetDevice(0), "set device 0 (the second GPU: CUDA_VISIBLE_DEVICES)");
+  cuda::DeviceBuffer region = Must(cuda::DeviceBuffer::Allocate(PoolShape().pool_bytes()), "region");
+  PullDrivenOptions options;
   options.timeout = kTimeout;
-  options.granule_bytes = kBlockBytes;
-  options.device = 1;
-  auto puller = Must(CreateNcclPuller({region.data(), region.size()}, options), "puller");
+  auto puller = Must(CreateNcclPuller({{region.data(), region.size()}}, PoolShape(), options),
+                     "puller");
   auto with_orders = [out_fd](PullCallbacks callbacks) {
     callbacks.to_publisher = [out_fd](std::string bytes) { WriteMsg(out_fd, bytes); };
     return callbacks;
@@ -355,7 +359,21 @@ int main(int argc, char** argv) {
                         const_cast<char*>(in_arg.c_str()), const_cast<char*>(out_arg.c_str()),
                         nullptr};
   pid_t child = 0;
-  if (posix_spawn(&child, "/proc/self/exe", nullptr, nullptr, child_argv, environ) != 0) {
+  // The child computes on the second GPU as its device 0, as an instance given its GPU by
+  // S.cuda_devices does (a link of pool 0 runs on device 0).
+  std::vector<std::string> env_strings;
+  std::string visible = "1";
+  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES"); v != nullptr && std::strchr(v, ',')) {
+    visible = std::string(std::strchr(v, ',') + 1);
+    visible = visible.substr(0, visible.find(','));
+  }
+  for (char** e = environ; *e != nullptr; ++e)
+    if (std::strncmp(*e, "CUDA_VISIBLE_DEVICES=", 21) != 0) env_strings.emplace_back(*e);
+  env_strings.push_back("CUDA_VISIBLE_DEVICES=" + visible);
+  std::vector<char*> child_env;
+  for (std::string& e : env_strings) child_env.push_back(e.data());
+  child_env.push_back(nullptr);
+  if (posix_spawn(&child, "/proc/self/exe", nullptr, nullptr, child_argv, child_env.data()) != 0) {
     Die("posix_spawn");
   }
   close(down[0]);

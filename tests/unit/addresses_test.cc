@@ -124,11 +124,11 @@ TEST_CASE("transfer factory: cuda_ipc needs a CUDA build and one machine", "[kvt
   }
   transfer.backend = "nccl";
   CHECK(Has(CreatePublisherWithPool(transfer, 1 << 20, {}).status().message(),
-            BuiltWithCuda() ? "nccl: the KV pool's shape (TransferFactoryOptions::pool_shape) is "
+            BuiltWithCuda() ? "nccl: the KV pools' shape (TransferFactoryOptions::pool_shape) is "
                               "required"
                             : "transfer.backend nccl needs a build with the CUDA backend"));
   CHECK(Has(CreatePullerWithPool(transfer, 1 << 20, {}).status().message(),
-            BuiltWithCuda() ? "nccl: the KV pool's shape" : "nccl needs a build with the CUDA"));
+            BuiltWithCuda() ? "nccl: the KV pools' shape" : "nccl needs a build with the CUDA"));
   transfer.backend = "rdma";
   CHECK(Has(CreatePublisherWithPool(transfer, 1 << 20, {}).status().message(),
             "is not supported by the instance servers (ucx, cuda_ipc, nccl or inproc)"));

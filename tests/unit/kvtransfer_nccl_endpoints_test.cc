@@ -18,6 +18,7 @@
 
 #include "kvtransfer/nccl_endpoints.h"
 #include "kvtransfer/nccl_protocol.h"
+#include "kvtransfer/sharded_copies.h"
 
 namespace tandem {
 namespace {
@@ -181,7 +182,8 @@ struct CpuLinks {
       std::snprintf(id.data(), id.size(), "cpu-link-%d", ++ids_made);
       return id;
     };
-    maker.start = [this](std::string_view id, int rank) -> StatusOr<std::shared_ptr<OrderedLink>> {
+    maker.start = [this](std::string_view id, int rank,
+                         int /*pool*/) -> StatusOr<std::shared_ptr<OrderedLink>> {
       std::lock_guard<std::mutex> lock(mutex);
       std::shared_ptr<Wire> wire = wires[std::string(id)].lock();
       if (!wire) {
@@ -194,31 +196,45 @@ struct CpuLinks {
   }
 };
 
+// The model of these tests: 3 layers, 4 KV heads of 1 dimension, blocks of 2 tokens: a block of
+// a layer is 64 bytes in a degree-1 pool (16 per head), pools of 32 blocks a layer.
 constexpr uint64_t kBlock = 64;
 constexpr int kLayers = 3, kPoolBlocks = 32;
+const KvLayout kModel{kLayers, 4, 1, 2};
 
-// A prefill and a decode side; the test is their control plane.
+// A prefill and a decode side of the given degrees; the test is their control plane.
 struct Cluster {
   CpuLinks links;
-  std::vector<char> prefill_pool = std::vector<char>(kLayers * kPoolBlocks * kBlock);
-  std::vector<char> decode_pool = std::vector<char>(kLayers * kPoolBlocks * kBlock);
+  KvPoolShape prefill_shape, decode_shape;
+  std::vector<std::vector<char>> prefill_pools, decode_pools;
   std::unique_ptr<KvPublisher> publisher;
   std::unique_ptr<KvPuller> puller;
   std::mutex mutex;
   std::deque<std::string> orders;  // decode -> prefill, in the order the puller made them
 
-  explicit Cluster(std::chrono::milliseconds timeout = 5000ms) {
+  explicit Cluster(std::chrono::milliseconds timeout = 5000ms, int prefill_degree = 1,
+                   int decode_degree = 1)
+      : prefill_shape{kModel, prefill_degree, kPoolBlocks},
+        decode_shape{kModel, decode_degree, kPoolBlocks} {
     PullDrivenOptions options;
     options.timeout = timeout;
-    options.granule_bytes = kBlock;
-    publisher = std::move(CreatePullDrivenPublisher({prefill_pool.data(), prefill_pool.size()},
-                                                    options, links.Maker()))
+    publisher = std::move(CreatePullDrivenPublisher(Regions(prefill_pools, prefill_shape),
+                                                    prefill_shape, options, links.Maker()))
                     .value();
-    puller = std::move(CreatePullDrivenPuller({decode_pool.data(), decode_pool.size()}, options,
-                                              links.Maker()))
+    puller = std::move(CreatePullDrivenPuller(Regions(decode_pools, decode_shape), decode_shape,
+                                              options, links.Maker()))
                  .value();
     REQUIRE(puller->Connect(publisher->peer_info()).ok());
   }
+  static std::vector<MemoryRegion> Regions(std::vector<std::vector<char>>& pools,
+                                           const KvPoolShape& shape) {
+    pools.assign(shape.degree, std::vector<char>(shape.pool_bytes()));
+    std::vector<MemoryRegion> regions;
+    for (auto& pool : pools) regions.push_back({pool.data(), pool.size()});
+    return regions;
+  }
+  std::vector<char>& prefill_pool() { return prefill_pools[0]; }
+  std::vector<char>& decode_pool() { return decode_pools[0]; }
 
   PullCallbacks WithOrders(PullCallbacks callbacks) {
     callbacks.to_publisher = [this](std::string bytes) {
@@ -236,12 +252,13 @@ struct Cluster {
   }
   Status Deliver() { return publisher->OnPullerMessage(AsBytes(TakeOrder())); }
 
-  // Blocks [first, first + n) of every layer in a pool.
-  static LayerRanges Blocks(int first, int n) {
+  // Blocks [first, first + n) of every layer of a pool of `degree` (whole-block ranges).
+  static LayerRanges Blocks(int first, int n, int degree = 1) {
+    const uint64_t block = kBlock / degree;
     LayerRanges out(kLayers);
     for (int l = 0; l < kLayers; ++l)
       for (int b = first; b < first + n; ++b)
-        out[l].push_back({(uint64_t(l) * kPoolBlocks + b) * kBlock, kBlock});
+        out[l].push_back({(uint64_t(l) * kPoolBlocks + b) * block, block});
     return out;
   }
   static std::string Read(const std::vector<char>& pool, const LayerRanges& ranges) {
@@ -252,9 +269,10 @@ struct Cluster {
   }
   void Fill(const LayerRanges& ranges, uint64_t seed) {
     std::mt19937_64 rng(seed);
-    for (const auto& layer : ranges)
-      for (const ByteRange& r : layer)
-        for (uint64_t i = 0; i < r.length; ++i) prefill_pool[r.offset + i] = static_cast<char>(rng());
+    for (auto& pool : prefill_pools)
+      for (const auto& layer : ranges)
+        for (const ByteRange& r : layer)
+          for (uint64_t i = 0; i < r.length; ++i) pool[r.offset + i] = static_cast<char>(rng());
   }
 };
 
@@ -300,7 +318,7 @@ TEST_CASE("nccl endpoints: pulls move the KV in order and release the publicatio
     for (int i = 0; i < 3; ++i) {
       REQUIRE(waiters[i].Wait(5000ms).ok());
       CHECK(waiters[i].layers_done() == kLayers);
-      CHECK(Cluster::Read(c.decode_pool, mine[i]) == Cluster::Read(c.prefill_pool, theirs[i]));
+      CHECK(Cluster::Read(c.decode_pool(), mine[i]) == Cluster::Read(c.prefill_pool(), theirs[i]));
     }
   }
   // Every publication ended when its sends completed; one link carried them all.
@@ -308,6 +326,36 @@ TEST_CASE("nccl endpoints: pulls move the KV in order and release the publicatio
   CHECK(released.size() == 60);
   CHECK(c.links.ids_made == 1);
   CHECK(c.puller->inflight_count() == 0);
+}
+
+TEST_CASE("nccl endpoints: between tensor-parallel degrees the KV is re-sharded, a link a pair",
+          "[kvtransfer]") {
+  for (auto [from, to] : {std::pair{1, 2}, std::pair{2, 1}, std::pair{2, 4}, std::pair{4, 4}}) {
+    INFO("prefill tensor_parallel " << from << ", decode " << to);
+    Cluster c(5000ms, from, to);
+    const LayerRanges remote = Cluster::Blocks(2, 3, from);
+    const LayerRanges local = Cluster::Blocks(10, 3, to);
+    c.Fill(remote, 17);
+    // What the copy plan every GPU transport shares says the decode pools must hold.
+    StatusOr<std::vector<CopyPiece>> plan =
+        PlanShardedCopies(remote, c.prefill_shape, local, c.decode_shape);
+    REQUIRE(plan.ok());
+    std::vector<std::vector<char>> want(to, std::vector<char>(c.decode_shape.pool_bytes()));
+    for (const CopyPiece& p : *plan)
+      std::memcpy(want[p.local_pool].data() + p.local_offset,
+                  c.prefill_pools[p.remote_pool].data() + p.remote_offset, p.length);
+
+    StatusOr<KvDescriptor> d = c.publisher->Publish("tp", remote, {});
+    REQUIRE(d.ok());
+    PullWaiter waiter;
+    REQUIRE(c.puller->Pull(*d, local, c.WithOrders(waiter.callbacks())).ok());
+    REQUIRE(c.Deliver().ok());
+    REQUIRE(waiter.Wait(5000ms).ok());
+    CHECK(waiter.layers_done() == kLayers);
+    CHECK(c.decode_pools == want);
+    CHECK(c.links.ids_made == std::max(from, to));  // one link per pair of pools
+    CHECK(Eventually([&] { return c.publisher->published_count() == 0; }));
+  }
 }
 
 TEST_CASE("nccl endpoints: a request released before its order arrives fails only its pull",
@@ -331,8 +379,8 @@ TEST_CASE("nccl endpoints: a request released before its order arrives fails onl
   CHECK(status.code() == StatusCode::kNotFound);
   CHECK(status.message() == "the prefill instance no longer holds the KV of gone");
   REQUIRE(second.Wait(5000ms).ok());  // the link stayed in step
-  CHECK(Cluster::Read(c.decode_pool, Cluster::Blocks(20, 4)) ==
-        Cluster::Read(c.prefill_pool, Cluster::Blocks(4, 4)));
+  CHECK(Cluster::Read(c.decode_pool(), Cluster::Blocks(20, 4)) ==
+        Cluster::Read(c.prefill_pool(), Cluster::Blocks(4, 4)));
   CHECK(c.links.ids_made == 1);
 }
 
@@ -360,8 +408,8 @@ TEST_CASE("nccl endpoints: a lost order times the link out, and the next pull ma
   REQUIRE(c.puller->Pull(*a, Cluster::Blocks(8, 2), c.WithOrders(again.callbacks())).ok());
   REQUIRE(c.Deliver().ok());
   REQUIRE(again.Wait(5000ms).ok());
-  CHECK(Cluster::Read(c.decode_pool, Cluster::Blocks(8, 2)) ==
-        Cluster::Read(c.prefill_pool, Cluster::Blocks(0, 2)));
+  CHECK(Cluster::Read(c.decode_pool(), Cluster::Blocks(8, 2)) ==
+        Cluster::Read(c.prefill_pool(), Cluster::Blocks(0, 2)));
   CHECK(c.links.ids_made == 2);
 }
 
@@ -395,10 +443,10 @@ TEST_CASE("nccl endpoints: a failure released while the sends are posted aborts 
   // Simulate by delivering the order and releasing before the wire pairs them: post the order
   // on a publisher-side link only (a forged order the puller never made).
   NcclPullOrder forged;
-  forged.link_token = 77;
-  forged.unique_id = std::string(kNcclUniqueIdBytes, 'f');
-  forged.seq = 0;
   forged.descriptor = *d;
+  forged.local_shape = c.decode_shape;
+  forged.local = Cluster::Blocks(9, 2);
+  forged.pairs = {{0, 0, std::string(kNcclUniqueIdBytes, 'f'), 0}};
   REQUIRE(c.publisher->OnPullerMessage(AsBytes(Encode(forged))).ok());
   CHECK(c.publisher->published_count() == 1);
   TransferResult cancelled{c.publisher->peer_info().instance_id, "cut", StatusCode::kCancelled,
@@ -407,7 +455,7 @@ TEST_CASE("nccl endpoints: a failure released while the sends are posted aborts 
   CHECK(c.publisher->published_count() == 0);
   CHECK(c.publisher->Release(cancelled).code() == StatusCode::kNotFound);
   // The next order on that token is for a link the publisher closed.
-  forged.seq = 1;
+  forged.pairs[0].seq = 1;
   CHECK(c.publisher->OnPullerMessage(AsBytes(Encode(forged))).code() ==
         StatusCode::kInvalidArgument);
 }
@@ -418,14 +466,15 @@ TEST_CASE("nccl endpoints: bad orders and pulls are refused, naming what is wron
   StatusOr<KvDescriptor> d = c.publisher->Publish("x", Cluster::Blocks(0, 2), {});
   REQUIRE(d.ok());
   NcclPullOrder order;
-  order.link_token = 5;
-  order.unique_id = std::string(kNcclUniqueIdBytes, 'u');
   order.descriptor = *d;
+  order.local_shape = c.decode_shape;
+  order.local = Cluster::Blocks(4, 2);
+  order.pairs = {{0, 0, std::string(kNcclUniqueIdBytes, 'u'), 0}};
   order.descriptor.instance_id += 1;
   CHECK(c.publisher->OnPullerMessage(AsBytes(Encode(order))).message().find(
             "NCCL pull order for publisher") == 0);
   order.descriptor = *d;
-  order.descriptor.layers[0][0].offset = c.prefill_pool.size();  // outside the pool
+  order.descriptor.layers[0][0].offset = c.prefill_pool().size();  // outside the pool
   CHECK(c.publisher->OnPullerMessage(AsBytes(Encode(order))).code() ==
         StatusCode::kInvalidArgument);
   CHECK(c.publisher->OnPullerMessage(AsBytes(std::string("garbage"))).code() ==

@@ -1,8 +1,7 @@
-// The host-side half of the NCCL KV transport (kvtransfer/nccl_protocol.h): message order and
-// where each message lands, the request header and its verdicts, the pull order on the wire.
-// The transport itself runs only on GPUs (tests/gpu/nccl_transfer_check.cc); what it decides is
-// decided here, and these tests replay it: applying PlanNcclReceives' copies to CPU buffers
-// moves exactly the publisher's byte streams into the puller's ranges.
+// The host-side half of the NCCL KV transport (kvtransfer/nccl_protocol.h): which pairs of pools
+// carry which pieces (equal degrees and re-sharding), the request header and its verdicts, the
+// pull order on the wire. The transport runs only on GPUs (tests/gpu/nccl_transfer_check.cc);
+// its publisher and puller run here over a CPU link pair (kvtransfer_nccl_endpoints_test.cc).
 #include <catch2/catch.hpp>
 
 #include <cstring>
@@ -16,87 +15,74 @@
 namespace tandem {
 namespace {
 
-// Block lists as the servers make them: per layer, `blocks` blocks of `block` bytes chosen at
-// random (without repetition) from a pool of `pool_blocks` blocks per layer.
-LayerRanges RandomBlocks(std::mt19937_64& rng, int layers, int blocks, int pool_blocks,
-                         uint64_t block) {
-  LayerRanges out(layers);
-  for (int l = 0; l < layers; ++l) {
-    std::vector<int> ids(pool_blocks);
-    std::iota(ids.begin(), ids.end(), 0);
-    std::shuffle(ids.begin(), ids.end(), rng);
-    for (int k = 0; k < blocks; ++k)
-      out[l].push_back({(uint64_t(l) * pool_blocks + ids[k]) * block, block});
-  }
-  return out;
-}
-
-// The bytes of each layer's stream, read from `region` through `ranges`.
-std::vector<std::string> Streams(const std::string& region, const LayerRanges& ranges) {
-  std::vector<std::string> out;
-  for (const auto& layer : ranges) {
-    std::string s;
-    for (const ByteRange& r : layer) s += region.substr(r.offset, r.length);
-    out.push_back(s);
-  }
+// Blocks `blocks` of every layer of a pool of `shape`, one whole-block range each.
+LayerRanges Blocks(const KvPoolShape& shape, const std::vector<int>& blocks) {
+  const uint64_t block = shape.rank_layout().block_bytes();
+  LayerRanges out(shape.full.num_layers);
+  for (int l = 0; l < shape.full.num_layers; ++l)
+    for (int b : blocks) out[l].push_back({(uint64_t(l) * shape.num_blocks + b) * block, block});
   return out;
 }
 
 }  // namespace
 
-TEST_CASE("nccl protocol: wire order cuts ranges at granules, layer-major", "[kvtransfer]") {
-  // Layer 0: ranges of 6 and 3 bytes, granule 4: cuts at stream offsets 4 and 8.
-  LayerRanges layers = {{{100, 6}, {200, 3}}, {}, {{0, 0}, {50, 4}}};
-  const std::vector<NcclPiece> pieces = NcclWireOrder(layers, 4);
-  const std::vector<NcclPiece> want = {
-      {0, 0, 100, 4}, {0, 4, 104, 2}, {0, 6, 200, 2}, {0, 8, 202, 1}, {2, 0, 50, 4}};
-  CHECK(pieces == want);
-  // Granule 0: one message per range.
-  CHECK(NcclWireOrder(layers, 0).size() == 3);
-}
-
-TEST_CASE("nccl protocol: any two block lists of one block size are compatible", "[kvtransfer]") {
-  std::mt19937_64 rng(7);
-  constexpr uint64_t kBlock = 48;
-  constexpr int kLayers = 3, kPoolBlocks = 16;
-  for (int trial = 0; trial < 50; ++trial) {
-    const int blocks = 1 + static_cast<int>(rng() % 12);
-    const LayerRanges remote = RandomBlocks(rng, kLayers, blocks, kPoolBlocks, kBlock);
-    const LayerRanges local = RandomBlocks(rng, kLayers, blocks, kPoolBlocks, kBlock);
-    std::string publisher(kLayers * kPoolBlocks * kBlock, '\0');
-    for (char& c : publisher) c = static_cast<char>(rng());
-    std::string puller(publisher.size(), '\0');
-
-    StatusOr<std::vector<NcclReceive>> receives = PlanNcclReceives(remote, local, kBlock);
-    REQUIRE(receives.ok());
-    const std::vector<NcclPiece> sends = NcclWireOrder(remote, kBlock);
-    REQUIRE(receives->size() == sends.size());
-    // NCCL pairs the i-th send with the i-th receive: replay that on the CPU.
-    for (size_t i = 0; i < sends.size(); ++i) {
-      REQUIRE(sends[i].layer == (*receives)[i].layer);
-      REQUIRE(sends[i].length == (*receives)[i].length);
-      std::memcpy(puller.data() + (*receives)[i].local_offset,
-                  publisher.data() + sends[i].remote_offset, sends[i].length);
+TEST_CASE("nccl protocol: equal degrees pair each pool with its own, pool by pool",
+          "[kvtransfer]") {
+  const KvLayout model{2, 4, 8, 4};  // 2 layers, 4 KV heads
+  for (int degree : {1, 2, 4}) {
+    const KvPoolShape shape{model, degree, 16};
+    // Different blocks on each side, cut differently: the plan pieces them up the same way.
+    StatusOr<std::vector<NcclPairPlan>> pairs =
+        PlanNcclPairs(Blocks(shape, {3, 4, 5}), shape, Blocks(shape, {9, 1, 2}), shape);
+    REQUIRE(pairs.ok());
+    REQUIRE(pairs->size() == static_cast<size_t>(degree));
+    for (int r = 0; r < degree; ++r) {
+      const NcclPairPlan& pair = (*pairs)[r];
+      CHECK(pair.remote_pool == static_cast<uint32_t>(r));
+      CHECK(pair.local_pool == static_cast<uint32_t>(r));
+      CHECK(pair.bytes == 2 * 3 * shape.rank_layout().block_bytes());
+      for (const CopyPiece& p : pair.pieces) CHECK(p.remote_pool == p.local_pool);
     }
-    CHECK(Streams(puller, local) == Streams(publisher, remote));
   }
 }
 
-TEST_CASE("nccl protocol: receives that cannot line up are refused, naming why",
-          "[kvtransfer]") {
-  const LayerRanges remote = {{{0, 8}}};
-  // The same total, but the local cut at 3 falls inside a message (no granule).
-  StatusOr<std::vector<NcclReceive>> crossing = PlanNcclReceives(remote, {{{0, 3}, {10, 5}}}, 0);
-  REQUIRE_FALSE(crossing.ok());
-  CHECK(crossing.status().message().find("crosses a local range boundary") != std::string::npos);
-  // With granule 1 every cut lines up.
-  CHECK(PlanNcclReceives(remote, {{{0, 3}, {10, 5}}}, 1).ok());
-  StatusOr<std::vector<NcclReceive>> shorter = PlanNcclReceives(remote, {{{0, 7}}}, 0);
-  REQUIRE_FALSE(shorter.ok());
-  CHECK(shorter.status().message() ==
-        "NCCL pull: layer 0 is 8 bytes on the publisher, 7 here");
-  CHECK(PlanNcclReceives(remote, {{{0, 8}}, {}}, 0).status().message() ==
-        "NCCL pull: the publisher has 1 layers, the puller 2");
+TEST_CASE("nccl protocol: between degrees every head goes from the pool that has it to the one "
+          "that wants it", "[kvtransfer]") {
+  const KvLayout model{2, 4, 8, 4};
+  const uint64_t head_block = 2 * 8 * 4 * sizeof(float);  // K and V of one head, one block
+  for (auto [from, to] : {std::pair{1, 4}, std::pair{4, 1}, std::pair{2, 4}, std::pair{4, 2}}) {
+    const KvPoolShape remote{model, from, 16}, local{model, to, 16};
+    const std::vector<int> blocks = {0, 7, 3};
+    StatusOr<std::vector<NcclPairPlan>> pairs =
+        PlanNcclPairs(Blocks(remote, blocks), remote, Blocks(local, {5, 6, 1}), local);
+    REQUIRE(pairs.ok());
+    // Every head of every block of every layer moves exactly once, over the pair of pools
+    // whose ranks hold it (head h: rank h / (4 / degree)).
+    uint64_t moved = 0;
+    for (const NcclPairPlan& pair : *pairs) {
+      CHECK(pair.pieces.size() > 0);
+      for (const CopyPiece& p : pair.pieces) {
+        CHECK(p.remote_pool == pair.remote_pool);
+        CHECK(p.local_pool == pair.local_pool);
+      }
+      moved += pair.bytes;
+    }
+    CHECK(moved == 2 * blocks.size() * 4 * head_block);
+    const size_t want_pairs = static_cast<size_t>(std::max(from, to));
+    CHECK(pairs->size() == want_pairs);
+  }
+  // Another model, or ranges that are not whole blocks between degrees: refused, as cuda_ipc's.
+  const KvPoolShape one{model, 1, 16}, two{model, 2, 16};
+  const KvPoolShape other{KvLayout{2, 4, 8, 8}, 1, 16};
+  CHECK(PlanNcclPairs(Blocks(one, {0}), one, Blocks(other, {0}), other).status().message().find(
+            "KV transfer between different models") == 0);
+  LayerRanges half = Blocks(one, {0});
+  half[0][0].length /= 2;
+  half[1][0].length /= 2;
+  LayerRanges half_local = Blocks(two, {0});
+  half_local[0][0].length /= 2;
+  half_local[1][0].length /= 2;
+  CHECK_FALSE(PlanNcclPairs(half, one, half_local, two).ok());
 }
 
 TEST_CASE("nccl protocol: the header says held, gone, or out of step", "[kvtransfer]") {
@@ -122,10 +108,11 @@ TEST_CASE("nccl protocol: pull orders round-trip and malformed ones are refused"
   StatusOr<KvDescriptor> d = MakeDescriptor(42, "cmpl-9", {{{0, 64}, {128, 64}}, {{256, 64}}});
   REQUIRE(d.ok());
   NcclPullOrder order;
-  order.link_token = 0xfeedface;
-  order.unique_id = std::string(kNcclUniqueIdBytes, '\x07');
-  order.seq = 3;
   order.descriptor = *d;
+  order.local_shape = KvPoolShape{KvLayout{2, 4, 8, 4}, 2, 16};
+  order.local = {{{512, 128}}, {{1024, 64}}};
+  order.pairs = {{0, 0, std::string(kNcclUniqueIdBytes, '\x07'), 3},
+                 {0, 1, std::string(kNcclUniqueIdBytes, '\x08'), 0}};
   const std::string bytes = Encode(order);
   StatusOr<NcclPullOrder> back = DecodeNcclPullOrder(AsBytes(bytes));
   REQUIRE(back.ok());
@@ -136,16 +123,15 @@ TEST_CASE("nccl protocol: pull orders round-trip and malformed ones are refused"
     CHECK_FALSE(DecodeNcclPullOrder(AsBytes(bytes.substr(0, n))).ok());
   CHECK(DecodeNcclPullOrder(AsBytes(Encode(*d))).status().message().find(
             "expected an NCCL pull order") != std::string::npos);
-  order.link_token = 0;
-  CHECK(DecodeNcclPullOrder(AsBytes(Encode(order))).status().message() ==
-        "wire: NCCL pull order with link token 0");
-  // Random bit flips never crash the decoder.
+  // Random bit flips never crash the decoder, and what decodes is well formed.
   std::mt19937_64 rng(11);
   for (int i = 0; i < 2000; ++i) {
     std::string flipped = bytes;
     flipped[rng() % flipped.size()] ^= static_cast<char>(1u << (rng() % 8));
     StatusOr<NcclPullOrder> r = DecodeNcclPullOrder(AsBytes(flipped));
-    if (r.ok()) CHECK(r->unique_id.size() == kNcclUniqueIdBytes);
+    if (!r.ok()) continue;
+    CHECK(r->local_shape.Validate().ok());
+    for (const NcclPairOrder& pair : r->pairs) CHECK(pair.unique_id.size() == kNcclUniqueIdBytes);
   }
 }
 

@@ -259,7 +259,7 @@ TEST_CASE("kvtransfer factory: refuses a backend the servers do not run", "[kvtr
   CHECK_FALSE(CreatePullerWithPool(transfer, 4096, {}).ok());
 }
 
-TEST_CASE("kvtransfer factory: a pool per GPU needs cuda_ipc, and the shape must match the bytes",
+TEST_CASE("kvtransfer factory: a pool per GPU needs cuda_ipc or nccl, the shape the bytes",
           "[kvtransfer]") {
   TransferSection transfer;
   transfer.backend = "inproc";
@@ -268,7 +268,7 @@ TEST_CASE("kvtransfer factory: a pool per GPU needs cuda_ipc, and the shape must
   auto publish = CreatePublisherWithPool(transfer, options.pool_shape.pool_bytes(), options);
   CHECK(publish.status().message() ==
         "transfer.backend inproc moves one KV pool; tensor_parallel 2 keeps one per GPU: use "
-        "cuda_ipc");
+        "cuda_ipc or nccl");
   options.pool_shape.degree = 1;
   CHECK(CreatePullerWithPool(transfer, 4096, options).status().message().starts_with(
       "KV pool of 4096 bytes, its shape says"));
