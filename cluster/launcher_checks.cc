@@ -5,10 +5,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <iterator>
 #include <fstream>
 #include <map>
 #include <set>
@@ -124,6 +126,34 @@ Status CheckClusterLayout(const ClusterConfig& c) {
       add(std::string(name) + (s.addresses.empty() ? ".dns_name" : ".addresses"),
           "tandem up starts every instance itself, on this machine; S.addresses is for a router "
           "whose instances run elsewhere (start them with tandem prefill|decode|colocated there)");
+  }
+  // NCCL joins one prefill GPU and one decode GPU per link and refuses two ranks on one GPU:
+  // every instance of one role on GPUs the other role's do not use.
+  if (c.transfer.backend == "nccl" && prefill && decode) {
+    std::map<std::string, std::set<std::string>> gpus;  // role -> the GPUs its instances use
+    bool inherit = false;
+    for (const char* role : {"prefill", "decode"}) {
+      const InstanceSection& s = std::string(role) == "prefill" ? c.prefill : c.decode;
+      for (int i = 0; i < s.instances; ++i) {
+        const std::string list = CudaVisibleDevicesFor(s, i);
+        inherit = inherit || list.empty();
+        std::stringstream entries(list);
+        for (std::string gpu; std::getline(entries, gpu, ',');) gpus[role].insert(gpu);
+      }
+    }
+    std::vector<std::string> shared;
+    std::set_intersection(gpus["prefill"].begin(), gpus["prefill"].end(),
+                          gpus["decode"].begin(), gpus["decode"].end(),
+                          std::back_inserter(shared));
+    if (inherit)
+      add("transfer.backend",
+          "nccl needs prefill and decode on different GPUs (NCCL puts no two ranks of a link on "
+          "one GPU), and tandem up starts them all on this machine: set prefill.cuda_devices and "
+          "decode.cuda_devices to GPUs that differ");
+    else if (!shared.empty())
+      add("decode.cuda_devices",
+          "GPU '" + shared.front() + "' is also a prefill instance's (prefill.cuda_devices), and "
+          "transfer.backend nccl puts no two ranks of a link on one GPU: give decode other GPUs");
   }
   if (std::string error = TryBind(c.router.host, 0); error == "not an IP address")
     add("router.host", "'" + c.router.host + "' is not an IP address (e.g. 127.0.0.1, 0.0.0.0)");

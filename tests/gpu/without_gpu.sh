@@ -75,7 +75,14 @@ serve_without_gpu "colocated on cuda" colocated-0 --prefill.instances=0 --decode
 serve_without_gpu "prefill + decode over cuda_ipc" "\(prefill\|decode\)-0" \
   --transfer.backend=cuda_ipc --prefill.device=cuda --decode.device=cuda
 serve_without_gpu "prefill + decode over nccl" "\(prefill\|decode\)-0" \
-  --transfer.backend=nccl --prefill.device=cuda --decode.device=cuda
+  --transfer.backend=nccl --prefill.device=cuda --decode.device=cuda \
+  '--prefill.cuda_devices=[0]' '--decode.cuda_devices=[1]'
+# NCCL puts no two ranks of a link on one GPU: tandem serve refuses to start them on one.
+out=$(cd "$work" && timeout 60 "$OLDPWD/$build/tandem" serve --router.port=0 --transfer.backend=nccl \
+  --prefill.device=cuda --decode.device=cuda 2>&1)
+echo "nccl on one GPU: $(grep -m1 'transfer.backend' <<<"$out")"
+grep -q 'transfer.backend: nccl needs prefill and decode on different GPUs' <<<"$out" ||
+  fail "tandem serve started prefill and decode on one GPU over nccl"
 # S.cuda_devices: the instance runs under its own CUDA_VISIBLE_DEVICES, and says which.
 serve_without_gpu "colocated on cuda_devices [3]" colocated-0 --prefill.instances=0 \
   --decode.instances=0 --colocated.instances=1 --colocated.device=cuda '--colocated.cuda_devices=[3]'

@@ -72,6 +72,24 @@ TEST_CASE("launcher: a cluster without instances, or half a pair, is refused", "
             .empty());
 }
 
+TEST_CASE("launcher: NCCL needs prefill and decode on different GPUs of this machine",
+          "[launcher]") {
+  const std::string nccl = "transfer: {backend: nccl}\n";
+  CHECK(Has(LayoutError(nccl + "prefill: {device: cuda}\ndecode: {device: cuda}\n"),
+            "transfer.backend: nccl needs prefill and decode on different GPUs"));
+  CHECK(Has(LayoutError(nccl + "prefill: {device: cuda, cuda_devices: [0]}\n"
+                               "decode: {device: cuda, instances: 2, cuda_devices: [1, 0]}\n"),
+            "decode.cuda_devices: GPU '0' is also a prefill instance's"));
+  // Tensor parallelism: decode's ranks on GPUs 1 and 2, prefill's on 0.
+  CHECK(LayoutError(nccl + "prefill: {device: cuda, cuda_devices: [0]}\n"
+                           "decode: {device: cuda, tensor_parallel: 2, cuda_devices: [1, 2]}\n")
+            .empty());
+  // cuda_ipc shares a GPU between them.
+  CHECK(LayoutError("transfer: {backend: cuda_ipc}\nprefill: {device: cuda}\n"
+                    "decode: {device: cuda}\n")
+            .empty());
+}
+
 TEST_CASE("launcher: router.host must be an address this machine can listen on", "[launcher]") {
   CHECK(Has(LayoutError("router:\n  host: localhost\n"),
             "up.yaml:2:9: router.host: 'localhost' is not an IP address"));
