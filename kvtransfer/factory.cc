@@ -75,6 +75,8 @@ PullDrivenOptions NcclOptionsFor(const TransferSection& transfer,
                                  const TransferFactoryOptions& options) {
   PullDrivenOptions no;
   no.timeout = Millis(transfer.timeout_s);
+  no.layer_wait_timeout =
+      Millis(options.layer_wait_timeout_s > 0 ? options.layer_wait_timeout_s : transfer.timeout_s);
   no.lease_timeout = Millis(options.lease_timeout_s);
   no.metrics = options.metrics;
   return no;

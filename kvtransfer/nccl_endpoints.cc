@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -46,11 +48,14 @@ bool Closable(const OrderedLink& link, Clock::time_point last_used, Clock::time_
   return !link.health().ok() || now - last_used > kIdleLinkTimeout;
 }
 
-OrderedLink::Transfer TransferOf(const std::string& id, size_t layers, const NcclPairPlan& pair,
-                                 const MemoryRegion& pool, bool remote_side) {
+// The transfer of one pair's pieces of layers [first, end), on one side.
+OrderedLink::Transfer TransferOf(const std::string& id, uint32_t first, uint32_t end,
+                                 const NcclPairPlan& pair, const MemoryRegion& pool,
+                                 bool remote_side) {
   OrderedLink::Transfer t;
   t.request_id = id;
-  t.layers = static_cast<uint32_t>(layers);
+  t.first_layer = first;
+  t.layers = end - first;
   t.total_bytes = pair.bytes;
   for (const CopyPiece& p : pair.pieces) {
     const uint64_t offset = remote_side ? p.remote_offset : p.local_offset;
@@ -112,9 +117,11 @@ class PullDrivenPublisher final : public KvPublisher {
       return InvalidArgument("NCCL pull order for publisher " + std::to_string(d.instance_id) +
                              ", this is " + std::to_string(info_.instance_id));
     TANDEM_RETURN_IF_ERROR(CheckRequestId(d.request_id));
-    // The plan the puller made its receives from, made again here.
-    TANDEM_ASSIGN_OR_RETURN(std::vector<NcclPairPlan> plan,
+    // The plan the puller made its receives from, made again here: its part for these layers.
+    TANDEM_ASSIGN_OR_RETURN(std::vector<NcclPairPlan> whole,
                             PlanNcclPairs(d.layers, shape_, order.local, order.local_shape));
+    const std::vector<NcclPairPlan> plan =
+        NcclPairsOfLayers(whole, order.first_layer, order.end_layer);
     bool same_pairs = plan.size() == order.pairs.size();
     for (size_t i = 0; same_pairs && i < plan.size(); ++i)
       same_pairs = plan[i].remote_pool == order.pairs[i].remote_pool &&
@@ -164,7 +171,7 @@ class PullDrivenPublisher final : public KvPublisher {
     // ranges that differ from the publication): filler of the same sizes from the ranges the
     // order names, so that the puller's receives complete and every link stays in step.
     auto lease = state_->leases.find(d.request_id);
-    const bool held = lease != state_->leases.end() && lease->second.sending == 0 &&
+    const bool held = lease != state_->leases.end() && !lease->second.failed &&
                       lease->second.ranges == d.layers;
     for (size_t i = 0; i < plan.size(); ++i) {
       const NcclPairOrder& pair = order.pairs[i];
@@ -177,8 +184,8 @@ class PullDrivenPublisher final : public KvPublisher {
       }
       Link& link = found->second;
       link.last_used = now;
-      OrderedLink::Transfer t =
-          TransferOf(d.request_id, d.layers.size(), plan[i], pools_[pair.remote_pool], true);
+      OrderedLink::Transfer t = TransferOf(d.request_id, order.first_layer, order.end_layer,
+                                           plan[i], pools_[pair.remote_pool], true);
       t.held = held;
       t.deadline = now + options_.timeout;
       if (held)
@@ -194,6 +201,7 @@ class PullDrivenPublisher final : public KvPublisher {
         lease->second.links.push_back(pair.unique_id);
       }
     }
+    if (held) lease->second.layers_sent = std::max(lease->second.layers_sent, order.end_layer);
     return Status();
   }
 
@@ -229,7 +237,8 @@ class PullDrivenPublisher final : public KvPublisher {
     ReleaseCallback on_release;
     Clock::time_point published;
     int sending = 0;                 // its transfers posted and not done
-    bool failed = false;             // one of them failed
+    uint32_t layers_sent = 0;        // the layers ordered so far: [0, layers_sent)
+    bool failed = false;             // one of them failed: what is ordered next is filler
     std::vector<std::string> links;  // the links they are on
   };
   struct Link {
@@ -260,8 +269,9 @@ class PullDrivenPublisher final : public KvPublisher {
     return why;
   }
 
-  // A link's thread: one transfer of a held request completed (OK) or failed. All of them
-  // completed OK: the lease ends. One failed: the lease stays, for Release or its timeout.
+  // A link's thread: one transfer of a held request completed (OK) or failed. Every layer sent
+  // and every transfer completed OK: the lease ends. One failed: the lease stays, for Release
+  // or its timeout, and later orders of it get filler.
   static void SendsDone(State& state, const std::string& id, const Status& status) {
     ReleaseCallback cb;
     {
@@ -272,7 +282,7 @@ class PullDrivenPublisher final : public KvPublisher {
       lease.failed = lease.failed || !status.ok();
       if (--lease.sending > 0) return;
       lease.links.clear();
-      if (std::exchange(lease.failed, false)) return;
+      if (lease.failed || lease.layers_sent < lease.ranges.size()) return;
       cb = std::move(lease.on_release);
       state.leases.erase(it);
     }
@@ -304,17 +314,35 @@ class PullDrivenPublisher final : public KvPublisher {
 
 // ---- puller ------------------------------------------------------------------------------------
 
-// One pull: its transfers (one per pair of pools) and what it has told its caller.
-struct PullProgress {
-  std::mutex mutex;
+using PairKey = std::pair<uint32_t, uint32_t>;  // (publisher pool, puller pool)
+
+// One pull: what it moves, what it has ordered, and what it has told its caller. Layer-wise, a
+// pull is ordered in batches of layers (Pull, then each SetLayersAvailable that raises the
+// count), each batch one transfer per pair of pools.
+struct PullEntry {
+  // Set by Pull, then read only.
   std::string request_id;
-  std::vector<uint32_t> layers_done;  // per transfer
+  uint64_t publisher = 0;
+  KvDescriptor descriptor;
+  LayerRanges local;
+  std::vector<NcclPairPlan> plan;  // the whole request's
+  uint32_t layers = 0;
+  std::function<void(std::string)> to_publisher;
+  Clock::time_point start;
+  uint64_t total_bytes = 0;
+  uint32_t ordered = 0;  // layers [0, ordered) are ordered; guarded by the puller's lock
+
+  // Guarded by `mutex` (the links' threads report here).
+  std::mutex mutex;
+  std::map<PairKey, uint32_t> layers_done;  // per pair: layers [0, n) landed
   uint32_t layers_reported = 0;
   size_t transfers_left = 0;
-  Status status;          // the first failure
-  bool refused = false;   // Pull returned an error: no callback runs
+  Clock::time_point idle_since;  // when the last transfer in flight completed
+  Status status;                 // the first failure
+  bool refused = false;          // Pull returned an error: no callback runs
+  bool finished = false;         // on_done ran
   std::function<void(uint32_t layer)> on_layer;
-  std::function<void(const Status& status)> on_done;  // the puller's wrapper of the caller's
+  std::function<void(const std::string& request_id, const Status& status)> on_done;
 };
 
 class PullDrivenPuller final : public KvPuller {
@@ -325,12 +353,30 @@ class PullDrivenPuller final : public KvPuller {
         shape_(shape),
         options_(options),
         maker_(std::move(maker)),
-        metrics_(std::make_shared<TransferMetrics>(options.metrics)) {}
+        metrics_(std::make_shared<TransferMetrics>(options.metrics)),
+        watchdog_([this] { Watch(); }) {}
 
-  ~PullDrivenPuller() override {  // each link aborts, drains and fails its pulls (Cancelled)
+  // The links go first (each aborts, drains and fails its transfers: Cancelled), then the pulls
+  // that had nothing in flight end with Cancelled too.
+  ~PullDrivenPuller() override {
+    {
+      std::lock_guard<std::mutex> lock(state_->mutex);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    watchdog_.join();
     std::map<uint64_t, Peer> peers;
-    std::lock_guard<std::mutex> lock(state_->mutex);
-    peers.swap(state_->peers);
+    {
+      std::lock_guard<std::mutex> lock(state_->mutex);
+      peers.swap(state_->peers);
+    }
+    peers.clear();
+    std::vector<std::shared_ptr<PullEntry>> left;
+    {
+      std::lock_guard<std::mutex> lock(state_->mutex);
+      for (auto& [id, entry] : state_->pulls) left.push_back(entry);
+    }
+    for (auto& entry : left) Finish(*state_, *metrics_, *entry, Cancelled("NCCL puller closed"));
   }
 
   Status Connect(const PeerInfo& peer) override {
@@ -349,7 +395,7 @@ class PullDrivenPuller final : public KvPuller {
     std::lock_guard<std::mutex> lock(state_->mutex);
     const Clock::time_point now = Clock::now();
     for (auto it = state_->peers.begin(); it != state_->peers.end();) {
-      if (it->first != peer.instance_id && Idle(it->second, now)) {
+      if (it->first != peer.instance_id && Idle(it->first, it->second, now)) {
         closing.push_back(std::move(it->second));
         it = state_->peers.erase(it);
       } else {
@@ -362,18 +408,14 @@ class PullDrivenPuller final : public KvPuller {
     return Status();
   }
 
-  // The publisher sends when asked: no layer-wise streaming.
   Status Pull(const KvDescriptor& descriptor, LayerRanges local, PullCallbacks callbacks,
               uint32_t layers_available) override {
-    if (layers_available != kAllLayers && layers_available < descriptor.layers.size())
-      return FailedPrecondition("NCCL transfers cannot stream layers (transfer.layerwise)");
     if (!callbacks.to_publisher)
       return FailedPrecondition("an NCCL pull needs a way to the publisher (to_publisher)");
     TANDEM_RETURN_IF_ERROR(CheckRequestId(descriptor.request_id));
     TANDEM_ASSIGN_OR_RETURN(uint64_t total, TotalBytes(descriptor.layers));
     if (total != descriptor.total_bytes) return InvalidArgument("descriptor total_bytes mismatch");
 
-    // Post and order under one lock: the orders leave in the order the receives were posted.
     std::vector<std::shared_ptr<OrderedLink>> failed;  // destroyed after the lock
     std::lock_guard<std::mutex> lock(state_->mutex);
     auto peer = state_->peers.find(descriptor.instance_id);
@@ -381,87 +423,70 @@ class PullDrivenPuller final : public KvPuller {
       return NotFound("NCCL publisher " + std::to_string(descriptor.instance_id) +
                       " not connected");
     Peer& p = peer->second;
-    TANDEM_ASSIGN_OR_RETURN(std::vector<NcclPairPlan> plan,
-                            PlanNcclPairs(descriptor.layers, p.shape, local, shape_));
-    if (state_->inflight.count(descriptor.request_id))
+    auto entry = std::make_shared<PullEntry>();
+    TANDEM_ASSIGN_OR_RETURN(entry->plan, PlanNcclPairs(descriptor.layers, p.shape, local, shape_));
+    if (entry->plan.empty())  // every pull ends with a transfer's completion
+      return InvalidArgument("NCCL pull of " + descriptor.request_id + " moves no bytes");
+    if (state_->pulls.count(descriptor.request_id))
       return FailedPrecondition("request " + descriptor.request_id + " already being pulled");
+    entry->request_id = descriptor.request_id;
+    entry->publisher = descriptor.instance_id;
+    entry->descriptor = descriptor;
+    entry->local = std::move(local);
+    entry->layers = static_cast<uint32_t>(descriptor.layers.size());
+    entry->to_publisher = std::move(callbacks.to_publisher);
+    entry->start = entry->idle_since = Clock::now();
+    entry->total_bytes = total;
+    entry->on_layer = std::move(callbacks.on_layer);
+    entry->on_done = std::move(callbacks.on_done);
+    for (const NcclPairPlan& pair : entry->plan) entry->layers_done[{pair.remote_pool, pair.local_pool}] = 0;
     p.last_used = Clock::now();
-
-    NcclPullOrder order;
-    order.descriptor = descriptor;
-    order.local_shape = shape_;
-    order.local = std::move(local);
-    for (const NcclPairPlan& pair : plan) {
-      PairLink& link = p.links[{pair.remote_pool, pair.local_pool}];
-      if (link.link == nullptr || !link.link->health().ok()) {  // first use, or it failed
-        failed.push_back(std::move(link.link));
-        TANDEM_ASSIGN_OR_RETURN(link.unique_id, maker_.new_unique_id());
-        TANDEM_ASSIGN_OR_RETURN(link.link, maker_.start(link.unique_id, /*rank=*/1,
-                                                        static_cast<int>(pair.local_pool)));
-      }
-      order.pairs.push_back({pair.remote_pool, pair.local_pool, link.unique_id, 0});
-    }
-
-    auto progress = std::make_shared<PullProgress>();
-    progress->request_id = descriptor.request_id;
-    progress->layers_done.assign(plan.size(), 0);
-    progress->transfers_left = plan.size();
-    progress->on_layer = std::move(callbacks.on_layer);
-    const Clock::time_point start = Clock::now();
-    progress->on_done = [state = state_, metrics = metrics_, start, total,
-                         id = descriptor.request_id,
-                         on_done = std::move(callbacks.on_done)](const Status& status) {
-      {
-        std::lock_guard<std::mutex> lock(state->mutex);
-        state->inflight.erase(id);
-      }
-      const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-      if (status.ok()) {
-        metrics->Succeeded(seconds, total);
-      } else {
-        metrics->Failed(seconds, TransferMetrics::ReasonFor(status));
-      }
-      if (on_done) on_done(id, status);
-    };
-    state_->inflight.insert(descriptor.request_id);
+    state_->pulls[entry->request_id] = entry;
     metrics_->Started();
-    for (size_t i = 0; i < plan.size(); ++i) {
-      PairLink& link = p.links[{plan[i].remote_pool, plan[i].local_pool}];
-      OrderedLink::Transfer t = TransferOf(descriptor.request_id, descriptor.layers.size(),
-                                           plan[i], pools_[plan[i].local_pool], false);
-      t.deadline = start + options_.timeout;
-      t.on_layer = [progress, i](uint32_t layer) { LayerDone(*progress, i, layer); };
-      t.on_done = [progress](const Status& status) { TransferDone(*progress, status); };
-      StatusOr<uint64_t> seq = link.link->Post(std::move(t));
-      if (!seq.ok()) {
-        // The receives posted so far pair with no sends: their links go, and the callbacks
-        // of this pull are dropped.
+    const uint32_t available = std::min(layers_available, entry->layers);
+    if (available > 0) {
+      Status posted = Order(p, entry, available, &failed);
+      if (!posted.ok()) {  // refused: no callback of this pull runs
         {
-          std::lock_guard<std::mutex> pull_lock(progress->mutex);
-          progress->refused = true;
-          progress->transfers_left -= plan.size() - i;
+          std::lock_guard<std::mutex> pull_lock(entry->mutex);
+          entry->refused = true;
         }
-        for (size_t j = 0; j < i; ++j) {
-          PairLink& posted = p.links[{plan[j].remote_pool, plan[j].local_pool}];
-          posted.link->Abort(seq.status());
-        }
-        state_->inflight.erase(descriptor.request_id);
-        metrics_->Failed(0.0, TransferMetrics::ReasonFor(seq.status()));
-        return seq.status();
+        state_->pulls.erase(entry->request_id);
+        metrics_->Failed(0.0, TransferMetrics::ReasonFor(posted));
+        return posted;
       }
-      order.pairs[i].seq = *seq;
     }
-    callbacks.to_publisher(Encode(order));
     return Status();
   }
 
-  Status SetLayersAvailable(const std::string&, uint32_t) override {
-    return FailedPrecondition("NCCL transfers cannot stream layers (transfer.layerwise)");
+  Status SetLayersAvailable(const std::string& request_id, uint32_t layers) override {
+    std::vector<std::shared_ptr<OrderedLink>> failed;  // destroyed after the lock
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    auto it = state_->pulls.find(request_id);
+    if (it == state_->pulls.end()) return NotFound("request " + request_id + " is not being pulled");
+    std::shared_ptr<PullEntry> entry = it->second;
+    const uint32_t available = std::min(layers, entry->layers);
+    if (available <= entry->ordered) return Status();
+    {
+      std::lock_guard<std::mutex> pull_lock(entry->mutex);
+      if (!entry->status.ok()) return Status();  // failed: it ends once its transfers are done
+    }
+    auto peer = state_->peers.find(entry->publisher);
+    Status posted = peer == state_->peers.end()
+                        ? Unavailable("NCCL publisher " + std::to_string(entry->publisher) +
+                                      " forgotten")
+                        : Order(peer->second, entry, available, &failed);
+    if (!posted.ok()) {  // the pull fails (the watchdog ends it once nothing is in flight)
+      std::lock_guard<std::mutex> pull_lock(entry->mutex);
+      if (entry->status.ok()) entry->status = posted;
+    }
+    wake_.notify_all();
+    return Status();
   }
 
   size_t inflight_count() const override {
     std::lock_guard<std::mutex> lock(state_->mutex);
-    return state_->inflight.size();
+    return state_->pulls.size();
   }
 
  private:
@@ -471,49 +496,176 @@ class PullDrivenPuller final : public KvPuller {
   };
   struct Peer {
     KvPoolShape shape;  // the publisher's pools
-    std::map<std::pair<uint32_t, uint32_t>, PairLink> links;  // by (its pool, our pool)
+    std::map<PairKey, PairLink> links;
     Clock::time_point last_used;
   };
   struct State {
     std::mutex mutex;
-    std::set<std::string> inflight;
-    std::map<uint64_t, Peer> peers;  // by publisher instance id
+    std::map<uint64_t, Peer> peers;                            // by publisher instance id
+    std::map<std::string, std::shared_ptr<PullEntry>> pulls;  // by request id
   };
 
-  static bool Idle(const Peer& peer, Clock::time_point now) {
+  // Orders layers [entry.ordered, end): posts a transfer per pair on its link (a new link where
+  // there is none or it failed), then sends the order. Under the lock, so that orders leave in
+  // the order their receives were posted. A transfer that cannot be posted: the ones posted
+  // before it lose their links (nothing would pair with them) and the error is returned.
+  Status Order(Peer& p, const std::shared_ptr<PullEntry>& entry, uint32_t end,
+               std::vector<std::shared_ptr<OrderedLink>>* failed) {
+    const uint32_t first = entry->ordered;
+    const std::vector<NcclPairPlan> part = NcclPairsOfLayers(entry->plan, first, end);
+    NcclPullOrder order;
+    order.descriptor = entry->descriptor;
+    order.local_shape = shape_;
+    order.local = entry->local;
+    order.first_layer = first;
+    order.end_layer = end;
+    for (const NcclPairPlan& pair : part) {
+      PairLink& link = p.links[{pair.remote_pool, pair.local_pool}];
+      if (link.link == nullptr || !link.link->health().ok()) {  // first use, or it failed
+        failed->push_back(std::move(link.link));
+        TANDEM_ASSIGN_OR_RETURN(link.unique_id, maker_.new_unique_id());
+        TANDEM_ASSIGN_OR_RETURN(link.link, maker_.start(link.unique_id, /*rank=*/1,
+                                                        static_cast<int>(pair.local_pool)));
+      }
+      order.pairs.push_back({pair.remote_pool, pair.local_pool, link.unique_id, 0});
+    }
+    {
+      std::lock_guard<std::mutex> pull_lock(entry->mutex);
+      entry->transfers_left += part.size();
+      for (auto& [key, done] : entry->layers_done) {  // pairs with nothing in these layers
+        const bool moves = std::any_of(part.begin(), part.end(), [&](const NcclPairPlan& q) {
+          return PairKey{q.remote_pool, q.local_pool} == key;
+        });
+        if (!moves) done = std::max(done, end);
+      }
+    }
+    const Clock::time_point deadline = Clock::now() + options_.timeout;
+    for (size_t i = 0; i < part.size(); ++i) {
+      const PairKey key{part[i].remote_pool, part[i].local_pool};
+      OrderedLink::Transfer t = TransferOf(entry->request_id, first, end, part[i],
+                                           pools_[part[i].local_pool], false);
+      t.deadline = deadline;
+      t.on_layer = [state = state_, metrics = metrics_, entry, key](uint32_t layer) {
+        LayerDone(*entry, key, layer);
+      };
+      t.on_done = [state = state_, metrics = metrics_, entry](const Status& status) {
+        TransferDone(*state, *metrics, *entry, status);
+      };
+      StatusOr<uint64_t> seq = p.links[key].link->Post(std::move(t));
+      if (!seq.ok()) {
+        {
+          std::lock_guard<std::mutex> pull_lock(entry->mutex);
+          entry->transfers_left -= part.size() - i;
+          if (entry->status.ok()) entry->status = seq.status();
+        }
+        for (size_t j = 0; j < i; ++j)
+          p.links[{part[j].remote_pool, part[j].local_pool}].link->Abort(seq.status());
+        return seq.status();
+      }
+      order.pairs[i].seq = *seq;
+    }
+    entry->ordered = end;
+    p.last_used = Clock::now();
+    entry->to_publisher(Encode(order));
+    return Status();
+  }
+
+  // A peer whose links are all closable and that no pull waits on.
+  bool Idle(uint64_t id, const Peer& peer, Clock::time_point now) const {
     if (now - peer.last_used <= kIdleLinkTimeout) return false;
     for (const auto& [pair, link] : peer.links)
       if (link.link != nullptr && !Closable(*link.link, peer.last_used, now)) return false;
+    for (const auto& [request, entry] : state_->pulls)
+      if (entry->publisher == id) return false;
     return true;
   }
 
-  // Layer `layer` of transfer `i` landed: report the layers every transfer has.
-  static void LayerDone(PullProgress& progress, size_t i, uint32_t layer) {
+  static uint32_t AllLanded(const PullEntry& entry) {
+    uint32_t all = entry.layers;
+    for (const auto& [key, done] : entry.layers_done) all = std::min(all, done);
+    return all;
+  }
+
+  // A link's thread: layer `layer` of pair `key` landed; report the layers every pair has.
+  static void LayerDone(PullEntry& entry, PairKey key, uint32_t layer) {
     std::vector<uint32_t> report;
     std::function<void(uint32_t)> on_layer;
     {
-      std::lock_guard<std::mutex> lock(progress.mutex);
-      progress.layers_done[i] = std::max(progress.layers_done[i], layer + 1);
-      const uint32_t all =
-          *std::min_element(progress.layers_done.begin(), progress.layers_done.end());
-      if (progress.refused || !progress.status.ok()) return;
-      for (; progress.layers_reported < all; ++progress.layers_reported)
-        report.push_back(progress.layers_reported);
-      on_layer = progress.on_layer;
+      std::lock_guard<std::mutex> lock(entry.mutex);
+      uint32_t& done = entry.layers_done[key];
+      done = std::max(done, layer + 1);
+      if (entry.refused || entry.finished || !entry.status.ok()) return;
+      for (const uint32_t all = AllLanded(entry); entry.layers_reported < all;)
+        report.push_back(entry.layers_reported++);
+      on_layer = entry.on_layer;
     }
     if (on_layer)
       for (uint32_t l : report) on_layer(l);
   }
 
-  static void TransferDone(PullProgress& progress, const Status& status) {
+  // A link's thread: one transfer ended. The pull ends when nothing of it is in flight and it
+  // failed or every layer landed; else it waits for more layers (the watchdog bounds that).
+  static void TransferDone(State& state, TransferMetrics& metrics, PullEntry& entry,
+                           const Status& status) {
     Status outcome;
     {
-      std::lock_guard<std::mutex> lock(progress.mutex);
-      if (progress.status.ok() && !status.ok()) progress.status = status;
-      if (--progress.transfers_left > 0 || progress.refused) return;
-      outcome = progress.status;
+      std::lock_guard<std::mutex> lock(entry.mutex);
+      if (entry.status.ok() && !status.ok()) entry.status = status;
+      if (--entry.transfers_left > 0 || entry.refused || entry.finished) return;
+      entry.idle_since = Clock::now();
+      if (entry.status.ok() && AllLanded(entry) < entry.layers) return;
+      outcome = entry.status;
     }
-    progress.on_done(outcome);
+    Finish(state, metrics, entry, outcome);
+  }
+
+  // Ends a pull once: forgets it, counts it, tells the caller.
+  static void Finish(State& state, TransferMetrics& metrics, PullEntry& entry,
+                     const Status& status) {
+    {
+      std::lock_guard<std::mutex> lock(entry.mutex);
+      if (entry.finished || entry.refused) return;
+      entry.finished = true;
+    }
+    {
+      std::lock_guard<std::mutex> lock(state.mutex);
+      auto it = state.pulls.find(entry.request_id);
+      if (it != state.pulls.end() && it->second.get() == &entry) state.pulls.erase(it);
+    }
+    const double seconds = std::chrono::duration<double>(Clock::now() - entry.start).count();
+    if (status.ok()) {
+      metrics.Succeeded(seconds, entry.total_bytes);
+    } else {
+      metrics.Failed(seconds, TransferMetrics::ReasonFor(status));
+    }
+    if (entry.on_done) entry.on_done(entry.request_id, status);
+  }
+
+  // Ends the pulls that have nothing in flight and failed (an order that could not be posted),
+  // or waited longer than layer_wait_timeout for their next layers.
+  void Watch() {
+    std::unique_lock<std::mutex> lock(state_->mutex);
+    while (!stop_) {
+      wake_.wait_for(lock, std::chrono::milliseconds(20));
+      const Clock::time_point now = Clock::now();
+      std::vector<std::pair<std::shared_ptr<PullEntry>, Status>> ending;
+      for (auto& [id, entry] : state_->pulls) {
+        std::lock_guard<std::mutex> pull_lock(entry->mutex);
+        if (entry->transfers_left > 0 || entry->finished || entry->refused) continue;
+        if (!entry->status.ok()) {
+          ending.emplace_back(entry, entry->status);
+        } else if (entry->ordered < entry->layers &&
+                   now - entry->idle_since > options_.layer_wait_timeout) {
+          ending.emplace_back(entry, DeadlineExceeded(
+                                         "NCCL pull of " + id + ": layer " +
+                                         std::to_string(entry->ordered) + " not made available "
+                                         "within the layer wait timeout"));
+        }
+      }
+      lock.unlock();
+      for (auto& [entry, status] : ending) Finish(*state_, *metrics_, *entry, status);
+      lock.lock();
+    }
   }
 
   std::vector<MemoryRegion> pools_;
@@ -522,6 +674,9 @@ class PullDrivenPuller final : public KvPuller {
   OrderedLinkMaker maker_;
   std::shared_ptr<TransferMetrics> metrics_;
   std::shared_ptr<State> state_ = std::make_shared<State>();
+  bool stop_ = false;  // guarded by state_->mutex
+  std::condition_variable wake_;
+  std::thread watchdog_;  // last: starts once the rest is made
 };
 
 }  // namespace

@@ -33,9 +33,12 @@ class OrderedLink {
   };
   struct Transfer {
     std::string request_id;
-    uint32_t layers = 0;
+    uint32_t layers = 0;  // how many
     uint64_t total_bytes = 0;
     bool held = true;  // rank 0: the header's "held" flag (false: the messages are filler)
+    // Layers [first_layer, first_layer + layers): one group each, in order; every message's
+    // layer is one of them.
+    uint32_t first_layer = 0;
     std::vector<Message> messages;  // layer-major
     std::chrono::steady_clock::time_point deadline;
     std::function<void(uint32_t layer)> on_layer;  // optional
@@ -70,7 +73,10 @@ struct OrderedLinkMaker {
 };
 
 struct PullDrivenOptions {
-  std::chrono::milliseconds timeout{5000};         // per transfer, from its Post
+  std::chrono::milliseconds timeout{5000};  // per transfer (a batch of layers), from its Post
+  // Puller, layer-wise: the longest wait for the next layers to be made available
+  // (SetLayersAvailable) once every layer ordered so far has landed.
+  std::chrono::milliseconds layer_wait_timeout{5000};
   std::chrono::milliseconds lease_timeout{60000};  // publisher: unreleased publications
   MetricsRegistry* metrics = nullptr;              // puller: tandem_kv_transfer_*
 };

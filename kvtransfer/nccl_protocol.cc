@@ -56,6 +56,21 @@ StatusOr<std::vector<NcclPairPlan>> PlanNcclPairs(const LayerRanges& remote,
   return out;
 }
 
+std::vector<NcclPairPlan> NcclPairsOfLayers(const std::vector<NcclPairPlan>& plan, uint32_t first,
+                                            uint32_t end) {
+  std::vector<NcclPairPlan> out;
+  for (const NcclPairPlan& pair : plan) {
+    NcclPairPlan part{pair.remote_pool, pair.local_pool, 0, {}};
+    for (const CopyPiece& piece : pair.pieces) {
+      if (piece.layer < first || piece.layer >= end) continue;
+      part.bytes += piece.length;
+      part.pieces.push_back(piece);
+    }
+    if (!part.pieces.empty()) out.push_back(std::move(part));
+  }
+  return out;
+}
+
 NcclHeader MakeNcclHeader(uint64_t seq, uint64_t total_bytes, std::string_view request_id,
                           bool held) {
   return {seq, total_bytes, Fnv1a(request_id), held};
@@ -101,6 +116,8 @@ std::string Encode(const NcclPullOrder& order) {
   TANDEM_CHECK(total.ok(), "an NCCL pull order's ranges overflow");
   local.total_bytes = *total;
   w.Str(Encode(local), kMaxNestedBytes);
+  w.U32(order.first_layer);
+  w.U32(order.end_layer);
   w.U32(static_cast<uint32_t>(order.pairs.size()));
   for (const NcclPairOrder& pair : order.pairs) {
     TANDEM_CHECK(pair.unique_id.size() == kNcclUniqueIdBytes, "NCCL unique id is not 128 bytes");
@@ -125,7 +142,7 @@ StatusOr<NcclPullOrder> DecodeNcclPullOrder(std::span<const uint8_t> bytes) {
   std::string descriptor, shape, local;
   uint32_t pairs = 0;
   if (!r.Str(&descriptor, kMaxNestedBytes) || !r.Str(&shape, kKvMaxBlobBytes) ||
-      !r.Str(&local, kMaxNestedBytes) ||
+      !r.Str(&local, kMaxNestedBytes) || !r.U32(&order.first_layer) || !r.U32(&order.end_layer) ||
       !r.Count(&pairs, kMaxNcclPairs, 4 + 4 + 4 + kNcclUniqueIdBytes + 8))
     return r.Error("NcclPullOrder");
   order.pairs.resize(pairs);
@@ -148,6 +165,11 @@ StatusOr<NcclPullOrder> DecodeNcclPullOrder(std::span<const uint8_t> bytes) {
   if (mine.instance_id != 0 || mine.request_id != order.descriptor.request_id)
     return InvalidArgument("wire: NCCL pull order: the puller's ranges name another request");
   order.local = std::move(mine.layers);
+  if (order.first_layer >= order.end_layer || order.end_layer > order.descriptor.layers.size())
+    return InvalidArgument("wire: NCCL pull order for layers [" +
+                           std::to_string(order.first_layer) + ", " +
+                           std::to_string(order.end_layer) + ") of a request of " +
+                           std::to_string(order.descriptor.layers.size()));
   return order;
 }
 

@@ -53,6 +53,11 @@ StatusOr<std::vector<NcclPairPlan>> PlanNcclPairs(const LayerRanges& remote,
                                                   const LayerRanges& local,
                                                   const KvPoolShape& local_shape);
 
+// The part of `plan` that moves layers [first, end): each pair's pieces of those layers, pairs
+// without any left out. Layer-wise streaming moves a request in such batches, one order each.
+std::vector<NcclPairPlan> NcclPairsOfLayers(const std::vector<NcclPairPlan>& plan, uint32_t first,
+                                            uint32_t end);
+
 // The 32 bytes in front of every request on a link:
 //   u32 magic "TKVT" | u16 wire version | u16 flags (bit 0: held) | u64 seq | u64 total_bytes |
 //   u64 FNV-1a of the request id
@@ -84,15 +89,19 @@ struct NcclPairOrder {
   bool operator==(const NcclPairOrder&) const = default;
 };
 struct NcclPullOrder {
-  KvDescriptor descriptor;           // the request and the publisher's ranges
-  KvPoolShape local_shape;           // the puller's pools
-  LayerRanges local;                 // the puller's ranges (offsets in each of its pools)
-  std::vector<NcclPairOrder> pairs;  // one per pair of PlanNcclPairs, in its order
+  KvDescriptor descriptor;   // the request and the publisher's ranges
+  KvPoolShape local_shape;   // the puller's pools
+  LayerRanges local;         // the puller's ranges (offsets in each of its pools)
+  uint32_t first_layer = 0;  // the layers this order moves: [first_layer, end_layer)
+  uint32_t end_layer = 0;
+  // One per pair of NcclPairsOfLayers(PlanNcclPairs(...), first_layer, end_layer), in its order.
+  std::vector<NcclPairOrder> pairs;
   bool operator==(const NcclPullOrder&) const = default;
 };
 // kvtransfer/wire.h framing, type KvWireType::kNcclPullOrder. Encode aborts on a unique id that
 // is not 128 bytes or more than kMaxNcclPairs pairs (bugs); Decode returns DataLoss or
-// InvalidArgument as the other decoders do (an invalid shape, a unique id of another size).
+// InvalidArgument as the other decoders do (an invalid shape, a unique id of another size,
+// layers that are not a non-empty part of the descriptor's).
 std::string Encode(const NcclPullOrder& order);
 StatusOr<NcclPullOrder> DecodeNcclPullOrder(std::span<const uint8_t> bytes);
 

@@ -143,13 +143,14 @@ struct TransferSection {
   int max_inflight = 64;
   // Stream the KV layer by layer: prefill announces a request's KV before its last forward pass
   // and publishes each layer as it is computed; decode pulls layer l as soon as it is published
-  // and starts its first step on layer 0 while later layers still arrive. Ignored by nccl.
+  // and starts its first step on layer 0 while later layers still arrive (nccl: decode orders
+  // each batch of layers as prefill announces them).
   bool layerwise = true;
 };
 
-// Whether the KV handoff streams layer by layer: transfer.layerwise, over a backend that can
-// (NCCL cannot). The prefill and decode servers and the simulator all ask this.
-inline bool StreamsLayerwise(const TransferSection& t) { return t.layerwise && t.backend != "nccl"; }
+// Whether the KV handoff streams layer by layer: transfer.layerwise (every backend can). The
+// prefill and decode servers and the simulator all ask this.
+inline bool StreamsLayerwise(const TransferSection& t) { return t.layerwise; }
 
 // The control plane between the router and the instances (common/net, common/serving).
 struct ControlSection {

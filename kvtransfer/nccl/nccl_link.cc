@@ -255,7 +255,8 @@ class NcclLink::Impl {
         r = send ? ncclSend(HeaderDev(a.seq), kHeaderBytes, ncclUint8, peer, comm, stream)
                  : ncclRecv(HeaderDev(a.seq), kHeaderBytes, ncclUint8, peer, comm, stream);
       }
-      for (; r == ncclSuccess && m < t.messages.size() && t.messages[m].layer == group; ++m) {
+      const uint32_t layer = t.first_layer + static_cast<uint32_t>(group);
+      for (; r == ncclSuccess && m < t.messages.size() && t.messages[m].layer == layer; ++m) {
         const Message& msg = t.messages[m];
         if (msg.bytes == 0) continue;
         r = send ? ncclSend(msg.data, msg.bytes, ncclUint8, peer, comm, stream)
@@ -321,7 +322,7 @@ class NcclLink::Impl {
           return true;
         }
         if (a.events_done < a.transfer.layers && a.transfer.on_layer) {
-          a.transfer.on_layer(static_cast<uint32_t>(a.events_done));
+          a.transfer.on_layer(a.transfer.first_layer + static_cast<uint32_t>(a.events_done));
         }
         ++a.events_done;
         progressed = true;

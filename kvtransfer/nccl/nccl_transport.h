@@ -9,16 +9,18 @@
 //
 //   decode (puller)                                   prefill (publisher)
 //   Connect(peer_info: the publisher's pool shape)
-//   Pull(desc, ranges, callbacks):
+//   Pull(desc, ranges, callbacks, available):
 //     plan the pairs of pools (PlanNcclPairs)
 //     a pair without a link: a new one
 //     (ncclGetUniqueId, rank 1, init in background)
-//     per pair, post receives (header + pieces)
+//     per pair, post receives for the layers
+//     available (header + pieces)
 //     callbacks.to_publisher(NcclPullOrder) ── KvTransport ──▶ OnPullerMessage(order):
 //                                                     the same plan; a new unique id: join
 //                                                     that link (rank 0); per pair, post the
 //                                                     sends: the lease's ranges with a "held"
 //                                                     header, or filler with "gone"
+//   SetLayersAvailable(id, n): the same for the next layers, one order more (layer-wise)
 //   on_layer(l) once every pair has layer l, on_done(OK / NotFound ...) once all are done
 //
 // What each side guarantees:
@@ -36,11 +38,13 @@
 //    Release(): OK ends it; a failure ends it too, and when its sends are still posted aborts
 //    their link (a send cannot be withdrawn, and the ranges are about to be reused).
 //  * Faults. Completion is a cudaEvent per layer polled by the link's progress thread. A transfer
-//    not done within `timeout` of its Post (the link's setup included), an asynchronous NCCL
-//    error (dead or hung peer: ncclCommGetAsyncError) or a CUDA error aborts the communicator
-//    (ncclCommAbort), waits for the stream to drain, and fails every transfer of the link: the
-//    one that timed out with DeadlineExceeded, the others with Unavailable. A dead link is
-//    replaced by a new one (new unique id) at the puller's next pull.
+//    (a batch of layers of one pair) not done within `timeout` of its Post (the link's setup
+//    included), an asynchronous NCCL error (dead or hung peer: ncclCommGetAsyncError) or a CUDA
+//    error aborts the communicator (ncclCommAbort), waits for the stream to drain, and fails
+//    every transfer of the link: the one that timed out with DeadlineExceeded, the others with
+//    Unavailable. A dead link is replaced by a new one (new unique id) at the puller's next
+//    order. Layer-wise, a pull whose ordered layers all landed and that waits longer than
+//    `layer_wait_timeout` for the next ones fails alone (DeadlineExceeded); its links go on.
 //  * Limits: at most 1024 links per publisher; links and peers unused for 60 s are closed.
 //
 // Memory: pool r is device memory on CUDA device r (cudaMalloc: the KV pools); it is not

@@ -64,7 +64,7 @@ PROMPT = [5, 9, 11, 13, 17]
 # --- The control wire (common/net/wire_codec.h, control_wire.h, control_auth.h) ------------
 
 CONTROL_MAGIC = 0x4C544354  # "TCTL"
-CONTROL_VERSION = 6
+CONTROL_VERSION = 7  # kControlVersion (common/net/control_wire.h)
 HELLO, LOAD_REPORT, SUBMIT, CANCEL, TOKENS, FINISH = 1, 2, 3, 4, 5, 6
 ROLE_ROUTER, ROLE_PREFILL, ROLE_DECODE = 0, 1, 2
 AUTH_MAGIC = b"TDMC"

@@ -125,6 +125,13 @@ class Wire {
     bool same_messages = send.t.messages.size() == recv.t.messages.size();
     for (size_t i = 0; same_messages && i < send.t.messages.size(); ++i)
       same_messages = send.t.messages[i].bytes == recv.t.messages[i].bytes;
+    // As NcclLink posts them: a group per layer of the transfer, messages in layer order.
+    for (const Entry* e : {&send, &recv})
+      for (size_t i = 0; same_messages && i < e->t.messages.size(); ++i) {
+        const uint32_t layer = e->t.messages[i].layer;
+        same_messages = layer >= e->t.first_layer && layer < e->t.first_layer + e->t.layers &&
+                        (i == 0 || e->t.messages[i - 1].layer <= layer);
+      }
     if (verdict.code() == StatusCode::kDataLoss || !same_messages) {
       if (verdict.ok()) verdict = DataLoss("messages of different sizes");
       {
@@ -137,7 +144,7 @@ class Wire {
     for (size_t i = 0; i < send.t.messages.size(); ++i)
       std::memcpy(recv.t.messages[i].data, send.t.messages[i].data, send.t.messages[i].bytes);
     for (uint32_t l = 0; l < recv.t.layers; ++l)
-      if (recv.t.on_layer) recv.t.on_layer(l);
+      if (recv.t.on_layer) recv.t.on_layer(recv.t.first_layer + l);
     if (send.t.on_done) send.t.on_done(Status());
     if (recv.t.on_done) recv.t.on_done(verdict);
   }
@@ -213,11 +220,12 @@ struct Cluster {
   std::deque<std::string> orders;  // decode -> prefill, in the order the puller made them
 
   explicit Cluster(std::chrono::milliseconds timeout = 5000ms, int prefill_degree = 1,
-                   int decode_degree = 1)
+                   int decode_degree = 1, std::chrono::milliseconds layer_wait = 5000ms)
       : prefill_shape{kModel, prefill_degree, kPoolBlocks},
         decode_shape{kModel, decode_degree, kPoolBlocks} {
     PullDrivenOptions options;
     options.timeout = timeout;
+    options.layer_wait_timeout = layer_wait;
     publisher = std::move(CreatePullDrivenPublisher(Regions(prefill_pools, prefill_shape),
                                                     prefill_shape, options, links.Maker()))
                     .value();
@@ -358,6 +366,57 @@ TEST_CASE("nccl endpoints: between tensor-parallel degrees the KV is re-sharded,
   }
 }
 
+TEST_CASE("nccl endpoints: layer by layer, each raise of the available layers orders the next",
+          "[kvtransfer]") {
+  Cluster c(5000ms, 1, 2);  // re-sharded too
+  const LayerRanges remote = Cluster::Blocks(0, 4);
+  const LayerRanges local = Cluster::Blocks(6, 4, 2);
+  c.Fill(remote, 5);
+  bool released = false;
+  StatusOr<KvDescriptor> d = c.publisher->Publish(
+      "stream", remote, [&](const std::string&, const Status& s) { released = s.ok(); });
+  REQUIRE(d.ok());
+  PullWaiter waiter;
+  REQUIRE(c.puller->Pull(*d, local, c.WithOrders(waiter.callbacks()), 0).ok());
+  CHECK(c.orders.empty());  // nothing computed yet: nothing ordered
+  REQUIRE(c.puller->SetLayersAvailable("stream", 1).ok());
+  REQUIRE(c.Deliver().ok());
+  CHECK(Eventually([&] { return waiter.layers_done() == 1; }));
+  CHECK(c.puller->inflight_count() == 1);  // layers 1 and 2 still to come
+  CHECK(c.publisher->published_count() == 1);
+  REQUIRE(c.puller->SetLayersAvailable("stream", 1).ok());  // no more than before: no order
+  CHECK(c.orders.empty());
+  REQUIRE(c.puller->SetLayersAvailable("stream", kAllLayers).ok());
+  REQUIRE(c.Deliver().ok());
+  REQUIRE(waiter.Wait(5000ms).ok());
+  CHECK(waiter.layers_done() == kLayers);
+  StatusOr<std::vector<CopyPiece>> plan =
+      PlanShardedCopies(remote, c.prefill_shape, local, c.decode_shape);
+  REQUIRE(plan.ok());
+  for (const CopyPiece& p : *plan)
+    CHECK(std::memcmp(c.decode_pools[p.local_pool].data() + p.local_offset,
+                      c.prefill_pools[p.remote_pool].data() + p.remote_offset, p.length) == 0);
+  CHECK(Eventually([&] { return released; }));  // every layer sent: the publication ends
+  CHECK(c.puller->SetLayersAvailable("stream", 3).code() == StatusCode::kNotFound);
+}
+
+TEST_CASE("nccl endpoints: a pull whose next layers never come fails within the layer wait",
+          "[kvtransfer]") {
+  Cluster c(5000ms, 1, 1, 200ms);
+  StatusOr<KvDescriptor> d = c.publisher->Publish("stalled", Cluster::Blocks(0, 2), {});
+  REQUIRE(d.ok());
+  PullWaiter waiter;
+  const auto start = Clock::now();
+  REQUIRE(c.puller->Pull(*d, Cluster::Blocks(4, 2), c.WithOrders(waiter.callbacks()), 1).ok());
+  REQUIRE(c.Deliver().ok());
+  const Status status = waiter.Wait(5000ms);
+  CHECK(status.code() == StatusCode::kDeadlineExceeded);
+  CHECK(status.message().find("layer 1 not made available") != std::string::npos);
+  CHECK(Clock::now() - start < 3s);
+  CHECK(waiter.layers_done() == 1);
+  CHECK(c.puller->inflight_count() == 0);
+}
+
 TEST_CASE("nccl endpoints: a request released before its order arrives fails only its pull",
           "[kvtransfer]") {
   Cluster c;
@@ -446,6 +505,8 @@ TEST_CASE("nccl endpoints: a failure released while the sends are posted aborts 
   forged.descriptor = *d;
   forged.local_shape = c.decode_shape;
   forged.local = Cluster::Blocks(9, 2);
+  forged.first_layer = 0;
+  forged.end_layer = kLayers;
   forged.pairs = {{0, 0, std::string(kNcclUniqueIdBytes, 'f'), 0}};
   REQUIRE(c.publisher->OnPullerMessage(AsBytes(Encode(forged))).ok());
   CHECK(c.publisher->published_count() == 1);
@@ -469,6 +530,8 @@ TEST_CASE("nccl endpoints: bad orders and pulls are refused, naming what is wron
   order.descriptor = *d;
   order.local_shape = c.decode_shape;
   order.local = Cluster::Blocks(4, 2);
+  order.first_layer = 0;
+  order.end_layer = kLayers;
   order.pairs = {{0, 0, std::string(kNcclUniqueIdBytes, 'u'), 0}};
   order.descriptor.instance_id += 1;
   CHECK(c.publisher->OnPullerMessage(AsBytes(Encode(order))).message().find(
@@ -483,8 +546,6 @@ TEST_CASE("nccl endpoints: bad orders and pulls are refused, naming what is wron
   PullWaiter w;
   CHECK(c.puller->Pull(*d, Cluster::Blocks(4, 2), w.callbacks()).code() ==
         StatusCode::kFailedPrecondition);  // no way to the publisher
-  CHECK(c.puller->Pull(*d, Cluster::Blocks(4, 2), c.WithOrders(w.callbacks()), 1).code() ==
-        StatusCode::kFailedPrecondition);  // layer-wise streaming
   CHECK(c.puller->Pull(*d, Cluster::Blocks(4, 3), c.WithOrders(w.callbacks())).code() ==
         StatusCode::kInvalidArgument);  // sizes differ
   KvDescriptor stranger = *d;

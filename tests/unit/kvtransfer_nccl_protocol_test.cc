@@ -111,6 +111,8 @@ TEST_CASE("nccl protocol: pull orders round-trip and malformed ones are refused"
   order.descriptor = *d;
   order.local_shape = KvPoolShape{KvLayout{2, 4, 8, 4}, 2, 16};
   order.local = {{{512, 128}}, {{1024, 64}}};
+  order.first_layer = 1;
+  order.end_layer = 2;
   order.pairs = {{0, 0, std::string(kNcclUniqueIdBytes, '\x07'), 3},
                  {0, 1, std::string(kNcclUniqueIdBytes, '\x08'), 0}};
   const std::string bytes = Encode(order);
@@ -123,6 +125,10 @@ TEST_CASE("nccl protocol: pull orders round-trip and malformed ones are refused"
     CHECK_FALSE(DecodeNcclPullOrder(AsBytes(bytes.substr(0, n))).ok());
   CHECK(DecodeNcclPullOrder(AsBytes(Encode(*d))).status().message().find(
             "expected an NCCL pull order") != std::string::npos);
+  NcclPullOrder past = order;
+  past.end_layer = 3;  // the request has 2 layers
+  CHECK(DecodeNcclPullOrder(AsBytes(Encode(past))).status().message() ==
+        "wire: NCCL pull order for layers [1, 3) of a request of 2");
   // Random bit flips never crash the decoder, and what decodes is well formed.
   std::mt19937_64 rng(11);
   for (int i = 0; i < 2000; ++i) {
