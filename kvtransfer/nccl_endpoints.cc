@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/base/log.h"
+#include "common/net/control_wire.h"
 #include "kvtransfer/nccl_protocol.h"
 
 namespace tandem {
@@ -21,6 +22,11 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr auto kIdleLinkTimeout = std::chrono::seconds(kIdleLinkSeconds);
+// The puller stops using a link idle for half that (and makes a new one), so that it never
+// orders on a link the publisher may have closed as idle.
+constexpr auto kPullerLinkIdle = kIdleLinkTimeout / 2;
+// An order travels in a KvTransport, whose bytes the control plane bounds.
+constexpr size_t kMaxNcclOrderBytes = kMaxBlobBytes;
 
 Status CheckRequestId(const std::string& id) {
   if (id.empty()) return InvalidArgument("empty request id");
@@ -82,8 +88,15 @@ class PullDrivenPublisher final : public KvPublisher {
   // callbacks of its transfers (which take the lock).
   ~PullDrivenPublisher() override {
     std::map<std::string, Link> links;
-    std::lock_guard<std::mutex> lock(state_->mutex);
-    links.swap(state_->links);
+    std::map<std::string, Lease> leases;
+    {
+      std::lock_guard<std::mutex> lock(state_->mutex);
+      links.swap(state_->links);
+      leases.swap(state_->leases);
+    }
+    links.clear();
+    for (auto& [id, lease] : leases)
+      if (lease.on_release) lease.on_release(id, Cancelled("NCCL publisher closed"));
   }
 
   const PeerInfo& peer_info() const override { return info_; }
@@ -110,99 +123,17 @@ class PullDrivenPublisher final : public KvPublisher {
     return descriptor;
   }
 
+  // An order this publisher refuses after the puller posted its receives would leave them
+  // waiting for nothing on every link it names, and the next order on them out of step: the
+  // refusal drops those links (their other transfers fail now instead of at their deadline).
   Status OnPullerMessage(std::span<const uint8_t> bytes) override {
     TANDEM_ASSIGN_OR_RETURN(NcclPullOrder order, DecodeNcclPullOrder(bytes));
-    const KvDescriptor& d = order.descriptor;
-    if (d.instance_id != info_.instance_id)
-      return InvalidArgument("NCCL pull order for publisher " + std::to_string(d.instance_id) +
-                             ", this is " + std::to_string(info_.instance_id));
-    TANDEM_RETURN_IF_ERROR(CheckRequestId(d.request_id));
-    // The plan the puller made its receives from, made again here: its part for these layers.
-    TANDEM_ASSIGN_OR_RETURN(std::vector<NcclPairPlan> whole,
-                            PlanNcclPairs(d.layers, shape_, order.local, order.local_shape));
-    const std::vector<NcclPairPlan> plan =
-        NcclPairsOfLayers(whole, order.first_layer, order.end_layer);
-    bool same_pairs = plan.size() == order.pairs.size();
-    for (size_t i = 0; same_pairs && i < plan.size(); ++i)
-      same_pairs = plan[i].remote_pool == order.pairs[i].remote_pool &&
-                   plan[i].local_pool == order.pairs[i].local_pool;
-    if (!same_pairs)
-      return InvalidArgument("NCCL pull order of " + d.request_id +
-                             ": its links are not the pairs of pools its plan moves");
-
-    // Links let go of are destroyed after the lock is released (see the destructor).
-    std::vector<Link> closing;
+    std::vector<Link> closing;  // destroyed after the lock (see the destructor)
     std::lock_guard<std::mutex> lock(state_->mutex);
-    const Clock::time_point now = Clock::now();
-    // Every link in step before any send is posted: a link whose order is not the one due is
-    // out of step for good, and so is the pull (its other receives wait for nothing).
-    size_t new_links = 0;
-    Status out_of_step;
-    for (const NcclPairOrder& pair : order.pairs) {
-      auto found = state_->links.find(pair.unique_id);
-      if (found == state_->links.end()) {
-        ++new_links;
-        if (pair.seq != 0 && out_of_step.ok())  // a link this publisher lost (or never had)
-          out_of_step = InvalidArgument("NCCL pull order " + std::to_string(pair.seq) +
-                                        " for an unknown link");
-      } else if (pair.seq != found->second.next_seq && out_of_step.ok()) {
-        out_of_step = DataLoss("NCCL pull order " + std::to_string(pair.seq) + " where order " +
-                               std::to_string(found->second.next_seq) + " was due: link aborted");
-      }
-    }
-    if (!out_of_step.ok()) {
-      for (const NcclPairOrder& pair : order.pairs) Drop(pair.unique_id, out_of_step, &closing);
-      return out_of_step;
-    }
-    if (new_links > 0) {
-      for (auto it = state_->links.begin(); it != state_->links.end();) {
-        if (Closable(*it->second.link, it->second.last_used, now)) {
-          closing.push_back(std::move(it->second));
-          it = state_->links.erase(it);
-        } else {
-          ++it;
-        }
-      }
-      if (state_->links.size() + new_links > kMaxPullDrivenLinks)
-        return ResourceExhausted("NCCL publisher already has " +
-                                 std::to_string(state_->links.size()) + " links");
-    }
-    // Held: the sends read the published ranges. Not held (released, never published, or
-    // ranges that differ from the publication): filler of the same sizes from the ranges the
-    // order names, so that the puller's receives complete and every link stays in step.
-    auto lease = state_->leases.find(d.request_id);
-    const bool held = lease != state_->leases.end() && !lease->second.failed &&
-                      lease->second.ranges == d.layers;
-    for (size_t i = 0; i < plan.size(); ++i) {
-      const NcclPairOrder& pair = order.pairs[i];
-      auto found = state_->links.find(pair.unique_id);
-      if (found == state_->links.end()) {
-        StatusOr<std::shared_ptr<OrderedLink>> made =
-            maker_.start(pair.unique_id, /*rank=*/0, static_cast<int>(pair.remote_pool));
-        if (!made.ok()) return Abandon(order, i, made.status(), &closing);
-        found = state_->links.emplace(pair.unique_id, Link{std::move(*made), 0, now}).first;
-      }
-      Link& link = found->second;
-      link.last_used = now;
-      OrderedLink::Transfer t = TransferOf(d.request_id, order.first_layer, order.end_layer,
-                                           plan[i], pools_[pair.remote_pool], true);
-      t.held = held;
-      t.deadline = now + options_.timeout;
-      if (held)
-        t.on_done = [state = state_, id = d.request_id](const Status& status) {
-          SendsDone(*state, id, status);
-        };
-      StatusOr<uint64_t> seq = link.link->Post(std::move(t));
-      if (!seq.ok()) return Abandon(order, i + 1, seq.status(), &closing);
-      TANDEM_CHECK(*seq == link.next_seq, "an NCCL publisher link posted out of its own order");
-      ++link.next_seq;
-      if (held) {
-        ++lease->second.sending;
-        lease->second.links.push_back(pair.unique_id);
-      }
-    }
-    if (held) lease->second.layers_sent = std::max(lease->second.layers_sent, order.end_layer);
-    return Status();
+    Status served = Serve(order, &closing);
+    if (!served.ok())
+      for (const NcclPairOrder& pair : order.pairs) Drop(pair.unique_id, served, &closing);
+    return served;
   }
 
   Status Release(const TransferResult& result) override {
@@ -252,6 +183,91 @@ class PullDrivenPublisher final : public KvPublisher {
     std::map<std::string, Link> links;  // by unique id
   };
 
+  // OnPullerMessage under the lock: checks the order against the plan and the links, then
+  // posts a transfer per pair. On an error nothing more is posted; the caller drops the links.
+  Status Serve(const NcclPullOrder& order, std::vector<Link>* closing) {
+    const KvDescriptor& d = order.descriptor;
+    if (d.instance_id != info_.instance_id)
+      return InvalidArgument("NCCL pull order for publisher " + std::to_string(d.instance_id) +
+                             ", this is " + std::to_string(info_.instance_id));
+    TANDEM_RETURN_IF_ERROR(CheckRequestId(d.request_id));
+    // The plan the puller made its receives from, made again here: its part for these layers.
+    TANDEM_ASSIGN_OR_RETURN(std::vector<NcclPairPlan> whole,
+                            PlanNcclPairs(d.layers, shape_, order.local, order.local_shape));
+    const std::vector<NcclPairPlan> plan =
+        NcclPairsOfLayers(whole, order.first_layer, order.end_layer);
+    bool same_pairs = plan.size() == order.pairs.size();
+    for (size_t i = 0; same_pairs && i < plan.size(); ++i)
+      same_pairs = plan[i].remote_pool == order.pairs[i].remote_pool &&
+                   plan[i].local_pool == order.pairs[i].local_pool;
+    if (!same_pairs)
+      return InvalidArgument("NCCL pull order of " + d.request_id +
+                             ": its links are not the pairs of pools its plan moves");
+    const Clock::time_point now = Clock::now();
+    // Every link in step before any send is posted.
+    size_t new_links = 0;
+    for (const NcclPairOrder& pair : order.pairs) {
+      auto found = state_->links.find(pair.unique_id);
+      if (found == state_->links.end()) {
+        ++new_links;
+        if (pair.seq != 0)  // a link this publisher lost (or never had)
+          return InvalidArgument("NCCL pull order " + std::to_string(pair.seq) +
+                                 " for an unknown link");
+      } else if (pair.seq != found->second.next_seq) {
+        return DataLoss("NCCL pull order " + std::to_string(pair.seq) + " where order " +
+                        std::to_string(found->second.next_seq) + " was due: link aborted");
+      }
+    }
+    if (new_links > 0) {
+      for (auto it = state_->links.begin(); it != state_->links.end();) {
+        if (Closable(*it->second.link, it->second.last_used, now)) {
+          closing->push_back(std::move(it->second));
+          it = state_->links.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      if (state_->links.size() + new_links > kMaxPullDrivenLinks)
+        return ResourceExhausted("NCCL publisher already has " +
+                                 std::to_string(state_->links.size()) + " links");
+    }
+    // Held: the sends read the published ranges. Not held (released, never published, or
+    // ranges that differ from the publication): filler of the same sizes from the ranges the
+    // order names, so that the puller's receives complete and every link stays in step.
+    auto lease = state_->leases.find(d.request_id);
+    const bool held = lease != state_->leases.end() && !lease->second.failed &&
+                      lease->second.ranges == d.layers;
+    for (size_t i = 0; i < plan.size(); ++i) {
+      const NcclPairOrder& pair = order.pairs[i];
+      auto found = state_->links.find(pair.unique_id);
+      if (found == state_->links.end()) {
+        TANDEM_ASSIGN_OR_RETURN(
+            std::shared_ptr<OrderedLink> made,
+            maker_.start(pair.unique_id, /*rank=*/0, static_cast<int>(pair.remote_pool)));
+        found = state_->links.emplace(pair.unique_id, Link{std::move(made), 0, now}).first;
+      }
+      Link& link = found->second;
+      link.last_used = now;
+      OrderedLink::Transfer t = TransferOf(d.request_id, order.first_layer, order.end_layer,
+                                           plan[i], pools_[pair.remote_pool], true);
+      t.held = held;
+      t.deadline = now + options_.timeout;
+      if (held)
+        t.on_done = [state = state_, id = d.request_id](const Status& status) {
+          SendsDone(*state, id, status);
+        };
+      TANDEM_ASSIGN_OR_RETURN(uint64_t seq, link.link->Post(std::move(t)));
+      TANDEM_CHECK(seq == link.next_seq, "an NCCL publisher link posted out of its own order");
+      ++link.next_seq;
+      if (held) {
+        ++lease->second.sending;
+        lease->second.links.push_back(pair.unique_id);
+      }
+    }
+    if (held) lease->second.layers_sent = std::max(lease->second.layers_sent, order.end_layer);
+    return Status();
+  }
+
   // Aborts and forgets the link of `uid` (lock held); `closing` destroys it after the lock.
   void Drop(const std::string& uid, const Status& why, std::vector<Link>* closing) {
     auto it = state_->links.find(uid);
@@ -259,14 +275,6 @@ class PullDrivenPublisher final : public KvPublisher {
     it->second.link->Abort(why);
     closing->push_back(std::move(it->second));
     state_->links.erase(it);
-  }
-
-  // Pairs [0, posted) of `order` have their sends posted and the rest cannot be: the links of
-  // the posted ones go, so that nothing waits for receives that pair with no sends.
-  Status Abandon(const NcclPullOrder& order, size_t posted, const Status& why,
-                 std::vector<Link>* closing) {
-    for (size_t i = 0; i < posted; ++i) Drop(order.pairs[i].unique_id, why, closing);
-    return why;
   }
 
   // A link's thread: one transfer of a held request completed (OK) or failed. Every layer sent
@@ -376,7 +384,8 @@ class PullDrivenPuller final : public KvPuller {
       std::lock_guard<std::mutex> lock(state_->mutex);
       for (auto& [id, entry] : state_->pulls) left.push_back(entry);
     }
-    for (auto& entry : left) Finish(*state_, *metrics_, *entry, Cancelled("NCCL puller closed"));
+    for (auto& entry : left)
+      if (Claim(*entry)) Complete(*state_, *metrics_, *entry, Cancelled("NCCL puller closed"));
   }
 
   Status Connect(const PeerInfo& peer) override {
@@ -445,12 +454,8 @@ class PullDrivenPuller final : public KvPuller {
     metrics_->Started();
     const uint32_t available = std::min(layers_available, entry->layers);
     if (available > 0) {
-      Status posted = Order(p, entry, available, &failed);
-      if (!posted.ok()) {  // refused: no callback of this pull runs
-        {
-          std::lock_guard<std::mutex> pull_lock(entry->mutex);
-          entry->refused = true;
-        }
+      Status posted = Order(p, entry, available, /*refuse_on_error=*/true, &failed);
+      if (!posted.ok()) {  // refused (Order marked it): no callback of this pull runs
         state_->pulls.erase(entry->request_id);
         metrics_->Failed(0.0, TransferMetrics::ReasonFor(posted));
         return posted;
@@ -467,15 +472,13 @@ class PullDrivenPuller final : public KvPuller {
     std::shared_ptr<PullEntry> entry = it->second;
     const uint32_t available = std::min(layers, entry->layers);
     if (available <= entry->ordered) return Status();
-    {
-      std::lock_guard<std::mutex> pull_lock(entry->mutex);
-      if (!entry->status.ok()) return Status();  // failed: it ends once its transfers are done
-    }
     auto peer = state_->peers.find(entry->publisher);
     Status posted = peer == state_->peers.end()
                         ? Unavailable("NCCL publisher " + std::to_string(entry->publisher) +
                                       " forgotten")
-                        : Order(peer->second, entry, available, &failed);
+                        : Order(peer->second, entry, available, /*refuse_on_error=*/false,
+                                &failed);
+    if (posted.code() == StatusCode::kCancelled) return Status();  // ending already
     if (!posted.ok()) {  // the pull fails (the watchdog ends it once nothing is in flight)
       std::lock_guard<std::mutex> pull_lock(entry->mutex);
       if (entry->status.ok()) entry->status = posted;
@@ -493,6 +496,7 @@ class PullDrivenPuller final : public KvPuller {
   struct PairLink {
     std::shared_ptr<OrderedLink> link;  // made at the first pull that needs it
     std::string unique_id;
+    Clock::time_point last_used;
   };
   struct Peer {
     KvPoolShape shape;  // the publisher's pools
@@ -506,13 +510,17 @@ class PullDrivenPuller final : public KvPuller {
   };
 
   // Orders layers [entry.ordered, end): posts a transfer per pair on its link (a new link where
-  // there is none or it failed), then sends the order. Under the lock, so that orders leave in
-  // the order their receives were posted. A transfer that cannot be posted: the ones posted
-  // before it lose their links (nothing would pair with them) and the error is returned.
+  // there is none, it failed, or it idled long enough that the publisher may close it), then
+  // sends the order. Under the lock, so that orders leave in the order their receives were
+  // posted. Cancelled (nothing done) when the pull is ending already. A transfer that cannot be
+  // posted: the ones posted before it lose their links (nothing would pair with them), the pull
+  // is refused (`refuse_on_error`: Pull's first order, no callback will run) or failed, and the
+  // error is returned.
   Status Order(Peer& p, const std::shared_ptr<PullEntry>& entry, uint32_t end,
-               std::vector<std::shared_ptr<OrderedLink>>* failed) {
+               bool refuse_on_error, std::vector<std::shared_ptr<OrderedLink>>* failed) {
     const uint32_t first = entry->ordered;
     const std::vector<NcclPairPlan> part = NcclPairsOfLayers(entry->plan, first, end);
+    const Clock::time_point now = Clock::now();
     NcclPullOrder order;
     order.descriptor = entry->descriptor;
     order.local_shape = shape_;
@@ -521,7 +529,9 @@ class PullDrivenPuller final : public KvPuller {
     order.end_layer = end;
     for (const NcclPairPlan& pair : part) {
       PairLink& link = p.links[{pair.remote_pool, pair.local_pool}];
-      if (link.link == nullptr || !link.link->health().ok()) {  // first use, or it failed
+      const bool stale = link.link != nullptr && link.link->inflight_count() == 0 &&
+                         now - link.last_used > kPullerLinkIdle;
+      if (link.link == nullptr || !link.link->health().ok() || stale) {
         failed->push_back(std::move(link.link));
         TANDEM_ASSIGN_OR_RETURN(link.unique_id, maker_.new_unique_id());
         TANDEM_ASSIGN_OR_RETURN(link.link, maker_.start(link.unique_id, /*rank=*/1,
@@ -529,8 +539,17 @@ class PullDrivenPuller final : public KvPuller {
       }
       order.pairs.push_back({pair.remote_pool, pair.local_pool, link.unique_id, 0});
     }
+    // The order must fit the control plane's message (its seqs do not change its size).
+    if (const size_t bytes = Encode(order).size(); bytes > kMaxNcclOrderBytes)
+      return ResourceExhausted("NCCL pull order of " + entry->request_id + " would be " +
+                               std::to_string(bytes) + " bytes, over the control plane's " +
+                               std::to_string(kMaxNcclOrderBytes));
     {
+      // One critical section with the decisions to end the pull (Claim): either it is ending
+      // and nothing is posted, or these transfers count before any can complete.
       std::lock_guard<std::mutex> pull_lock(entry->mutex);
+      if (entry->finished || entry->refused || !entry->status.ok())
+        return Cancelled("NCCL pull of " + entry->request_id + " is ending");
       entry->transfers_left += part.size();
       for (auto& [key, done] : entry->layers_done) {  // pairs with nothing in these layers
         const bool moves = std::any_of(part.begin(), part.end(), [&](const NcclPairPlan& q) {
@@ -539,33 +558,34 @@ class PullDrivenPuller final : public KvPuller {
         if (!moves) done = std::max(done, end);
       }
     }
-    const Clock::time_point deadline = Clock::now() + options_.timeout;
+    const Clock::time_point deadline = now + options_.timeout;
     for (size_t i = 0; i < part.size(); ++i) {
       const PairKey key{part[i].remote_pool, part[i].local_pool};
       OrderedLink::Transfer t = TransferOf(entry->request_id, first, end, part[i],
                                            pools_[part[i].local_pool], false);
       t.deadline = deadline;
-      t.on_layer = [state = state_, metrics = metrics_, entry, key](uint32_t layer) {
-        LayerDone(*entry, key, layer);
-      };
+      t.on_layer = [entry, key](uint32_t layer) { LayerDone(*entry, key, layer); };
       t.on_done = [state = state_, metrics = metrics_, entry](const Status& status) {
         TransferDone(*state, *metrics, *entry, status);
       };
-      StatusOr<uint64_t> seq = p.links[key].link->Post(std::move(t));
+      PairLink& link = p.links[key];
+      StatusOr<uint64_t> seq = link.link->Post(std::move(t));
       if (!seq.ok()) {
         {
           std::lock_guard<std::mutex> pull_lock(entry->mutex);
           entry->transfers_left -= part.size() - i;
           if (entry->status.ok()) entry->status = seq.status();
+          entry->refused = entry->refused || refuse_on_error;
         }
         for (size_t j = 0; j < i; ++j)
           p.links[{part[j].remote_pool, part[j].local_pool}].link->Abort(seq.status());
         return seq.status();
       }
+      link.last_used = now;
       order.pairs[i].seq = *seq;
     }
     entry->ordered = end;
-    p.last_used = Clock::now();
+    p.last_used = now;
     entry->to_publisher(Encode(order));
     return Status();
   }
@@ -614,19 +634,23 @@ class PullDrivenPuller final : public KvPuller {
       if (--entry.transfers_left > 0 || entry.refused || entry.finished) return;
       entry.idle_since = Clock::now();
       if (entry.status.ok() && AllLanded(entry) < entry.layers) return;
+      entry.finished = true;  // claimed here, in the section that saw it end (see Order)
       outcome = entry.status;
     }
-    Finish(state, metrics, entry, outcome);
+    Complete(state, metrics, entry, outcome);
   }
 
-  // Ends a pull once: forgets it, counts it, tells the caller.
-  static void Finish(State& state, TransferMetrics& metrics, PullEntry& entry,
-                     const Status& status) {
-    {
-      std::lock_guard<std::mutex> lock(entry.mutex);
-      if (entry.finished || entry.refused) return;
-      entry.finished = true;
-    }
+  // Marks a pull as ending, once; false when it already is (or was refused).
+  static bool Claim(PullEntry& entry) {
+    std::lock_guard<std::mutex> lock(entry.mutex);
+    if (entry.finished || entry.refused) return false;
+    entry.finished = true;
+    return true;
+  }
+
+  // Ends a claimed pull: forgets it, counts it, tells the caller.
+  static void Complete(State& state, TransferMetrics& metrics, PullEntry& entry,
+                       const Status& status) {
     {
       std::lock_guard<std::mutex> lock(state.mutex);
       auto it = state.pulls.find(entry.request_id);
@@ -650,20 +674,26 @@ class PullDrivenPuller final : public KvPuller {
       const Clock::time_point now = Clock::now();
       std::vector<std::pair<std::shared_ptr<PullEntry>, Status>> ending;
       for (auto& [id, entry] : state_->pulls) {
+        // Decided and claimed under both locks: an Order in between sees it ending.
         std::lock_guard<std::mutex> pull_lock(entry->mutex);
         if (entry->transfers_left > 0 || entry->finished || entry->refused) continue;
         if (!entry->status.ok()) {
           ending.emplace_back(entry, entry->status);
+        } else if (AllLanded(*entry) >= entry->layers) {  // its last batch moved no bytes
+          ending.emplace_back(entry, Status());
         } else if (entry->ordered < entry->layers &&
                    now - entry->idle_since > options_.layer_wait_timeout) {
           ending.emplace_back(entry, DeadlineExceeded(
                                          "NCCL pull of " + id + ": layer " +
                                          std::to_string(entry->ordered) + " not made available "
                                          "within the layer wait timeout"));
+        } else {
+          continue;
         }
+        entry->finished = true;
       }
       lock.unlock();
-      for (auto& [entry, status] : ending) Finish(*state_, *metrics_, *entry, status);
+      for (auto& [entry, status] : ending) Complete(*state_, *metrics_, *entry, status);
       lock.lock();
     }
   }

@@ -27,7 +27,6 @@ class PrefillDriver : public InstanceDriver, public PrefillObserver {
       return handoff_->Released(k->request_id, k->code == StatusCode::kOk
                                                    ? Status()
                                                    : Status(k->code, k->message));
-    if (auto* t = std::get_if<KvTransport>(&message)) return ToPublisher(*t);
     TANDEM_LOG(kDebug) << "ignoring unexpected control message";
   }
   void OnClosed(ConnId conn, std::optional<uint64_t>) override {
@@ -49,15 +48,6 @@ class PrefillDriver : public InstanceDriver, public PrefillObserver {
  private:
   void HandleSubmit(ConnId conn, const Submit& submit);
   void Refuse(ConnId conn, const std::string& id, const Status& why);
-  // A puller's message for our publisher (nccl's pull orders). A bad one fails only the pull
-  // that sent it: the puller's timeout ends it, and decode reports it as for any failed pull.
-  void ToPublisher(const KvTransport& message) {
-    Status taken = kv_.publisher->OnPullerMessage(AsBytes(message.bytes));
-    if (!taken.ok()) {
-      TANDEM_LOG_REQ(kWarn, message.request_id)
-          << "KV transport message refused: " << taken.ToString();
-    }
-  }
 
   InstanceSetup setup_;
   Counter* handoff_failures_ = nullptr;
@@ -148,6 +138,17 @@ Status PrefillDriver::Init(const RoleArgs& args) {
 
   TANDEM_ASSIGN_OR_RETURN(HostOptions ho, setup_.Host(InstanceRole::kPrefill, args, section));
   ho.kv_peer_info = Encode(kv_.publisher->peer_info());
+  // A puller's message for our publisher (nccl's pull orders), taken on the I/O thread: the
+  // engine thread may be inside a forward pass for a while (the publisher is thread-safe and
+  // outlives the host). A refused order fails the pulls on the links it named, which decode
+  // reports as failed pulls.
+  ho.on_kv_transport = [publisher = kv_.publisher.get()](const KvTransport& message) {
+    Status taken = publisher->OnPullerMessage(AsBytes(message.bytes));
+    if (!taken.ok()) {
+      TANDEM_LOG_REQ(kWarn, message.request_id)
+          << "KV transport message refused: " << taken.ToString();
+    }
+  };
   ho.kv_total_blocks = engine_->total_blocks();
   TANDEM_ASSIGN_OR_RETURN(host_, InstanceHost::Create(std::move(ho)));
   KvHandoffOptions hand;

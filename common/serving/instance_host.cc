@@ -96,6 +96,11 @@ ConnId InstanceHost::Adopt(const std::shared_ptr<ControlConnection>& conn, bool 
           if (auto c = weak.lock()) c->Close();
           return;
         }
+        if (auto* transport = std::get_if<KvTransport>(&message);
+            transport != nullptr && options_.on_kv_transport) {
+          options_.on_kv_transport(*transport);
+          return;
+        }
         Post([this, id, m = std::move(message)]() mutable {
           driver_->OnMessage(id, std::move(m));
         });

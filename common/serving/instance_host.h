@@ -83,6 +83,11 @@ struct HostOptions {
   int32_t kv_block_size = 0;
   int64_t kv_total_blocks = 0;
   MetricsRegistry* metrics = nullptr;  // rendered at /metrics; not owned; may be null
+  // Takes KvTransport messages (a transport's own, decode -> prefill) on the connection's I/O
+  // thread instead of the engine's inbox: they must not wait for a forward pass (nccl's pull
+  // orders: the puller's receives are posted and their deadline runs). A connection's messages
+  // keep their order. Thread-safe; null: they reach the driver as any message does.
+  std::function<void(const KvTransport& message)> on_kv_transport;
 };
 
 class InstanceHost {

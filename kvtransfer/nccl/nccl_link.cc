@@ -106,6 +106,8 @@ class NcclLink::Impl {
   // Starts the progress thread, which sets the link up (Init) before anything else.
   void Start() { thread_ = std::thread([this] { Run(); }); }
 
+  // The progress thread tears the link down (Teardown): no CUDA or NCCL call on the caller's
+  // thread, whose current device stays as it was.
   ~Impl() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -113,14 +115,6 @@ class NcclLink::Impl {
     }
     cv_.notify_all();
     if (thread_.joinable()) thread_.join();
-    cudaSetDevice(device_);
-    bool busy;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      busy = !active_.empty() || !queued_.empty();
-    }
-    if (busy) FailLink(Cancelled("NCCL link closed"), std::nullopt, Status());
-    // comm_ is declared last, so it is aborted before the stream and buffers go away.
   }
 
   // Progress thread, first thing: the stream, the header slots and the communicator.
@@ -154,6 +148,8 @@ class NcclLink::Impl {
 
   Status health() const {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (health_.ok() && !abort_reason_.ok())  // aborting: as good as failed
+      return Unavailable("NCCL link aborted: " + abort_reason_.ToString());
     return health_;
   }
 
@@ -167,6 +163,7 @@ class NcclLink::Impl {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (!health_.ok()) return health_;
+      if (!abort_reason_.ok()) return Unavailable("NCCL link aborted: " + abort_reason_.ToString());
       if (stop_) return FailedPrecondition("NCCL link is shutting down");
       if (active_.size() + queued_.size() >= kMaxInflight) {
         return ResourceExhausted("NCCL link: " + std::to_string(kMaxInflight) +
@@ -198,6 +195,7 @@ class NcclLink::Impl {
     uint64_t seq = 0;
     std::vector<CudaEvent> events;  // one per NCCL group (max(layers, 1))
     size_t events_done = 0;
+    Status verdict;  // rank 1: the header's, known once group 0 (header included) completed
   };
 
   void* HeaderDev(uint64_t seq) const {
@@ -321,31 +319,32 @@ class NcclLink::Impl {
                    Status());
           return true;
         }
-        if (a.events_done < a.transfer.layers && a.transfer.on_layer) {
+        // The header's copy to the host is in group 0: check it before any layer is reported,
+        // so that no layer of filler or of another request counts as landed.
+        if (a.events_done == 0 && rank_ == 1) {
+          a.verdict = CheckNcclHeader(
+              std::span<const uint8_t, kHeaderBytes>(
+                  static_cast<const uint8_t*>(HeaderHost(a.seq)), kHeaderBytes),
+              a.seq, a.transfer.total_bytes, a.transfer.request_id);
+          if (a.verdict.code() == StatusCode::kDataLoss) {  // out of step: nothing after counts
+            FailLink(Unavailable("NCCL link out of step at " + a.transfer.request_id), a.seq,
+                     a.verdict);
+            return true;
+          }
+        }
+        if (a.verdict.ok() && a.events_done < a.transfer.layers && a.transfer.on_layer) {
           a.transfer.on_layer(a.transfer.first_layer + static_cast<uint32_t>(a.events_done));
         }
         ++a.events_done;
         progressed = true;
       }
       if (a.events_done < a.events.size()) break;
-      Status verdict;
-      if (rank_ == 1) {
-        verdict = CheckNcclHeader(
-            std::span<const uint8_t, kHeaderBytes>(static_cast<const uint8_t*>(HeaderHost(a.seq)),
-                                                   kHeaderBytes),
-            a.seq, a.transfer.total_bytes, a.transfer.request_id);
-        if (verdict.code() == StatusCode::kDataLoss) {  // out of step: nothing after is trusted
-          FailLink(Unavailable("NCCL link out of step at " + a.transfer.request_id), a.seq,
-                   verdict);
-          return true;
-        }
-      }
       Active finished = std::move(a);
       {
         std::lock_guard<std::mutex> lock(mutex_);
         active_.pop_front();
       }
-      if (finished.transfer.on_done) finished.transfer.on_done(verdict);
+      if (finished.transfer.on_done) finished.transfer.on_done(finished.verdict);
       progressed = true;
     }
     if (active_.empty()) return progressed;
@@ -374,10 +373,11 @@ class NcclLink::Impl {
     cudaSetDevice(device_);
     if (Status ready = Init(); !ready.ok()) {
       FailLink(Unavailable("NCCL link setup failed: " + ready.ToString()), std::nullopt, Status());
-      // Posts are refused from now on (health_); wait for the destructor.
-      std::unique_lock<std::mutex> lock(mutex_);
-      cv_.wait(lock, [this] { return stop_; });
-      return;
+      {  // posts are refused from now on (health_); wait for the destructor
+        std::unique_lock<std::mutex> lock(mutex_);
+        cv_.wait(lock, [this] { return stop_; });
+      }
+      return Teardown();
     }
     for (;;) {
       std::optional<Queued> next;
@@ -389,8 +389,10 @@ class NcclLink::Impl {
             return stop_ || !queued_.empty() || !abort_reason_.ok();
           });
         }
-        if (stop_) return;
+        if (stop_) break;
         abort_reason = std::exchange(abort_reason_, Status());
+        if (!abort_reason.ok() && health_.ok())  // failed from now on, before FailLink runs
+          health_ = Unavailable("NCCL link failed: " + abort_reason.ToString());
         if (abort_reason.ok() && !queued_.empty() && health_.ok()) {
           next.emplace(std::move(queued_.front()));
           queued_.pop_front();
@@ -420,6 +422,22 @@ class NcclLink::Impl {
         std::this_thread::sleep_for(std::chrono::microseconds(20));
       }
     }
+    Teardown();
+  }
+
+  // Progress thread, last: fails what is still in flight (Cancelled; the communicator aborted
+  // and the stream drained first), then frees the communicator, the stream and the buffers.
+  void Teardown() {
+    bool busy;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      busy = !active_.empty() || !queued_.empty();
+    }
+    if (busy) FailLink(Cancelled("NCCL link closed"), std::nullopt, Status());
+    comm_.reset();
+    header_dev_ = cuda::DeviceBuffer();
+    header_host_.reset();
+    stream_ = cuda::CudaStream();
   }
 
   // health_ is written only by this thread (FailLink), so this thread may read it unlocked.

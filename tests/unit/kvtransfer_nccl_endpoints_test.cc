@@ -42,17 +42,20 @@ class Wire {
     Fail(Cancelled("link closed"), -1, Status());
   }
 
+  // As NcclLink's: an abort not yet carried out counts as a failure already.
   Status health() {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (health_.ok() && !abort_.ok()) return Unavailable("aborted: " + abort_.ToString());
     return health_;
   }
   size_t inflight(int rank) {
     std::lock_guard<std::mutex> lock(mutex_);
-    return queue_[rank].size();
+    return queue_[rank].size() + pairing_;
   }
   StatusOr<uint64_t> Post(int rank, OrderedLink::Transfer t) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!health_.ok()) return health_;
+    if (!abort_.ok()) return Unavailable("aborted: " + abort_.ToString());
     const uint64_t seq = next_seq_[rank]++;
     queue_[rank].push_back({std::move(t), seq});
     cv_.notify_all();
@@ -92,7 +95,9 @@ class Wire {
     while (!stop_) {
       cv_.wait_for(lock, 2ms);
       if (!abort_.ok()) {
-        const Status reason = std::exchange(abort_, Cancelled("aborted again"));
+        const Status reason = abort_;
+        if (health_.ok()) health_ = Unavailable("link failed: " + reason.ToString());
+        abort_ = Status();
         lock.unlock();
         Fail(reason, -1, Status());
         lock.lock();
@@ -112,9 +117,11 @@ class Wire {
       Entry recv = std::move(queue_[1].front());
       queue_[0].pop_front();
       queue_[1].pop_front();
+      pairing_ = 1;  // still in flight on each side
       lock.unlock();
       Pair(send, recv);
       lock.lock();
+      pairing_ = 0;
     }
   }
 
@@ -143,7 +150,8 @@ class Wire {
     }
     for (size_t i = 0; i < send.t.messages.size(); ++i)
       std::memcpy(recv.t.messages[i].data, send.t.messages[i].data, send.t.messages[i].bytes);
-    for (uint32_t l = 0; l < recv.t.layers; ++l)
+    // As NcclLink: the header is checked before any layer counts; filler reports none.
+    for (uint32_t l = 0; verdict.ok() && l < recv.t.layers; ++l)
       if (recv.t.on_layer) recv.t.on_layer(recv.t.first_layer + l);
     if (send.t.on_done) send.t.on_done(Status());
     if (recv.t.on_done) recv.t.on_done(verdict);
@@ -154,6 +162,7 @@ class Wire {
   bool stop_ = false;
   Status health_;
   Status abort_;  // an Abort the thread has not carried out yet
+  size_t pairing_ = 0;  // a pair of transfers being copied (counted on both sides)
   uint64_t next_seq_[2] = {0, 0};
   std::deque<Entry> queue_[2];
   std::thread thread_;  // last: starts after the rest is made
@@ -259,6 +268,10 @@ struct Cluster {
     return order;
   }
   Status Deliver() { return publisher->OnPullerMessage(AsBytes(TakeOrder())); }
+  size_t PendingOrders() {
+    std::lock_guard<std::mutex> lock(mutex);
+    return orders.size();
+  }
 
   // Blocks [first, first + n) of every layer of a pool of `degree` (whole-block ranges).
   static LayerRanges Blocks(int first, int n, int degree = 1) {
@@ -378,14 +391,14 @@ TEST_CASE("nccl endpoints: layer by layer, each raise of the available layers or
   REQUIRE(d.ok());
   PullWaiter waiter;
   REQUIRE(c.puller->Pull(*d, local, c.WithOrders(waiter.callbacks()), 0).ok());
-  CHECK(c.orders.empty());  // nothing computed yet: nothing ordered
+  CHECK(c.PendingOrders() == 0);  // nothing computed yet: nothing ordered
   REQUIRE(c.puller->SetLayersAvailable("stream", 1).ok());
   REQUIRE(c.Deliver().ok());
   CHECK(Eventually([&] { return waiter.layers_done() == 1; }));
   CHECK(c.puller->inflight_count() == 1);  // layers 1 and 2 still to come
   CHECK(c.publisher->published_count() == 1);
   REQUIRE(c.puller->SetLayersAvailable("stream", 1).ok());  // no more than before: no order
-  CHECK(c.orders.empty());
+  CHECK(c.PendingOrders() == 0);
   REQUIRE(c.puller->SetLayersAvailable("stream", kAllLayers).ok());
   REQUIRE(c.Deliver().ok());
   REQUIRE(waiter.Wait(5000ms).ok());
@@ -415,6 +428,34 @@ TEST_CASE("nccl endpoints: a pull whose next layers never come fails within the 
   CHECK(Clock::now() - start < 3s);
   CHECK(waiter.layers_done() == 1);
   CHECK(c.puller->inflight_count() == 0);
+  // Ended: the layers that come late order nothing.
+  CHECK(c.puller->SetLayersAvailable("stalled", 2).code() == StatusCode::kNotFound);
+  CHECK(c.PendingOrders() == 0);
+}
+
+TEST_CASE("nccl endpoints: an order the publisher refuses fails the pulls on its links at once",
+          "[kvtransfer]") {
+  Cluster c(10000ms);
+  StatusOr<KvDescriptor> a = c.publisher->Publish("a", Cluster::Blocks(0, 2), {});
+  StatusOr<KvDescriptor> b = c.publisher->Publish("b", Cluster::Blocks(2, 2), {});
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  PullWaiter first, second;
+  REQUIRE(c.puller->Pull(*a, Cluster::Blocks(0, 2), c.WithOrders(first.callbacks())).ok());
+  REQUIRE(c.Deliver().ok());
+  REQUIRE(first.Wait(5000ms).ok());  // the link exists on both sides now
+  REQUIRE(c.puller->Pull(*b, Cluster::Blocks(4, 2), c.WithOrders(second.callbacks())).ok());
+  // The order arrives damaged: a publisher of another instance. Its receives wait for nothing,
+  // so the link goes now rather than at the 10 s deadline.
+  StatusOr<NcclPullOrder> order = DecodeNcclPullOrder(AsBytes(c.TakeOrder()));
+  REQUIRE(order.ok());
+  order->descriptor.instance_id += 1;
+  CHECK(c.publisher->OnPullerMessage(AsBytes(Encode(*order))).code() ==
+        StatusCode::kInvalidArgument);
+  const auto start = Clock::now();
+  CHECK_FALSE(second.Wait(5000ms).ok());
+  CHECK(Clock::now() - start < 3s);
+  CHECK(c.puller->inflight_count() == 0);
 }
 
 TEST_CASE("nccl endpoints: a request released before its order arrives fails only its pull",
@@ -436,6 +477,7 @@ TEST_CASE("nccl endpoints: a request released before its order arrives fails onl
   REQUIRE(c.Deliver().ok());
   const Status status = first.Wait(5000ms);
   CHECK(status.code() == StatusCode::kNotFound);
+  CHECK(first.layers_done() == 0);  // filler never counts as landed
   CHECK(status.message() == "the prefill instance no longer holds the KV of gone");
   REQUIRE(second.Wait(5000ms).ok());  // the link stayed in step
   CHECK(Cluster::Read(c.decode_pool(), Cluster::Blocks(20, 4)) ==
@@ -552,7 +594,7 @@ TEST_CASE("nccl endpoints: bad orders and pulls are refused, naming what is wron
   stranger.instance_id = 12345;
   CHECK(c.puller->Pull(stranger, Cluster::Blocks(4, 2), c.WithOrders(w.callbacks())).code() ==
         StatusCode::kNotFound);
-  CHECK(c.orders.empty());  // nothing refused sent an order
+  CHECK(c.PendingOrders() == 0);  // nothing refused sent an order
   CHECK(c.publisher->OnPullerMessage(AsBytes(std::string())).code() == StatusCode::kDataLoss);
 }
 
