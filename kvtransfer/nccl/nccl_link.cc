@@ -407,7 +407,7 @@ class NcclLink::Impl {
       if (next) {
         {
           std::lock_guard<std::mutex> lock(mutex_);
-          active_.push_back(Active{std::move(next->transfer), next->seq, {}, 0});
+          active_.push_back(Active{std::move(next->transfer), next->seq, {}, 0, Status()});
         }
         const uint64_t seq = active_.back().seq;
         Status launched = Launch(active_.back());
