@@ -82,7 +82,8 @@ struct PullDrivenOptions {
 };
 
 // Limits: a publisher serves at most kMaxPullDrivenLinks links (an order for more is
-// ResourceExhausted); links and peers unused for kIdleLinkSeconds are closed.
+// ResourceExhausted) and closes links unused for kIdleLinkSeconds; the puller replaces its
+// links idle for half that, and refuses a pull whose order would not fit a KvTransport.
 inline constexpr size_t kMaxPullDrivenLinks = 1024;
 inline constexpr int kIdleLinkSeconds = 60;
 

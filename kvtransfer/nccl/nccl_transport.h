@@ -45,7 +45,9 @@
 //    Unavailable. A dead link is replaced by a new one (new unique id) at the puller's next
 //    order. Layer-wise, a pull whose ordered layers all landed and that waits longer than
 //    `layer_wait_timeout` for the next ones fails alone (DeadlineExceeded); its links go on.
-//  * Limits: at most 1024 links per publisher; links and peers unused for 60 s are closed.
+//  * Limits: at most 1024 links per publisher; the publisher closes links unused for 60 s, the
+//    puller stops using its links after 30 s idle (a new one then), so it never orders on a
+//    closed one; an order must fit a control message (16 MiB), else the pull is refused.
 //
 // Memory: pool r is device memory on CUDA device r (cudaMalloc: the KV pools); it is not
 // registered with NCCL (ncclCommRegister is an optimisation left out). NCCL refuses two ranks of
