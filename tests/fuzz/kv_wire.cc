@@ -49,8 +49,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   RoundTrip<NcclPullOrder>(input, KvWireType::kNcclPullOrder, DecodeNcclPullOrder);
   StatusOr<NcclPullOrder> order = DecodeNcclPullOrder(input);
   if (order.ok()) {
-    FUZZ_CHECK(order->link_token != 0 && order->unique_id.size() == kNcclUniqueIdBytes,
-               "a pull order without a link token or with a unique id of the wrong size");
+    for (const NcclPairOrder& pair : order->pairs)
+      FUZZ_CHECK(pair.unique_id.size() == kNcclUniqueIdBytes,
+                 "a pull order with a unique id of the wrong size");
+    FUZZ_CHECK(order->local_shape.Validate().ok(), "a pull order with an invalid pool shape");
+    FUZZ_CHECK(order->first_layer < order->end_layer &&
+                   order->end_layer <= order->descriptor.layers.size(),
+               "a pull order for layers outside its request");
   }
   StatusOr<ucx_detail::ReadRequest> read = ucx_detail::DecodeReadRequest(input);
   if (read.ok()) {

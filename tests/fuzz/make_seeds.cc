@@ -82,7 +82,14 @@ void KvSeeds(const fs::path& dir) {
   if (d.ok()) Put(dir, "kv_descriptor", Encode(*d));
   Put(dir, "transfer_result", Encode(TransferResult{99, "cmpl-1", StatusCode::kOk, "", 256}));
   if (d.ok()) {
-    NcclPullOrder order{0x5eed, std::string(kNcclUniqueIdBytes, '\x02'), 3, *d};
+    NcclPullOrder order;
+    order.descriptor = *d;
+    order.local_shape = KvPoolShape{KvLayout{2, 4, 8, 4}, 2, 16};
+    order.local = {{{512, 128}}, {{1024, 128}}};
+    order.first_layer = 0;
+    order.end_layer = 2;
+    order.pairs = {{0, 0, std::string(kNcclUniqueIdBytes, '\x02'), 3},
+                   {0, 1, std::string(kNcclUniqueIdBytes, '\x03'), 0}};
     Put(dir, "nccl_pull_order", Encode(order));
   }
   Put(dir, "transfer_result_error",
