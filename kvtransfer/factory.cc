@@ -59,13 +59,19 @@ Status CheckBackend(const TransferSection& transfer, size_t pool_bytes,
                          "inproc)");
 }
 
+// A puller's wait for the next layer: the factory option, else the transfer timeout.
+std::chrono::milliseconds LayerWait(const TransferSection& transfer,
+                                    const TransferFactoryOptions& options) {
+  return Millis(options.layer_wait_timeout_s > 0 ? options.layer_wait_timeout_s
+                                                 : transfer.timeout_s);
+}
+
 #if TANDEM_HAVE_CUDA
 CudaIpcOptions CudaIpcOptionsFor(const TransferSection& transfer,
                                  const TransferFactoryOptions& options) {
   CudaIpcOptions co;
   co.timeout = Millis(transfer.timeout_s);
-  co.layer_wait_timeout =
-      Millis(options.layer_wait_timeout_s > 0 ? options.layer_wait_timeout_s : transfer.timeout_s);
+  co.layer_wait_timeout = LayerWait(transfer, options);
   co.lease_timeout = Millis(options.lease_timeout_s);
   co.metrics = options.metrics;
   return co;
@@ -75,8 +81,7 @@ PullDrivenOptions NcclOptionsFor(const TransferSection& transfer,
                                  const TransferFactoryOptions& options) {
   PullDrivenOptions no;
   no.timeout = Millis(transfer.timeout_s);
-  no.layer_wait_timeout =
-      Millis(options.layer_wait_timeout_s > 0 ? options.layer_wait_timeout_s : transfer.timeout_s);
+  no.layer_wait_timeout = LayerWait(transfer, options);
   no.lease_timeout = Millis(options.lease_timeout_s);
   no.metrics = options.metrics;
   return no;
@@ -99,8 +104,7 @@ UcxOptions UcxOptionsFor(const TransferSection& transfer, const TransferFactoryO
   UcxOptions uo;
   uo.tls = transfer.ucx_tls;
   uo.timeout = Millis(transfer.timeout_s);
-  uo.layer_wait_timeout =
-      Millis(options.layer_wait_timeout_s > 0 ? options.layer_wait_timeout_s : transfer.timeout_s);
+  uo.layer_wait_timeout = LayerWait(transfer, options);
   uo.lease_timeout = Millis(options.lease_timeout_s);
   uo.max_inflight_gets = static_cast<size_t>(transfer.max_inflight);
   uo.report_results = false;  // the control plane's KvReleased is the one report

@@ -268,6 +268,18 @@ struct Cluster {
     return order;
   }
   Status Deliver() { return publisher->OnPullerMessage(AsBytes(TakeOrder())); }
+  // An order the puller never made: every layer of `d` into `local`, over one new link whose
+  // unique id is `id_byte` repeated (degree 1 on both sides).
+  NcclPullOrder Forged(const KvDescriptor& d, const LayerRanges& local, char id_byte) {
+    NcclPullOrder order;
+    order.descriptor = d;
+    order.local_shape = decode_shape;
+    order.local = local;
+    order.first_layer = 0;
+    order.end_layer = kLayers;
+    order.pairs = {{0, 0, std::string(kNcclUniqueIdBytes, id_byte), 0}};
+    return order;
+  }
   size_t PendingOrders() {
     std::lock_guard<std::mutex> lock(mutex);
     return orders.size();
@@ -543,13 +555,7 @@ TEST_CASE("nccl endpoints: a failure released while the sends are posted aborts 
   // A pull whose receives never get posted on the link in time: the publisher's sends wait.
   // Simulate by delivering the order and releasing before the wire pairs them: post the order
   // on a publisher-side link only (a forged order the puller never made).
-  NcclPullOrder forged;
-  forged.descriptor = *d;
-  forged.local_shape = c.decode_shape;
-  forged.local = Cluster::Blocks(9, 2);
-  forged.first_layer = 0;
-  forged.end_layer = kLayers;
-  forged.pairs = {{0, 0, std::string(kNcclUniqueIdBytes, 'f'), 0}};
+  NcclPullOrder forged = c.Forged(*d, Cluster::Blocks(9, 2), 'f');
   REQUIRE(c.publisher->OnPullerMessage(AsBytes(Encode(forged))).ok());
   CHECK(c.publisher->published_count() == 1);
   TransferResult cancelled{c.publisher->peer_info().instance_id, "cut", StatusCode::kCancelled,
@@ -568,13 +574,7 @@ TEST_CASE("nccl endpoints: bad orders and pulls are refused, naming what is wron
   Cluster c;
   StatusOr<KvDescriptor> d = c.publisher->Publish("x", Cluster::Blocks(0, 2), {});
   REQUIRE(d.ok());
-  NcclPullOrder order;
-  order.descriptor = *d;
-  order.local_shape = c.decode_shape;
-  order.local = Cluster::Blocks(4, 2);
-  order.first_layer = 0;
-  order.end_layer = kLayers;
-  order.pairs = {{0, 0, std::string(kNcclUniqueIdBytes, 'u'), 0}};
+  NcclPullOrder order = c.Forged(*d, Cluster::Blocks(4, 2), 'u');
   order.descriptor.instance_id += 1;
   CHECK(c.publisher->OnPullerMessage(AsBytes(Encode(order))).message().find(
             "NCCL pull order for publisher") == 0);

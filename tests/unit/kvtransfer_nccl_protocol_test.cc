@@ -11,17 +11,13 @@
 #include <vector>
 
 #include "kvtransfer/nccl_protocol.h"
+#include "tests/unit/kv_pool_util.h"
 
 namespace tandem {
 namespace {
 
-// Blocks `blocks` of every layer of a pool of `shape`, one whole-block range each.
-LayerRanges Blocks(const KvPoolShape& shape, const std::vector<int>& blocks) {
-  const uint64_t block = shape.rank_layout().block_bytes();
-  LayerRanges out(shape.full.num_layers);
-  for (int l = 0; l < shape.full.num_layers; ++l)
-    for (int b : blocks) out[l].push_back({(uint64_t(l) * shape.num_blocks + b) * block, block});
-  return out;
+LayerRanges Blocks(const KvPoolShape& shape, const std::vector<int32_t>& blocks) {
+  return test::WholeBlocks(shape, blocks);
 }
 
 }  // namespace
@@ -52,7 +48,7 @@ TEST_CASE("nccl protocol: between degrees every head goes from the pool that has
   const uint64_t head_block = 2 * 8 * 4 * sizeof(float);  // K and V of one head, one block
   for (auto [from, to] : {std::pair{1, 4}, std::pair{4, 1}, std::pair{2, 4}, std::pair{4, 2}}) {
     const KvPoolShape remote{model, from, 16}, local{model, to, 16};
-    const std::vector<int> blocks = {0, 7, 3};
+    const std::vector<int32_t> blocks = {0, 7, 3};
     StatusOr<std::vector<NcclPairPlan>> pairs =
         PlanNcclPairs(Blocks(remote, blocks), remote, Blocks(local, {5, 6, 1}), local);
     REQUIRE(pairs.ok());

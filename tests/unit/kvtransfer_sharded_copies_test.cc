@@ -1,6 +1,7 @@
 // PlanShardedCopies and the pool shape record: the host side of a KV transfer between
 // tensor-parallel instances (the end-to-end re-shard through it: tensor_parallel_test.cc).
 #include "kvtransfer/sharded_copies.h"
+#include "tests/unit/kv_pool_util.h"
 
 #include <catch2/catch.hpp>
 
@@ -10,13 +11,8 @@ namespace {
 // 2 layers, 4 KV heads of 8 dims, blocks of 4 slots.
 const KvLayout kFull{2, 4, 8, 4};
 
-// Whole-block ranges of `blocks` in every layer of a pool of `shape`.
 LayerRanges Ranges(const KvPoolShape& shape, const std::vector<int32_t>& blocks) {
-  const uint64_t block = shape.rank_layout().block_bytes();
-  LayerRanges out(shape.full.num_layers);
-  for (int l = 0; l < shape.full.num_layers; ++l)
-    for (int32_t b : blocks) out[l].push_back({(uint64_t(l) * shape.num_blocks + b) * block, block});
-  return out;
+  return test::WholeBlocks(shape, blocks);
 }
 
 TEST_CASE("PlanShardedCopies between equal degrees copies pool r to pool r", "[kvtransfer]") {
