@@ -25,6 +25,10 @@ constexpr auto kIdleLinkTimeout = std::chrono::seconds(kIdleLinkSeconds);
 // The puller stops using a link idle for half that (and makes a new one), so that it never
 // orders on a link the publisher may have closed as idle.
 constexpr auto kPullerLinkIdle = kIdleLinkTimeout / 2;
+// Layer-wise, a pull orders its layers in at most this many batches (each order carries the
+// request's ranges, and each costs both sides a plan lookup): a raise of the available layers
+// orders once it adds a batch's worth, or reaches the last layer.
+constexpr uint32_t kOrderBatches = 8;
 // An order travels in a KvTransport, whose bytes the control plane bounds.
 constexpr size_t kMaxNcclOrderBytes = kMaxBlobBytes;
 
@@ -167,6 +171,11 @@ class PullDrivenPublisher final : public KvPublisher {
     LayerRanges ranges;
     ReleaseCallback on_release;
     Clock::time_point published;
+    // The copy plan of its pull, made at the first order and kept for the next batches, with
+    // the puller's side it was made for.
+    std::shared_ptr<const std::vector<NcclPairPlan>> plan;
+    KvPoolShape plan_shape;
+    LayerRanges plan_local;
     int sending = 0;                 // its transfers posted and not done
     uint32_t layers_sent = 0;        // the layers ordered so far: [0, layers_sent)
     bool failed = false;             // one of them failed: what is ordered next is filler
@@ -191,11 +200,26 @@ class PullDrivenPublisher final : public KvPublisher {
       return InvalidArgument("NCCL pull order for publisher " + std::to_string(d.instance_id) +
                              ", this is " + std::to_string(info_.instance_id));
     TANDEM_RETURN_IF_ERROR(CheckRequestId(d.request_id));
-    // The plan the puller made its receives from, made again here: its part for these layers.
-    TANDEM_ASSIGN_OR_RETURN(std::vector<NcclPairPlan> whole,
-                            PlanNcclPairs(d.layers, shape_, order.local, order.local_shape));
+    // The plan the puller made its receives from, made again here (once per publication: the
+    // lease keeps it for the request's next batches of layers): its part for these layers.
+    auto lease = state_->leases.find(d.request_id);
+    std::shared_ptr<const std::vector<NcclPairPlan>> whole;
+    if (lease != state_->leases.end() && lease->second.plan != nullptr &&
+        lease->second.plan_shape == order.local_shape && lease->second.plan_local == order.local &&
+        lease->second.ranges == d.layers) {
+      whole = lease->second.plan;
+    } else {
+      TANDEM_ASSIGN_OR_RETURN(std::vector<NcclPairPlan> made,
+                              PlanNcclPairs(d.layers, shape_, order.local, order.local_shape));
+      whole = std::make_shared<const std::vector<NcclPairPlan>>(std::move(made));
+      if (lease != state_->leases.end() && lease->second.ranges == d.layers) {
+        lease->second.plan = whole;
+        lease->second.plan_shape = order.local_shape;
+        lease->second.plan_local = order.local;
+      }
+    }
     const std::vector<NcclPairPlan> plan =
-        NcclPairsOfLayers(whole, order.first_layer, order.end_layer);
+        NcclPairsOfLayers(*whole, order.first_layer, order.end_layer);
     bool same_pairs = plan.size() == order.pairs.size();
     for (size_t i = 0; same_pairs && i < plan.size(); ++i)
       same_pairs = plan[i].remote_pool == order.pairs[i].remote_pool &&
@@ -234,7 +258,6 @@ class PullDrivenPublisher final : public KvPublisher {
     // Held: the sends read the published ranges. Not held (released, never published, or
     // ranges that differ from the publication): filler of the same sizes from the ranges the
     // order names, so that the puller's receives complete and every link stays in step.
-    auto lease = state_->leases.find(d.request_id);
     const bool held = lease != state_->leases.end() && !lease->second.failed &&
                       lease->second.ranges == d.layers;
     for (size_t i = 0; i < plan.size(); ++i) {
@@ -453,7 +476,7 @@ class PullDrivenPuller final : public KvPuller {
     state_->pulls[entry->request_id] = entry;
     metrics_->Started();
     const uint32_t available = std::min(layers_available, entry->layers);
-    if (available > 0) {
+    if (WorthOrdering(*entry, available)) {
       Status posted = Order(p, entry, available, /*refuse_on_error=*/true, &failed);
       if (!posted.ok()) {  // refused (Order marked it): no callback of this pull runs
         state_->pulls.erase(entry->request_id);
@@ -472,6 +495,11 @@ class PullDrivenPuller final : public KvPuller {
     std::shared_ptr<PullEntry> entry = it->second;
     const uint32_t available = std::min(layers, entry->layers);
     if (available <= entry->ordered) return Status();
+    if (!WorthOrdering(*entry, available)) {  // announced: the layer wait starts again
+      std::lock_guard<std::mutex> pull_lock(entry->mutex);
+      if (entry->transfers_left == 0) entry->idle_since = Clock::now();
+      return Status();
+    }
     auto peer = state_->peers.find(entry->publisher);
     Status posted = peer == state_->peers.end()
                         ? Unavailable("NCCL publisher " + std::to_string(entry->publisher) +
@@ -588,6 +616,14 @@ class PullDrivenPuller final : public KvPuller {
     p.last_used = now;
     entry->to_publisher(Encode(order));
     return Status();
+  }
+
+  // Whether `available` layers make a batch worth an order: a batch's worth more than ordered,
+  // or every layer.
+  static bool WorthOrdering(const PullEntry& entry, uint32_t available) {
+    const uint32_t batch = std::max<uint32_t>(1, (entry.layers + kOrderBatches - 1) / kOrderBatches);
+    return available > entry.ordered &&
+           (available == entry.layers || available - entry.ordered >= batch);
   }
 
   // A peer whose links are all closable and that no pull waits on.

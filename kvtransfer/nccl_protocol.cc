@@ -59,14 +59,14 @@ StatusOr<std::vector<NcclPairPlan>> PlanNcclPairs(const LayerRanges& remote,
 std::vector<NcclPairPlan> NcclPairsOfLayers(const std::vector<NcclPairPlan>& plan, uint32_t first,
                                             uint32_t end) {
   std::vector<NcclPairPlan> out;
-  for (const NcclPairPlan& pair : plan) {
-    NcclPairPlan part{pair.remote_pool, pair.local_pool, 0, {}};
-    for (const CopyPiece& piece : pair.pieces) {
-      if (piece.layer < first || piece.layer >= end) continue;
-      part.bytes += piece.length;
-      part.pieces.push_back(piece);
-    }
-    if (!part.pieces.empty()) out.push_back(std::move(part));
+  auto by_layer = [](const CopyPiece& piece, uint32_t layer) { return piece.layer < layer; };
+  for (const NcclPairPlan& pair : plan) {  // a pair's pieces are in layer order
+    const auto from = std::lower_bound(pair.pieces.begin(), pair.pieces.end(), first, by_layer);
+    const auto to = std::lower_bound(from, pair.pieces.end(), end, by_layer);
+    if (from == to) continue;
+    NcclPairPlan part{pair.remote_pool, pair.local_pool, 0, {from, to}};
+    for (const CopyPiece& piece : part.pieces) part.bytes += piece.length;
+    out.push_back(std::move(part));
   }
   return out;
 }

@@ -81,6 +81,35 @@ TEST_CASE("nccl protocol: between degrees every head goes from the pool that has
   CHECK_FALSE(PlanNcclPairs(half, one, half_local, two).ok());
 }
 
+TEST_CASE("nccl protocol: a batch of layers takes exactly its layers' pieces", "[kvtransfer]") {
+  const KvLayout model{5, 4, 8, 4};
+  const KvPoolShape one{model, 1, 16}, two{model, 2, 16};
+  StatusOr<std::vector<NcclPairPlan>> whole =
+      PlanNcclPairs(Blocks(one, {4, 1, 9}), one, Blocks(two, {0, 2, 3}), two);
+  REQUIRE(whole.ok());
+  for (uint32_t first = 0; first < 5; ++first)
+    for (uint32_t end = first + 1; end <= 5; ++end) {
+      const std::vector<NcclPairPlan> part = NcclPairsOfLayers(*whole, first, end);
+      REQUIRE(part.size() == whole->size());  // every pair moves some of every layer here
+      for (size_t i = 0; i < part.size(); ++i) {
+        std::vector<CopyPiece> want;
+        uint64_t bytes = 0;
+        for (const CopyPiece& p : (*whole)[i].pieces)
+          if (p.layer >= first && p.layer < end) {
+            want.push_back(p);
+            bytes += p.length;
+          }
+        REQUIRE(part[i].pieces.size() == want.size());
+        for (size_t k = 0; k < want.size(); ++k) {
+          CHECK(part[i].pieces[k].layer == want[k].layer);
+          CHECK(part[i].pieces[k].local_offset == want[k].local_offset);
+        }
+        CHECK(part[i].bytes == bytes);
+      }
+    }
+  CHECK(NcclPairsOfLayers(*whole, 5, 7).empty());
+}
+
 TEST_CASE("nccl protocol: the header says held, gone, or out of step", "[kvtransfer]") {
   const auto held = EncodeNcclHeader(MakeNcclHeader(5, 4096, "cmpl-1", true));
   const auto gone = EncodeNcclHeader(MakeNcclHeader(5, 4096, "cmpl-1", false));
