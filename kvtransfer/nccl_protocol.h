@@ -54,7 +54,8 @@ StatusOr<std::vector<NcclPairPlan>> PlanNcclPairs(const LayerRanges& remote,
                                                   const KvPoolShape& local_shape);
 
 // The part of `plan` that moves layers [first, end): each pair's pieces of those layers, pairs
-// without any left out. Layer-wise streaming moves a request in such batches, one order each.
+// without any left out (a binary search in each pair's layer-ordered pieces). Layer-wise
+// streaming moves a request in such batches, one order each.
 std::vector<NcclPairPlan> NcclPairsOfLayers(const std::vector<NcclPairPlan>& plan, uint32_t first,
                                             uint32_t end);
 

@@ -20,7 +20,8 @@
 //                                                     that link (rank 0); per pair, post the
 //                                                     sends: the lease's ranges with a "held"
 //                                                     header, or filler with "gone"
-//   SetLayersAvailable(id, n): the same for the next layers, one order more (layer-wise)
+//   SetLayersAvailable(id, n): the same for the next layers, one order more (layer-wise,
+//     once an eighth of the layers or the last one is newly available: at most 8 orders)
 //   on_layer(l) once every pair has layer l, on_done(OK / NotFound ...) once all are done
 //
 // What each side guarantees:
