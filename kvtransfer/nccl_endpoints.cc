@@ -132,9 +132,12 @@ class PullDrivenPublisher final : public KvPublisher {
   // refusal drops those links (their other transfers fail now instead of at their deadline).
   Status OnPullerMessage(std::span<const uint8_t> bytes) override {
     TANDEM_ASSIGN_OR_RETURN(NcclPullOrder order, DecodeNcclPullOrder(bytes));
+    // The plan, made outside the lock (tens of ms for a long prompt, during which Publish and
+    // the links' callbacks would wait): the publication's kept one, or a new one.
+    StatusOr<std::shared_ptr<const std::vector<NcclPairPlan>>> whole = PlanOf(order);
     std::vector<Link> closing;  // destroyed after the lock (see the destructor)
     std::lock_guard<std::mutex> lock(state_->mutex);
-    Status served = Serve(order, &closing);
+    Status served = whole.ok() ? Serve(order, *whole, &closing) : whole.status();
     if (!served.ok())
       for (const NcclPairOrder& pair : order.pairs) Drop(pair.unique_id, served, &closing);
     return served;
@@ -192,31 +195,43 @@ class PullDrivenPublisher final : public KvPublisher {
     std::map<std::string, Link> links;  // by unique id
   };
 
-  // OnPullerMessage under the lock: checks the order against the plan and the links, then
-  // posts a transfer per pair. On an error nothing more is posted; the caller drops the links.
-  Status Serve(const NcclPullOrder& order, std::vector<Link>* closing) {
+  // The plan the puller made its receives from, made again here, once per publication (the
+  // lease keeps it for the request's next batches of layers; Serve stores it). Takes the lock
+  // only to look. An order for another publisher is refused before any planning.
+  StatusOr<std::shared_ptr<const std::vector<NcclPairPlan>>> PlanOf(const NcclPullOrder& order) {
     const KvDescriptor& d = order.descriptor;
     if (d.instance_id != info_.instance_id)
       return InvalidArgument("NCCL pull order for publisher " + std::to_string(d.instance_id) +
                              ", this is " + std::to_string(info_.instance_id));
     TANDEM_RETURN_IF_ERROR(CheckRequestId(d.request_id));
-    // The plan the puller made its receives from, made again here (once per publication: the
-    // lease keeps it for the request's next batches of layers): its part for these layers.
+    {
+      std::lock_guard<std::mutex> lock(state_->mutex);
+      auto lease = state_->leases.find(d.request_id);
+      if (lease != state_->leases.end() && KeptPlanFits(lease->second, order))
+        return lease->second.plan;
+    }
+    TANDEM_ASSIGN_OR_RETURN(std::vector<NcclPairPlan> made,
+                            PlanNcclPairs(d.layers, shape_, order.local, order.local_shape));
+    return std::make_shared<const std::vector<NcclPairPlan>>(std::move(made));
+  }
+
+  static bool KeptPlanFits(const Lease& lease, const NcclPullOrder& order) {
+    return lease.plan != nullptr && lease.plan_shape == order.local_shape &&
+           lease.plan_local == order.local && lease.ranges == order.descriptor.layers;
+  }
+
+  // Under the lock: checks `order` against its plan (`whole`, PlanOf's) and the links, then
+  // posts a transfer per pair. On an error nothing more is posted; the caller drops the links.
+  Status Serve(const NcclPullOrder& order,
+               const std::shared_ptr<const std::vector<NcclPairPlan>>& whole,
+               std::vector<Link>* closing) {
+    const KvDescriptor& d = order.descriptor;
     auto lease = state_->leases.find(d.request_id);
-    std::shared_ptr<const std::vector<NcclPairPlan>> whole;
-    if (lease != state_->leases.end() && lease->second.plan != nullptr &&
-        lease->second.plan_shape == order.local_shape && lease->second.plan_local == order.local &&
-        lease->second.ranges == d.layers) {
-      whole = lease->second.plan;
-    } else {
-      TANDEM_ASSIGN_OR_RETURN(std::vector<NcclPairPlan> made,
-                              PlanNcclPairs(d.layers, shape_, order.local, order.local_shape));
-      whole = std::make_shared<const std::vector<NcclPairPlan>>(std::move(made));
-      if (lease != state_->leases.end() && lease->second.ranges == d.layers) {
-        lease->second.plan = whole;
-        lease->second.plan_shape = order.local_shape;
-        lease->second.plan_local = order.local;
-      }
+    if (lease != state_->leases.end() && lease->second.ranges == d.layers &&
+        !KeptPlanFits(lease->second, order)) {  // kept for the next batches
+      lease->second.plan = whole;
+      lease->second.plan_shape = order.local_shape;
+      lease->second.plan_local = order.local;
     }
     const std::vector<NcclPairPlan> plan =
         NcclPairsOfLayers(*whole, order.first_layer, order.end_layer);
@@ -448,17 +463,30 @@ class PullDrivenPuller final : public KvPuller {
     TANDEM_ASSIGN_OR_RETURN(uint64_t total, TotalBytes(descriptor.layers));
     if (total != descriptor.total_bytes) return InvalidArgument("descriptor total_bytes mismatch");
 
+    // The plan, made outside the lock (tens of ms for a long prompt, during which the links'
+    // callbacks and other pulls would wait) from the publisher's shape, fixed for its life.
+    auto entry = std::make_shared<PullEntry>();
+    KvPoolShape remote_shape;
+    {
+      std::lock_guard<std::mutex> lock(state_->mutex);
+      auto peer = state_->peers.find(descriptor.instance_id);
+      if (peer == state_->peers.end())
+        return NotFound("NCCL publisher " + std::to_string(descriptor.instance_id) +
+                        " not connected");
+      remote_shape = peer->second.shape;
+    }
+    TANDEM_ASSIGN_OR_RETURN(entry->plan,
+                            PlanNcclPairs(descriptor.layers, remote_shape, local, shape_));
+    if (entry->plan.empty())  // every pull ends with a transfer's completion
+      return InvalidArgument("NCCL pull of " + descriptor.request_id + " moves no bytes");
+
     std::vector<std::shared_ptr<OrderedLink>> failed;  // destroyed after the lock
     std::lock_guard<std::mutex> lock(state_->mutex);
     auto peer = state_->peers.find(descriptor.instance_id);
-    if (peer == state_->peers.end())
+    if (peer == state_->peers.end())  // forgotten meanwhile
       return NotFound("NCCL publisher " + std::to_string(descriptor.instance_id) +
                       " not connected");
     Peer& p = peer->second;
-    auto entry = std::make_shared<PullEntry>();
-    TANDEM_ASSIGN_OR_RETURN(entry->plan, PlanNcclPairs(descriptor.layers, p.shape, local, shape_));
-    if (entry->plan.empty())  // every pull ends with a transfer's completion
-      return InvalidArgument("NCCL pull of " + descriptor.request_id + " moves no bytes");
     if (state_->pulls.count(descriptor.request_id))
       return FailedPrecondition("request " + descriptor.request_id + " already being pulled");
     entry->request_id = descriptor.request_id;
