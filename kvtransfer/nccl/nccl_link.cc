@@ -143,8 +143,6 @@ class NcclLink::Impl {
     return Status();
   }
 
-  int rank() const { return rank_; }
-  int device() const { return device_; }
 
   Status health() const {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -477,8 +475,6 @@ StatusOr<std::shared_ptr<NcclLink>> NcclLink::Start(std::string_view unique_id_b
 
 NcclLink::NcclLink(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 NcclLink::~NcclLink() = default;
-int NcclLink::rank() const { return impl_->rank(); }
-int NcclLink::device() const { return impl_->device(); }
 Status NcclLink::health() const { return impl_->health(); }
 StatusOr<uint64_t> NcclLink::Post(Transfer transfer) { return impl_->Post(std::move(transfer)); }
 void NcclLink::Abort(const Status& reason) { impl_->Abort(reason); }

@@ -103,8 +103,6 @@ class NcclLink final : public OrderedLink {
   NcclLink(const NcclLink&) = delete;
   NcclLink& operator=(const NcclLink&) = delete;
 
-  int rank() const;
-  int device() const;
   // OrderedLink. Each transfer is one NCCL group per layer on the link's stream, the 32-byte
   // header first in layer 0's group.
   Status health() const override;
