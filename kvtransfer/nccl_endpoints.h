@@ -2,7 +2,8 @@
 // posting order (OrderedLink): NcclLink on GPUs (kvtransfer/nccl/nccl_transport.h), a CPU pair in
 // the tests (tests/unit/kvtransfer_nccl_endpoints_test.cc). Everything here is host code: the
 // leases, the links per peer, the pull orders and their sequence, what a link failure fails.
-// The protocol and the guarantees are kvtransfer/nccl_protocol.h's and nccl_transport.h's.
+// The protocol and the guarantees are kvtransfer/nccl_protocol.h's and nccl_transport.h's; the
+// publisher is nccl_publisher.cc, the puller nccl_puller.cc.
 #pragma once
 
 #include <chrono>

@@ -81,9 +81,21 @@ class KvPublisher {
 
   // Feeds a result that came over the control plane instead of the transport (the in-process
   // backend, or a decode instance that gives up before pulling). NotFound if not published.
+  // on_release runs inside Release, or, where the transport still reads the ranges and cannot
+  // stop (nccl: sends posted, which only their peer's receives or the transfer timeout end),
+  // once those reads end: StillReading tells which. The ranges stay the caller's to keep until
+  // on_release runs, as for Publish.
   virtual Status Release(const TransferResult& result) = 0;
 
-  // Requests published and not yet released.
+  // Whether `request_id` was released while the transport still reads its ranges: its
+  // on_release is still to come, within the transfer timeout. False for a request not
+  // published, ended, or on a transport whose reads a release ends (ucx, cuda_ipc, inproc).
+  virtual bool StillReading(const std::string& request_id) const {
+    static_cast<void>(request_id);
+    return false;
+  }
+
+  // Requests published and not yet released (those still read after their release included).
   virtual size_t published_count() const = 0;
 
   // Bytes a puller sent through PullCallbacks::to_publisher, relayed by the servers. Errors are

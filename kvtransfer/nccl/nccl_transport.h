@@ -36,8 +36,10 @@
 //    compute the plan from the publisher's ranges and shape and the puller's, which the order
 //    carries; the KV heads are re-sharded on the way when the degrees differ.
 //  * Release. The publisher's lease ends when its sends completed (on_release OK), or by
-//    Release(): OK ends it; a failure ends it too, and when its sends are still posted aborts
-//    their link (a send cannot be withdrawn, and the ranges are about to be reused).
+//    Release(). A send cannot be withdrawn: a Release while sends are posted ends the lease
+//    once they end (the puller's receives take them, or the timeout fails the link), and only
+//    then runs on_release with the release's status (StillReading says so meanwhile), so the
+//    ranges are not reused under a send and the link stays in step for its other requests.
 //  * Faults. Completion is a cudaEvent per layer polled by the link's progress thread. A transfer
 //    (a batch of layers of one pair) not done within `timeout` of its Post (the link's setup
 //    included), an asynchronous NCCL error (dead or hung peer: ncclCommGetAsyncError) or a CUDA

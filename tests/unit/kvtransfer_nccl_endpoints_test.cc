@@ -547,26 +547,118 @@ TEST_CASE("nccl endpoints: orders out of step abort the link instead of misdeliv
   CHECK(c.puller->inflight_count() == 0);
 }
 
-TEST_CASE("nccl endpoints: a failure released while the sends are posted aborts their link",
+// The receiving end of a forged order's link, posted by hand: what the puller would post for
+// layers [0, kLayers) of `d` into `local` (degree 1 on both sides).
+OrderedLink::Transfer ReceiveOf(Cluster& c, const KvDescriptor& d, const LayerRanges& local,
+                                PullWaiter& waiter) {
+  std::vector<NcclPairPlan> plan =
+      PlanNcclPairs(d.layers, c.prefill_shape, local, c.decode_shape).value();
+  REQUIRE(plan.size() == 1);
+  OrderedLink::Transfer t;
+  t.request_id = d.request_id;
+  t.layers = kLayers;
+  t.total_bytes = plan[0].bytes;
+  for (const CopyPiece& p : plan[0].pieces)
+    t.messages.push_back({p.layer, c.decode_pool().data() + p.local_offset, p.length});
+  t.deadline = Clock::now() + 5s;
+  PullCallbacks callbacks = waiter.callbacks();
+  t.on_layer = callbacks.on_layer;
+  t.on_done = [on_done = callbacks.on_done, id = d.request_id](const Status& s) {
+    on_done(id, s);
+  };
+  return t;
+}
+
+TEST_CASE("nccl endpoints: a release while the sends are posted waits for them, the link goes on",
           "[kvtransfer]") {
   Cluster c;
-  StatusOr<KvDescriptor> d = c.publisher->Publish("cut", Cluster::Blocks(0, 2), {});
-  REQUIRE(d.ok());
-  // A pull whose receives never get posted on the link in time: the publisher's sends wait.
-  // Simulate by delivering the order and releasing before the wire pairs them: post the order
-  // on a publisher-side link only (a forged order the puller never made).
-  NcclPullOrder forged = c.Forged(*d, Cluster::Blocks(9, 2), 'f');
-  REQUIRE(c.publisher->OnPullerMessage(AsBytes(Encode(forged))).ok());
-  CHECK(c.publisher->published_count() == 1);
+  std::mutex mutex;
+  std::map<std::string, std::vector<Status>> released;
+  auto on_release = [&](const std::string& id, const Status& s) {
+    std::lock_guard<std::mutex> lock(mutex);
+    released[id].push_back(s);
+  };
+  auto releases = [&](const std::string& id) {
+    std::lock_guard<std::mutex> lock(mutex);
+    return released[id];
+  };
+  StatusOr<KvDescriptor> cut = c.publisher->Publish("cut", Cluster::Blocks(0, 2), on_release);
+  StatusOr<KvDescriptor> next = c.publisher->Publish("next", Cluster::Blocks(2, 2), on_release);
+  REQUIRE(cut.ok());
+  REQUIRE(next.ok());
+  c.Fill(Cluster::Blocks(0, 4), 21);
+  const std::string cut_bytes = Cluster::Read(c.prefill_pool(), Cluster::Blocks(0, 2));
+  // Orders for both on one link whose receiving end the test posts later: the sends wait.
+  NcclPullOrder first = c.Forged(*cut, Cluster::Blocks(10, 2), 'w');
+  NcclPullOrder second = c.Forged(*next, Cluster::Blocks(12, 2), 'w');
+  second.pairs[0].seq = 1;
+  REQUIRE(c.publisher->OnPullerMessage(AsBytes(Encode(first))).ok());
+  REQUIRE(c.publisher->OnPullerMessage(AsBytes(Encode(second))).ok());
+
+  // The router cancels "cut" with its sends posted: the release waits for them.
   TransferResult cancelled{c.publisher->peer_info().instance_id, "cut", StatusCode::kCancelled,
                            "client gone", 0};
   REQUIRE(c.publisher->Release(cancelled).ok());
+  CHECK(c.publisher->StillReading("cut"));
+  CHECK_FALSE(c.publisher->StillReading("next"));
+  CHECK(releases("cut").empty());
+  CHECK(c.publisher->published_count() == 2);
+  const Status twice = c.publisher->Release(cancelled);
+  CHECK(twice.code() == StatusCode::kNotFound);
+  CHECK(twice.message() == "request cut already released");
+
+  // The receives come: both transfers move the published bytes, the link in step.
+  std::shared_ptr<OrderedLink> end =
+      c.links.Maker().start(std::string(kNcclUniqueIdBytes, 'w'), 1, 0).value();
+  PullWaiter got_cut, got_next;
+  REQUIRE(end->Post(ReceiveOf(c, *cut, Cluster::Blocks(10, 2), got_cut)).ok());
+  REQUIRE(end->Post(ReceiveOf(c, *next, Cluster::Blocks(12, 2), got_next)).ok());
+  REQUIRE(got_cut.Wait(5000ms).ok());
+  REQUIRE(got_next.Wait(5000ms).ok());
+  CHECK(Cluster::Read(c.decode_pool(), Cluster::Blocks(10, 2)) == cut_bytes);
+  CHECK(Cluster::Read(c.decode_pool(), Cluster::Blocks(12, 2)) ==
+        Cluster::Read(c.prefill_pool(), Cluster::Blocks(2, 2)));
+  // Only now is "cut" released, with the release's status; "next" ended as its sends did.
+  REQUIRE(Eventually([&] { return releases("cut").size() == 1; }));
+  CHECK(releases("cut")[0].code() == StatusCode::kCancelled);
+  CHECK_FALSE(c.publisher->StillReading("cut"));
+  REQUIRE(Eventually([&] { return releases("next").size() == 1; }));
+  CHECK(releases("next")[0].ok());
   CHECK(c.publisher->published_count() == 0);
-  CHECK(c.publisher->Release(cancelled).code() == StatusCode::kNotFound);
-  // The next order on that token is for a link the publisher closed.
+  CHECK(end->health().ok());
+}
+
+TEST_CASE("nccl endpoints: a release whose sends never pair ends within the transfer timeout",
+          "[kvtransfer]") {
+  Cluster c(300ms);
+  std::mutex mutex;
+  std::vector<Status> released;
+  StatusOr<KvDescriptor> d = c.publisher->Publish(
+      "cut", Cluster::Blocks(0, 2), [&](const std::string&, const Status& s) {
+        std::lock_guard<std::mutex> lock(mutex);
+        released.push_back(s);
+      });
+  REQUIRE(d.ok());
+  // An order whose receives nobody posts (the puller died after ordering).
+  NcclPullOrder forged = c.Forged(*d, Cluster::Blocks(9, 2), 'f');
+  REQUIRE(c.publisher->OnPullerMessage(AsBytes(Encode(forged))).ok());
+  const auto start = Clock::now();
+  TransferResult failed{c.publisher->peer_info().instance_id, "cut", StatusCode::kUnavailable,
+                        "decode instance disconnected", 0};
+  REQUIRE(c.publisher->Release(failed).ok());
+  CHECK(c.publisher->StillReading("cut"));
+  REQUIRE(Eventually([&] {
+    std::lock_guard<std::mutex> lock(mutex);
+    return !released.empty();
+  }));
+  CHECK(Clock::now() - start < 3s);
+  CHECK(released.size() == 1);
+  CHECK(released[0].code() == StatusCode::kUnavailable);
+  CHECK(c.publisher->published_count() == 0);
+  CHECK_FALSE(c.publisher->StillReading("cut"));
+  // The link timed out: nothing more is served on it.
   forged.pairs[0].seq = 1;
-  CHECK(c.publisher->OnPullerMessage(AsBytes(Encode(forged))).code() ==
-        StatusCode::kInvalidArgument);
+  CHECK_FALSE(c.publisher->OnPullerMessage(AsBytes(Encode(forged))).ok());
 }
 
 TEST_CASE("nccl endpoints: bad orders and pulls are refused, naming what is wrong",
