@@ -31,7 +31,16 @@ KvHandoff::KvHandoff(InstanceHost& host, PrefillEngine& engine, KvPublisher& pub
       publisher_(publisher),
       options_(options),
       failures_(failures),
-      peer_info_blob_(Encode(publisher.peer_info())) {}
+      peer_info_blob_(Encode(publisher.peer_info())) {
+  MutexLock lock(&relay_->mutex);
+  relay_->host = &host;
+  relay_->handoff = this;
+}
+
+KvHandoff::~KvHandoff() {
+  MutexLock lock(&relay_->mutex);
+  relay_->host = nullptr;
+}
 
 void KvHandoff::Transition(const std::string& id, Entry& entry, HandoffState to,
                            const Status& why) {
@@ -43,13 +52,19 @@ void KvHandoff::Transition(const std::string& id, Entry& entry, HandoffState to,
   entry.state = to;
   if (to != HandoffState::kReleased && to != HandoffState::kFailed) return;
   if (held) {
-    engine_.FreeBlocks(entry.blocks);
     TransferResult result;  // drops the transport's publication (NotFound: it is gone already)
     result.instance_id = publisher_.peer_info().instance_id;
     result.request_id = id;
     result.code = why.code();
     result.message = why.message();
     static_cast<void>(publisher_.Release(result));
+    // Its release callback is still to come (and will be posted here after this returns, the
+    // engine thread being this one): keep the blocks until then.
+    if (publisher_.StillReading(id)) {
+      draining_[id] = Draining{std::move(entry.blocks), HoldDeadline()};
+    } else {
+      engine_.FreeBlocks(entry.blocks);
+    }
   }
   if (!why.ok()) {
     TANDEM_LOG_REQ(kInfo, id) << "handoff " << HandoffStateName(to) << ": " << why.ToString();
@@ -85,11 +100,17 @@ StatusOr<KvReady> KvHandoff::Publish(const std::string& id, Entry& entry,
       const auto* at = reinterpret_cast<const std::byte*>(cache.BlockData(l, b));
       ranges[l].push_back({static_cast<uint64_t>(at - base), layout.block_bytes()});
     }
-  // Outcomes come back as KvReleased over the control plane; the transport only reports its
-  // lease running out, which our own hold timer precedes.
-  TANDEM_ASSIGN_OR_RETURN(
-      KvDescriptor desc,
-      publisher_.Publish(id, std::move(ranges), [](const std::string&, const Status&) {}));
+  // Outcomes come back as KvReleased over the control plane. The transport's callback matters
+  // only for a release it completes later (StillReading): it frees the blocks kept draining.
+  auto on_release = [relay = relay_](const std::string& request_id, const Status&) {
+    MutexLock lock(&relay->mutex);
+    if (relay->host == nullptr) return;
+    relay->host->Post([handoff = relay->handoff, request_id] {
+      handoff->TransportReleased(request_id);
+    });
+  };
+  TANDEM_ASSIGN_OR_RETURN(KvDescriptor desc,
+                          publisher_.Publish(id, std::move(ranges), std::move(on_release)));
   entry.decode = *conn;
   entry.blocks = blocks;
   entry.deadline = HoldDeadline();
@@ -256,8 +277,26 @@ void KvHandoff::ConnectionClosed(ConnId conn) {
   }
 }
 
+void KvHandoff::TransportReleased(const std::string& id) {
+  auto it = draining_.find(id);
+  if (it == draining_.end()) return;  // freed at its release already
+  engine_.FreeBlocks(it->second.blocks);
+  draining_.erase(it);
+}
+
 void KvHandoff::ExpireHolds() {
   const auto now = Clock::now();
+  for (auto it = draining_.begin(); it != draining_.end();) {
+    if (now < it->second.deadline) {
+      ++it;
+      continue;
+    }
+    TANDEM_LOG_REQ(kWarn, it->first)
+        << "the KV transport still read the blocks prefill.kv_hold_timeout_s after their "
+           "release; freed";
+    engine_.FreeBlocks(it->second.blocks);
+    it = draining_.erase(it);
+  }
   std::vector<std::string> expired;
   for (auto& [id, entry] : requests_)
     if (entry.state == HandoffState::kPublished && now >= entry.deadline) expired.push_back(id);

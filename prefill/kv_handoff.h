@@ -17,7 +17,11 @@
 //                KvReleased (the one release path: the transport does not report as well,
 //                kvtransfer/factory.h), Cancel, loss of that decode connection, or
 //                prefill.kv_hold_timeout_s.
-//   kReleased / kFailed  terminal: the blocks are free and the entry is gone.
+//   kReleased / kFailed  terminal: the entry is gone and the blocks are free, or, when the
+//                transport still reads them after the release (nccl: sends posted, which cannot
+//                be withdrawn; KvPublisher::StillReading), draining: freed once the publisher's
+//                release callback reaches the engine thread (within transfer.timeout_s), or at
+//                the latest after prefill.kv_hold_timeout_s more.
 // Any other transition is a bug and aborts (TANDEM_CHECK).
 //
 // After a handoff the request's Finish is the decode instance's to send; before it, prefill's
@@ -36,6 +40,7 @@
 
 #include "common/base/metrics.h"
 #include "common/base/status.h"
+#include "common/base/thread_annotations.h"
 #include "common/net/control_wire.h"
 #include "common/serving/instance_host.h"
 #include "kvtransfer/transfer.h"
@@ -61,6 +66,10 @@ class KvHandoff {
   // requests whose KV could not be handed to decode.
   KvHandoff(InstanceHost& host, PrefillEngine& engine, KvPublisher& publisher,
             KvHandoffOptions options, Counter* failures);
+  // The publisher's release callbacks that come later are dropped (the host has stopped).
+  ~KvHandoff();
+  KvHandoff(const KvHandoff&) = delete;
+  KvHandoff& operator=(const KvHandoff&) = delete;
 
   // A Submit taken into the engine's queue: kQueued. `router` is the connection it came on.
   void Queue(const Submit& submit, ConnId router);
@@ -83,15 +92,31 @@ class KvHandoff {
   // A connection closed: requests held for that decode instance are released, and requests
   // still queued for that router session are dropped (the router has failed them).
   void ConnectionClosed(ConnId conn);
-  // Releases holds older than hold_timeout_s.
+  // Releases holds older than hold_timeout_s (and frees draining blocks the transport kept
+  // that long past their release: a transport bug, logged).
   void ExpireHolds();
+  // The publisher released `id` (its release callback, posted to the engine thread): blocks
+  // kept draining for it are freed.
+  void TransportReleased(const std::string& id);
   // Ends every request with `why` (drain over).
   void FailAll(const Status& why);
 
   size_t held() const;  // kPrefilling + kPublished
-  bool empty() const { return requests_.empty(); }
+  size_t draining() const { return draining_.size(); }  // released, blocks still read
+  bool empty() const { return requests_.empty() && draining_.empty(); }
 
  private:
+  // Carries the publisher's release callbacks (any thread) to the engine thread while the
+  // handoff lives.
+  struct ReleaseRelay {
+    Mutex mutex;
+    InstanceHost* host TANDEM_GUARDED_BY(mutex) = nullptr;  // null once the handoff is gone
+    KvHandoff* handoff = nullptr;
+  };
+  struct Draining {
+    std::vector<int32_t> blocks;
+    Clock::time_point deadline;  // freed then, whatever the transport says
+  };
   struct Entry {
     HandoffState state = HandoffState::kQueued;
     ConnId router = 0;            // where Tokens/Finish go
@@ -121,6 +146,8 @@ class KvHandoff {
   Counter* failures_;
   std::string peer_info_blob_;
   std::map<std::string, Entry> requests_;
+  std::map<std::string, Draining> draining_;  // terminal, blocks kept for the transport
+  std::shared_ptr<ReleaseRelay> relay_ = std::make_shared<ReleaseRelay>();
   std::vector<std::string> announced_;  // during one pass: the kPrefilling requests announced
 };
 
