@@ -369,12 +369,19 @@ Status Planner::Setup() {
     if (m.device == kInstantDevice) continue;
     if (m.tensor_parallel > options_.gpus_per_node) continue;  // tp stays inside a node
     if (m.tensor_parallel * m.pipeline_parallel > options_.gpus) continue;
+    if (options_.max_pipeline_parallel > 0 && m.pipeline_parallel > options_.max_pipeline_parallel)
+      continue;
     if (FindShape(shapes_, m.tensor_parallel, m.pipeline_parallel) != nullptr) continue;
     shapes_.push_back(Shape{&m});
   }
   if (shapes_.empty())
     return InvalidArgument("no latency model entry fits " + std::to_string(options_.gpus) +
-                           " GPUs (" + std::to_string(options_.gpus_per_node) + " per node)");
+                           " GPUs (" + std::to_string(options_.gpus_per_node) + " per node" +
+                           (options_.max_pipeline_parallel > 0
+                                ? ", pipeline_parallel <= " +
+                                      std::to_string(options_.max_pipeline_parallel)
+                                : std::string()) +
+                           ")");
   WorkloadOptions wo;
   wo.rate = 1.0;
   wo.seed = options_.seed;
@@ -618,6 +625,14 @@ namespace {
 // --out (the cluster YAML; stdout without it) and --kustomize-out (the overlay); the exit code.
 int WritePlanFiles(const Plan& plan, const PlanOptions& options, const std::string& out_path,
                    const std::string& kustomize_dir, const std::string& kustomize_base) {
+  const int stages = std::max(plan.config.prefill.pipeline_parallel,
+                              plan.config.decode.pipeline_parallel);
+  if (stages > 1)
+    std::fprintf(stderr,
+                 "tandem plan: note: the chosen layout has pipeline_parallel %d, which the "
+                 "servers do not run (they refuse it at start-up); --max-pipeline-parallel 1 "
+                 "plans a cluster they can start\n",
+                 stages);
   if (!out_path.empty()) {
     std::ofstream out(out_path);
     out << plan.config_yaml;
@@ -649,7 +664,8 @@ int WritePlanFiles(const Plan& plan, const PlanOptions& options, const std::stri
 int PlanMain(const std::vector<std::string>& args) {
   FlagParser flags(
       "tandem plan --latency-model GPU.yaml --workload W --slo-ttft X "
-      "--slo-tpot Y --gpus N [--gpus-per-node 8] [--affinity high|low] [--target 0.9] "
+      "--slo-tpot Y --gpus N [--gpus-per-node 8] [--max-pipeline-parallel P] "
+      "[--affinity high|low] [--target 0.9] "
       "[--max-model-len L] [--num-requests N] [--out cluster.yaml]",
       "Chooses the parallelism and number of prefill and decode instances (DistServe's "
       "placement algorithms) by simulating the workload on the latency model, and compares "
@@ -661,6 +677,9 @@ int PlanMain(const std::vector<std::string>& args) {
   flags.AddDouble("slo-tpot", 0.1, "TPOT objective, seconds");
   flags.AddInt("gpus", 16, "GPU budget");
   flags.AddInt("gpus-per-node", 8, "GPUs per node (tensor parallelism stays inside a node)");
+  flags.AddInt("max-pipeline-parallel", 0,
+               "leave out shapes with more pipeline stages (0: any, as DistServe searches; "
+               "the servers run 1)");
   flags.AddString("affinity", "high",
                   "high: prefill and decode anywhere (fast cross-node links); "
                   "low: KV stays inside a node");
@@ -690,11 +709,13 @@ int PlanMain(const std::vector<std::string>& args) {
   const std::string affinity = flags.GetString("affinity");
   if (flags.GetString("latency-model").empty() || (affinity != "high" && affinity != "low") ||
       flags.GetInt("gpus") < 1 || flags.GetInt("gpus-per-node") < 1 ||
+      flags.GetInt("max-pipeline-parallel") < 0 ||
       flags.GetInt("num-requests") < 10 || flags.GetDouble("target") <= 0 ||
       flags.GetDouble("target") > 1) {
     std::fprintf(stderr,
                  "tandem plan: needs --latency-model, --affinity high|low, --gpus >= 1, "
-                 "--gpus-per-node >= 1, --num-requests >= 10, 0 < --target <= 1\n");
+                 "--gpus-per-node >= 1, --max-pipeline-parallel >= 0, --num-requests >= 10, "
+                 "0 < --target <= 1\n");
     return kExitUsage;
   }
   StatusOr<LatencyModelFile> models = LoadLatencyModel(flags.GetString("latency-model"));
@@ -707,6 +728,7 @@ int PlanMain(const std::vector<std::string>& args) {
   options.slo = Slo{flags.GetDouble("slo-ttft"), flags.GetDouble("slo-tpot")};
   options.gpus = static_cast<int>(flags.GetInt("gpus"));
   options.gpus_per_node = static_cast<int>(flags.GetInt("gpus-per-node"));
+  options.max_pipeline_parallel = static_cast<int>(flags.GetInt("max-pipeline-parallel"));
   options.high_affinity = affinity == "high";
   options.target = flags.GetDouble("target");
   options.max_model_len = static_cast<int>(flags.GetInt("max-model-len"));

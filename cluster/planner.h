@@ -45,6 +45,10 @@ struct PlanOptions {
   Slo slo;
   int gpus = 16;
   int gpus_per_node = 8;
+  // Shapes with more pipeline stages are left out (0: no limit, DistServe's search). The
+  // servers run pipeline_parallel 1 only (common/config/serving_config.h): a plan that chooses
+  // more is a simulation, not a cluster `tandem up` or the Kubernetes overlay can start.
+  int max_pipeline_parallel = 0;
   bool high_affinity = true;
   double target = 0.9;       // attainment
   int max_model_len = 2048;  // workload length budget and model.max_model_len of the plan

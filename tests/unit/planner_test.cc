@@ -90,3 +90,41 @@ TEST_CASE("the planner says when nothing fits", "[planner]") {
   REQUIRE_FALSE(plan.ok());
   CHECK(plan.status().code() == StatusCode::kInvalidArgument);
 }
+
+TEST_CASE("the planner leaves out pipeline stages over --max-pipeline-parallel", "[planner]") {
+  LatencyModelFile models;
+  models.entries.push_back(Entry(1, 0.01));
+  LatencyModel staged = Entry(1, 0.001);  // two stages, 10x faster prefill: the planner's pick
+  staged.pipeline_parallel = 2;
+  models.entries.push_back(staged);
+  PlanOptions o;
+  o.workload = "chatbot";
+  o.slo = Slo{1.0, 0.1};
+  o.gpus = 4;
+  o.gpus_per_node = 4;
+  o.max_model_len = 256;
+  o.num_requests = 100;
+  o.horizon_s = 20;
+  auto any = MakePlan(models, o);
+  REQUIRE(any.ok());
+  CHECK(any->prefill_candidates[0].prefill_pp == 2);  // DistServe's search takes it
+  o.max_pipeline_parallel = 1;  // what the servers run
+  auto servable = MakePlan(models, o);
+  REQUIRE(servable.ok());
+  for (const auto* list : {&servable->prefill_candidates, &servable->decode_candidates,
+                           &servable->pair_candidates, &servable->colocated_candidates})
+    for (const PlanCandidate& c : *list) {
+      CHECK(c.prefill_pp <= 1);
+      CHECK(c.decode_pp <= 1);
+    }
+  auto config = ParseConfig(servable->config_yaml, "plan.yaml");
+  REQUIRE(config.ok());
+  CHECK(config->prefill.pipeline_parallel == 1);
+  CHECK(config->decode.pipeline_parallel == 1);
+  // Only staged shapes: nothing fits, and the message says why.
+  models.entries.erase(models.entries.begin());
+  auto none = MakePlan(models, o);
+  REQUIRE_FALSE(none.ok());
+  CHECK(none.status().message() ==
+        "no latency model entry fits 4 GPUs (4 per node, pipeline_parallel <= 1)");
+}
