@@ -79,8 +79,9 @@ void CheckInstance(ServingErrors* errors, const ClusterConfig& config, const std
                 "parallelism splits a model over the GPUs of a cuda instance");
   if (s.pipeline_parallel > 1)
     errors->Add(name + ".pipeline_parallel",
-                std::to_string(s.pipeline_parallel) + " cannot be served: a CPU instance is one "
-                "process; pipeline parallelism is for tandem simulate and tandem plan");
+                std::to_string(s.pipeline_parallel) + " cannot be served: an instance runs "
+                "one pipeline stage (use tensor_parallel on cuda); pipeline parallelism is for "
+                "tandem simulate and tandem plan");
   if (s.preemption == "swap")
     errors->Add(name + ".preemption",
                 "swap is not implemented: decode preempts by recompute (the request's KV is "
