@@ -116,6 +116,11 @@ void PrintHelp(FILE* out) {
 
 int main(int argc, char** argv) {
   using namespace tandem;
+  // Whether a cuda instance's KV may go over ucx is this machine's UCX's to say.
+  SetUcxCudaProbe([](const std::string& tls) {
+    StatusOr<UcxCapabilities> ucx = ProbeUcx(tls);
+    return ucx.ok() && ucx->cuda_memory;
+  });
   if (argc < 2) {
     PrintHelp(stderr);
     return kExitUsage;
@@ -130,7 +135,7 @@ int main(int argc, char** argv) {
     std::printf("tandem %s\n", TANDEM_VERSION);
 #if TANDEM_HAVE_CUDA
     std::printf("CUDA backend: compiled in (device cuda on every instance; KV between GPU pools "
-                "over cuda_ipc or nccl); %s\n",
+                "over cuda_ipc or nccl, and ucx where the UCX below moves GPU memory); %s\n",
                 cuda::DescribeCudaDevices().c_str());
 #else
     std::printf("CUDA backend: not built (cmake -DTANDEM_CUDA=ON on a machine with nvcc)\n");

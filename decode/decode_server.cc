@@ -246,6 +246,7 @@ Status BatchDriver::InitTransferAndEngine(const RoleArgs& args,
     to.host = section.host;
     to.secret = args.control.secret;
     to.pool_shape = shape;
+    to.device = section.device;
     TANDEM_ASSIGN_OR_RETURN(PullerWithPool pulled,
                             CreatePullerWithPool(config.transfer, shape.pool_bytes(), to));
     puller_ = std::move(pulled.puller);

@@ -18,6 +18,7 @@
 #include "kvtransfer/nccl/nccl_transport.h"
 #endif
 #include "kvtransfer/shm_sweep.h"
+#include "kvtransfer/ucx_capabilities.h"
 #include "kvtransfer/ucx_transport.h"
 
 namespace tandem {
@@ -125,6 +126,35 @@ KvPoolMemory MemoryOf(std::shared_ptr<UcxPool> pool) {
 
 MemoryRegion RegionOf(const KvPoolMemory& memory) { return {memory.base, memory.bytes}; }
 
+// The UCX pool of an instance: host memory UCX allocates, or on a cuda instance GPU memory
+// registered with a UCX that moves it (the puller then copies eager replies with cudaMemcpy).
+StatusOr<KvPoolMemory> UcxPoolFor(size_t pool_bytes, const TransferFactoryOptions& options,
+                                  UcxOptions* uo, std::shared_ptr<UcxPool>* pool) {
+  if (options.device != "cuda") {
+    SweepOrphanedSharedMemory();  // what killed instances left: the new pool may need the room
+    TANDEM_ASSIGN_OR_RETURN(*pool, AllocateUcxPool(pool_bytes, *uo));
+    return MemoryOf(*pool);
+  }
+  StatusOr<UcxCapabilities> ucx = ProbeUcx(uo->tls);
+  if (!ucx.ok() || !ucx->cuda_memory)
+    return InvalidArgument("transfer.backend ucx cannot move this instance's KV: it is in GPU "
+                           "memory (device cuda), and with transfer.ucx_tls '" + uo->tls +
+                           "' " + DescribeUcx(ucx) + "; use cuda_ipc or nccl, or a UCX built "
+                           "with CUDA");
+#if TANDEM_HAVE_CUDA
+  TANDEM_ASSIGN_OR_RETURN(KvPoolMemory memory, cuda::AllocateCudaKvPool(pool_bytes, 0));
+  TANDEM_ASSIGN_OR_RETURN(*pool, RegisterUcxPool(RegionOf(memory), UcxMemory::kCuda,
+                                                 memory.owner, *uo));
+  uo->copy_into_pool = [](void* at, const void* bytes, size_t length) {
+    return cuda::CopyHostToDevice(at, bytes, length);
+  };
+  memory.owner = *pool;  // which keeps the device memory
+  return memory;
+#else
+  return InvalidArgument("device cuda needs a build with the CUDA backend");
+#endif
+}
+
 }  // namespace
 
 StatusOr<std::string> MachineBootId() {
@@ -204,10 +234,10 @@ StatusOr<PublisherWithPool> CreatePublisherWithPool(const TransferSection& trans
   }
   UcxOptions uo = UcxOptionsFor(transfer, options);
   TANDEM_ASSIGN_OR_RETURN(uo.net_devices, InterfaceOfAddress(options.host));
-  SweepOrphanedSharedMemory();  // what killed instances left: the new pool may need the room
-  TANDEM_ASSIGN_OR_RETURN(std::shared_ptr<UcxPool> pool, AllocateUcxPool(pool_bytes, uo));
-  TANDEM_ASSIGN_OR_RETURN(out.publisher, CreateUcxPublisher(pool, uo));
-  out.pools.push_back(MemoryOf(std::move(pool)));
+  std::shared_ptr<UcxPool> pool;
+  TANDEM_ASSIGN_OR_RETURN(KvPoolMemory memory, UcxPoolFor(pool_bytes, options, &uo, &pool));
+  TANDEM_ASSIGN_OR_RETURN(out.publisher, CreateUcxPublisher(std::move(pool), uo));
+  out.pools.push_back(std::move(memory));
   return out;
 }
 
@@ -237,10 +267,10 @@ StatusOr<PullerWithPool> CreatePullerWithPool(const TransferSection& transfer, s
     return out;
   }
   TANDEM_ASSIGN_OR_RETURN(uo.net_devices, InterfaceOfAddress(options.host));
-  SweepOrphanedSharedMemory();
-  TANDEM_ASSIGN_OR_RETURN(std::shared_ptr<UcxPool> pool, AllocateUcxPool(pool_bytes, uo));
-  TANDEM_ASSIGN_OR_RETURN(out.puller, CreateUcxPuller(pool, uo));
-  out.pools.push_back(MemoryOf(std::move(pool)));
+  std::shared_ptr<UcxPool> pool;
+  TANDEM_ASSIGN_OR_RETURN(KvPoolMemory memory, UcxPoolFor(pool_bytes, options, &uo, &pool));
+  TANDEM_ASSIGN_OR_RETURN(out.puller, CreateUcxPuller(std::move(pool), uo));
+  out.pools.push_back(std::move(memory));
   return out;
 }
 

@@ -2,7 +2,8 @@
 // (decode) together with the KV pool's memory, from the cluster config's `transfer` section.
 // Callers hold a KvPublisher/KvPuller and never learn which transport it is.
 //
-// Pool memory: for cuda_ipc it is device memory, a pool per GPU of the instance
+// Pool memory: for ucx on a cuda instance, device memory registered with a UCX that moves it
+// (checked at run time: kvtransfer/ucx_capabilities.h); for cuda_ipc it is device memory, a pool per GPU of the instance
 // (kvtransfer/cuda_ipc/cuda_ipc_transport.h; CUDA builds only), exported to the puller's process
 // by CUDA IPC handles; for nccl the same pools, moved by NCCL point-to-point
 // (kvtransfer/nccl/nccl_transport.h; CUDA builds only); for ucx the transport allocates it (UCX-mapped, so that shared-memory
@@ -70,6 +71,10 @@ struct TransferFactoryOptions {
   // publisher sends it and whose puller re-shards by it, and by nccl likewise; degree > 1
   // (tensor parallelism: a pool per GPU) only with cuda_ipc or nccl. Set, pool_bytes must be pool_shape.pool_bytes().
   KvPoolShape pool_shape;
+  // The instance's S.device: with ucx, "cuda" puts the pool in GPU memory (device 0), which
+  // needs a UCX that moves CUDA memory over transfer.ucx_tls (ProbeUcx; Debian's does not:
+  // InvalidArgument naming what the UCX at hand moves). cuda_ipc and nccl always use GPU memory.
+  std::string device = "cpu";
 };
 
 // This machine's identity for transports that work within one machine (cuda_ipc): the kernel's

@@ -6,7 +6,7 @@
 
 namespace tandem {
 
-StatusOr<UcxCapabilities> ProbeUcx() {
+StatusOr<UcxCapabilities> ProbeUcx(const std::string& tls) {
   UcxCapabilities caps;
   unsigned major = 0, minor = 0, release = 0;
   ucp_get_version(&major, &minor, &release);
@@ -15,17 +15,21 @@ StatusOr<UcxCapabilities> ProbeUcx() {
 
   ucp_config_t* config = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
-  auto failed = [&](const char* what) {
+  auto failed = [&](const std::string& what) {
     return Unavailable("UCX " + caps.version + ": " + what + ": " + ucs_status_string(st));
   };
   if (st != UCS_OK) return failed("config read");
+  if (!tls.empty() && (st = ucp_config_modify(config, "TLS", tls.c_str())) != UCS_OK) {
+    ucp_config_release(config);
+    return InvalidArgument("UCX_TLS '" + tls + "': " + ucs_status_string(st));
+  }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
   params.features = UCP_FEATURE_AM | UCP_FEATURE_RMA;
   ucp_context_h context = nullptr;
   st = ucp_init(&params, config, &context);
   ucp_config_release(config);
-  if (st != UCS_OK) return failed("init");
+  if (st != UCS_OK) return failed(tls.empty() ? "init" : "init (UCX_TLS=" + tls + ")");
   ucp_context_attr_t attr{};
   attr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
   st = ucp_context_query(context, &attr);

@@ -18,9 +18,11 @@ struct UcxCapabilities {
   bool cuda_memory = false;               // "cuda" is one of them
 };
 
-// Creates and drops a UCX context with every transport UCX would pick (UCX_TLS from the
-// environment applies). Unavailable naming UCX's error when no context can be made.
-StatusOr<UcxCapabilities> ProbeUcx();
+// Creates and drops a UCX context with the transports `tls` allows (a UCX_TLS value such as
+// transfer.ucx_tls; empty: every transport UCX would pick, UCX_TLS from the environment
+// applying). Unavailable naming UCX's error when no context can be made (InvalidArgument for a
+// `tls` UCX does not take).
+StatusOr<UcxCapabilities> ProbeUcx(const std::string& tls = "");
 
 // One line for people: "UCX 1.13.1: memory types host; KV in GPU memory over UCX: no (this UCX
 // has no CUDA transport)".

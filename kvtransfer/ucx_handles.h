@@ -310,7 +310,8 @@ class UcxWorker {
 // Registers `*region`; when `allocate`, UCX allocates region->bytes itself (shared memory
 // first, per UCX_ALLOC_PRIO) and *region gets the address.
 inline StatusOr<MemhPtr> MapRegion(ucp_context_h context, MemoryRegion* region,
-                                   bool allocate = false) {
+                                   bool allocate = false,
+                                   ucs_memory_type_t memory_type = UCS_MEMORY_TYPE_HOST) {
   if ((!allocate && region->base == nullptr) || region->bytes == 0) {
     return InvalidArgument("kvtransfer: the memory region is empty");
   }
@@ -321,6 +322,10 @@ inline StatusOr<MemhPtr> MapRegion(ucp_context_h context, MemoryRegion* region,
   if (allocate) {
     params.field_mask |= UCP_MEM_MAP_PARAM_FIELD_FLAGS;
     params.flags = UCP_MEM_MAP_ALLOCATE;
+  }
+  if (memory_type != UCS_MEMORY_TYPE_HOST) {  // UCX would detect it; said, it need not guess
+    params.field_mask |= UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+    params.memory_type = memory_type;
   }
   ucp_mem_h memh = nullptr;
   ucs_status_t st = ucp_mem_map(context, &params, &memh);
@@ -338,19 +343,21 @@ inline StatusOr<MemhPtr> MapRegion(ucp_context_h context, MemoryRegion* region,
 
 class UcxPoolImpl final : public UcxPool {
  public:
-  static StatusOr<std::shared_ptr<UcxPoolImpl>> Create(MemoryRegion region, bool allocate,
-                                                       const std::string& tls,
-                                                       const std::string& net_devices,
-                                                       bool rma) {
+  // `owner` (may be null) keeps memory allocated elsewhere alive as long as the pool.
+  static StatusOr<std::shared_ptr<UcxPoolImpl>> Create(
+      MemoryRegion region, bool allocate, const std::string& tls, const std::string& net_devices,
+      bool rma, ucs_memory_type_t memory_type = UCS_MEMORY_TYPE_HOST,
+      std::shared_ptr<void> owner = nullptr) {
     TANDEM_ASSIGN_OR_RETURN(auto context, CreateContext(tls, net_devices, rma));
     auto pool = std::shared_ptr<UcxPoolImpl>(new UcxPoolImpl());
     pool->context_ = std::move(context);
     TANDEM_ASSIGN_OR_RETURN(pool->memh_, MapRegion(pool->context_->context.get(), &region,
-                                                   allocate));
+                                                   allocate, memory_type));
     pool->region_ = region;
+    pool->owner_ = std::move(owner);
     return pool;
   }
-  ~UcxPoolImpl() override { memh_.reset(); }  // before the context goes
+  ~UcxPoolImpl() override { memh_.reset(); }  // before the context (and the memory) go
 
   MemoryRegion region() const override { return region_; }
   const std::string& tls() const override { return context_->tls; }
@@ -360,6 +367,7 @@ class UcxPoolImpl final : public UcxPool {
 
  private:
   UcxPoolImpl() = default;
+  std::shared_ptr<void> owner_;  // declared first: goes last
   std::shared_ptr<UcxContext> context_;
   MemhPtr memh_;
   MemoryRegion region_;

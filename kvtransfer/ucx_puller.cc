@@ -417,7 +417,14 @@ class UcxPuller final : public KvPuller {
       self->replies_.push_back(op);
       return UCS_INPROGRESS;
     }
-    std::memcpy(static_cast<char*>(self->region_.base) + piece.local_offset, data, length);
+    void* at = static_cast<char*>(self->region_.base) + piece.local_offset;
+    if (!self->options_.copy_into_pool) {
+      std::memcpy(at, data, length);
+    } else if (Status copied = self->options_.copy_into_pool(at, data, length); !copied.ok()) {
+      if (!p->error) p->error = copied.WithContext("copying a read reply into the KV pool");
+      self->Complete(op, UCS_ERR_IO_ERROR);
+      return UCS_OK;
+    }
     self->Complete(op, UCS_OK);
     return UCS_OK;
   }

@@ -22,6 +22,18 @@ StatusOr<std::shared_ptr<UcxPool>> AllocateUcxPool(size_t bytes, const UcxOption
   return std::shared_ptr<UcxPool>(std::move(pool));
 }
 
+StatusOr<std::shared_ptr<UcxPool>> RegisterUcxPool(MemoryRegion region, UcxMemory memory,
+                                                   std::shared_ptr<void> owner,
+                                                   const UcxOptions& options) {
+  TANDEM_ASSIGN_OR_RETURN(
+      auto pool, UcxPoolImpl::Create(region, /*allocate=*/false, options.tls, options.net_devices,
+                                     options.reads == UcxReads::kRma,
+                                     memory == UcxMemory::kCuda ? UCS_MEMORY_TYPE_CUDA
+                                                                : UCS_MEMORY_TYPE_HOST,
+                                     std::move(owner)));
+  return std::shared_ptr<UcxPool>(std::move(pool));
+}
+
 UcxReads ReadsForTls(const std::string& tls) {
   static const std::set<std::string> kKeyed = {
       "rc", "rc_v", "rc_x", "rc_verbs", "rc_mlx5", "dc", "dc_x", "dc_mlx5", "ud", "ud_v",

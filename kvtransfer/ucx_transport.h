@@ -30,6 +30,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -80,7 +81,15 @@ struct UcxOptions {
   // on no message that arrives over UCX.
   bool report_results = true;
   MetricsRegistry* metrics = nullptr;  // not owned; must outlive the object
+  // Puller: copies the bytes of a read reply that UCX delivered in its own (host) buffer, an
+  // eager message, into the pool. Null: memcpy. A pool in GPU memory (RegisterUcxPool with
+  // cuda) needs one that copies host to device (the factory's: cudaMemcpy); rendezvous replies
+  // and RMA gets land in the pool through UCX itself.
+  std::function<Status(void* pool_at, const void* bytes, size_t length)> copy_into_pool;
 };
+
+// Where a pool's memory is, as UCX registers it.
+enum class UcxMemory { kHost, kCuda };
 
 // A KV pool's memory, allocated (or only registered) once by one UCX context; the publisher or
 // puller created on it uses that context, so the region is registered once for its lifetime.
@@ -101,6 +110,14 @@ class UcxPool {
 // Allocates `bytes` (page-aligned, zeroed) with UCX_TLS = options.tls. Errors: InvalidArgument
 // (zero bytes, bad tls), Internal (UCX init or allocation failed).
 StatusOr<std::shared_ptr<UcxPool>> AllocateUcxPool(size_t bytes, const UcxOptions& options);
+
+// Registers memory allocated elsewhere as a pool, with UCX_TLS = options.tls: `memory` kCuda is
+// GPU memory (cudaMalloc), which only a UCX with a CUDA transport among options.tls can move
+// (ProbeUcx(tls).cuda_memory; the caller checks). `owner` keeps the memory alive as long as the
+// pool. Errors: InvalidArgument (empty region, bad tls), Internal (UCX refused the region).
+StatusOr<std::shared_ptr<UcxPool>> RegisterUcxPool(MemoryRegion region, UcxMemory memory,
+                                                   std::shared_ptr<void> owner,
+                                                   const UcxOptions& options);
 
 // Registers `region` (not owned; must stay mapped until the publisher is destroyed) and starts
 // the progress thread. Errors: InvalidArgument (empty region), Internal (UCX init failed).

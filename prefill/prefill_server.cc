@@ -132,7 +132,8 @@ Status PrefillDriver::Init(const RoleArgs& args) {
                                     .metrics = setup_.metrics.get(),
                                     .host = section.host,
                                     .secret = args.control.secret,
-                                    .pool_shape = shape}));
+                                    .pool_shape = shape,
+                                    .device = section.device}));
   eo.kv_pools = kv_.pools;  // shared: the cache and the publisher keep them alive
   TANDEM_ASSIGN_OR_RETURN(engine_, PrefillEngine::Create(*model_, std::move(eo)));
 

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -33,18 +34,37 @@ class ServingErrors {
   std::vector<std::string> errors_;
 };
 
+std::atomic<UcxCudaProbe> ucx_cuda_probe{nullptr};
+
+bool UcxMovesCudaMemory(const std::string& tls) {
+  const UcxCudaProbe probe = ucx_cuda_probe.load();
+  return probe != nullptr && probe(tls);
+}
+
 void CheckInstance(ServingErrors* errors, const ClusterConfig& config, const std::string& name,
                    const InstanceSection& s) {
-  if (s.device == "cuda" && !BuiltWithCuda())
+  const std::string& backend = config.transfer.backend;
+  if (s.device == "cuda" && !BuiltWithCuda()) {
     errors->Add(name + ".device",
                 "cuda cannot be served by this build: it has no CUDA backend (build with cmake "
                 "-DTANDEM_CUDA=ON on a machine with nvcc); use cpu");
-  else if (s.device == "cuda" && name != "colocated" && s.instances > 0 &&
-           config.transfer.backend != "cuda_ipc" && config.transfer.backend != "nccl")
+  } else if (s.device == "cuda" && name != "colocated" && s.instances > 0 && backend == "ucx" &&
+             UcxMovesCudaMemory(config.transfer.ucx_tls)) {
+    if (s.tensor_parallel > 1)
+      errors->Add(name + ".tensor_parallel",
+                  std::to_string(s.tensor_parallel) + " keeps a KV pool per GPU, and "
+                  "transfer.backend ucx moves one pool an instance: use cuda_ipc or nccl");
+  } else if (s.device == "cuda" && name != "colocated" && s.instances > 0 &&
+             backend != "cuda_ipc" && backend != "nccl") {
+    const std::string why =
+        backend == "ucx" ? "the UCX at hand moves host memory only over transfer.ucx_tls '" +
+                               config.transfer.ucx_tls + "' (a UCX built with CUDA would move it)"
+                         : "transfer.backend " + backend + " cannot move it";
     errors->Add(name + ".device",
-                "cuda on " + name + " instances keeps the KV in GPU memory, which transfer.backend " +
-                config.transfer.backend + " cannot move: set transfer.backend: cuda_ipc (prefill "
-                "and decode on one machine) or nccl (on any machines)");
+                "cuda on " + name + " instances keeps the KV in GPU memory, and " + why +
+                    ": set transfer.backend: cuda_ipc (prefill and decode on one machine) or "
+                    "nccl (on any machines)");
+  }
   if (!s.cuda_devices.empty() && s.device != "cuda")
     errors->Add(name + ".cuda_devices",
                 "has no effect on " + s.device + " instances: it picks the GPUs of device cuda");
@@ -109,6 +129,8 @@ bool BuiltWithCuda() {
   return false;
 #endif
 }
+
+void SetUcxCudaProbe(UcxCudaProbe probe) { ucx_cuda_probe.store(probe); }
 
 Status ValidateForServing(const ClusterConfig& config) {
   ServingErrors errors(config);

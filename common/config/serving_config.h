@@ -5,7 +5,8 @@
 // router, check-config) load through LoadServingConfig, which also refuses what no server here
 // does, each with the place it was set and the field ("cluster.yaml:7:11: decode.device: ..."):
 //   - S.device cuda on a build without CUDA, and on prefill or decode instances unless
-//     transfer.backend is cuda_ipc or nccl (their KV is in GPU memory: only those move it);
+//     transfer.backend is cuda_ipc or nccl, or ucx where the UCX at hand moves CUDA memory over
+//     transfer.ucx_tls (SetUcxCudaProbe) and tensor_parallel is 1 (their KV is in GPU memory);
 //   - S.tensor_parallel > 1 on cpu (a CPU instance is one process; use S.threads);
 //     S.pipeline_parallel > 1;
 //   - S.cuda_devices on an instance that is not on cuda (it would pick nothing);
@@ -31,6 +32,13 @@ namespace tandem {
 
 // OK, or InvalidArgument with every problem, one per line.
 Status ValidateForServing(const ClusterConfig& config);
+
+// Whether the UCX at hand moves CUDA memory over the transports `tls` (transfer.ucx_tls)
+// allows. The commands set it at start (kvtransfer's ProbeUcx, which common/config does not
+// link); unset, ValidateForServing takes the answer to be no. Asked only for a cuda instance
+// over ucx.
+using UcxCudaProbe = bool (*)(const std::string& tls);
+void SetUcxCudaProbe(UcxCudaProbe probe);
 
 // LoadConfig (path empty: the defaults) followed by ValidateForServing.
 StatusOr<ClusterConfig> LoadServingConfig(const std::string& path,

@@ -6,14 +6,15 @@ over CUDA IPC (`transfer.backend: cuda_ipc`), SmolLM2-135M-Instruct, driven by t
 bandwidth.
 
   .venv/bin/python tests/gpu/cluster_check.py TANDEM_BINARY LOG_DIR [--d2d-gbps X] [--cpu]
-      [--decode-tp T] [--transfer nccl]
+      [--decode-tp T] [--transfer nccl|ucx]
 
 --cpu runs the same checks on the CPU cluster (ucx, device cpu): the script's own check where no
 GPU is. --decode-tp T puts decode on GPUs 0..T-1 with tensor_parallel T (prefill stays on GPU 0,
 tensor_parallel 1): every pull re-shards the KV heads 1 -> T (SmolLM2's 9 heads, 3 KV heads:
 T = 3 or 9). --transfer nccl puts prefill on GPU 0 and decode on GPU 1 (with --decode-tp T: GPUs 1..T)
 and moves the KV with NCCL (the transport for GPU pools on different machines; NCCL refuses two
-ranks on one GPU).
+ranks on one GPU). --transfer ucx keeps both on this GPU and moves the KV with UCX over its CUDA
+transports (only where the UCX at hand has them: run.sh asks `tandem --version` first).
 
 Judged: the greedy answer names Paris; streaming and non-streaming give the same text; eight
 concurrent requests all finish with their max_tokens or a stop; every pull succeeded
@@ -40,6 +41,10 @@ CLUSTER_ROW = {False: "cluster 1P+1D over CUDA IPC (openai)",
                True: "cluster 1P+1D on the CPU over UCX (openai; the script's own check)"}
 TRANSFER_ROW = {False: "KV transfer (cuda_ipc) vs D2D copy", True: "KV transfer (ucx, CPU)"}
 NCCL_ROWS = ("cluster 1P+1D over NCCL, GPU 0 -> 1 (openai)", "KV transfer (nccl, GPU 0 -> 1)")
+UCX_ROWS = ("cluster 1P+1D over UCX on GPU memory (openai)", "KV transfer (ucx, GPU memory)")
+# The transports a CUDA-aware UCX moves GPU memory with, besides the host ones.
+UCX_CUDA_TLS = "tcp,sm,self,cuda_copy,cuda_ipc"
+
 
 
 def row(name, result, detail):
@@ -52,6 +57,8 @@ def start(binary, log_dir, cpu, decode_tp, transfer):
     log = open(log_path, "w")
     placement = [] if cpu else [f"--transfer.backend={transfer}", "--prefill.device=cuda",
                                 "--decode.device=cuda"]
+    if transfer == "ucx":  # both on this GPU; UCX must move GPU memory (run.sh checked)
+        placement += [f"--transfer.ucx_tls={UCX_CUDA_TLS}"]
     if transfer == "nccl":  # NCCL puts no two ranks on one GPU: decode on the next ones
         gpus = ",".join(str(g) for g in range(1, 1 + decode_tp))
         placement += ["--prefill.cuda_devices=0", f"--decode.cuda_devices={gpus}"]
@@ -79,11 +86,13 @@ def main():
                         help="bytes a device-to-device copy moves per second, in GB/s")
     parser.add_argument("--cpu", action="store_true")
     parser.add_argument("--decode-tp", type=int, default=1)
-    parser.add_argument("--transfer", choices=("cuda_ipc", "nccl"), default="cuda_ipc")
+    parser.add_argument("--transfer", choices=("cuda_ipc", "nccl", "ucx"), default="cuda_ipc")
     args = parser.parse_args()
     name = CLUSTER_ROW[args.cpu] if args.decode_tp == 1 else \
         f"cluster 1P+1D, decode tensor_parallel {args.decode_tp} (KV re-sharded 1 -> {args.decode_tp})"
     transfer_row = TRANSFER_ROW[args.cpu]
+    if args.transfer == "ucx":
+        name, transfer_row = UCX_ROWS
     if args.transfer == "nccl":
         name, transfer_row = NCCL_ROWS
         if args.decode_tp > 1:

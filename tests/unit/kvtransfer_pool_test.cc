@@ -10,6 +10,7 @@
 
 #include "common/engine/kv_cache.h"
 #include "kvtransfer/factory.h"
+#include "kvtransfer/ucx_capabilities.h"
 #include "kvtransfer/transfer.h"
 #include "kvtransfer/ucx_transport.h"
 #include "tests/test_ucx.h"
@@ -275,6 +276,34 @@ TEST_CASE("kvtransfer factory: a pool per GPU needs cuda_ipc or nccl, the shape 
   auto pull = CreatePullerWithPool(transfer, options.pool_shape.pool_bytes(), options);
   REQUIRE(pull.ok());
   CHECK(pull->pools.size() == 1);
+}
+
+TEST_CASE("kvtransfer factory: ucx takes a GPU pool only where the UCX at hand moves GPU memory",
+          "[kvtransfer]") {
+  TransferSection transfer;
+  transfer.backend = "ucx";
+  transfer.ucx_tls = "tcp";
+  TransferFactoryOptions options;
+  options.secret = test::kTestClusterSecret;
+  options.device = "cuda";
+  StatusOr<UcxCapabilities> ucx = ProbeUcx("tcp");
+  REQUIRE(ucx.ok());
+  if (ucx->cuda_memory) {  // a CUDA-aware UCX: the GPU checks (tests/gpu) cover it
+    WARN("this UCX moves CUDA memory over tcp: nothing to refuse");
+    return;
+  }
+  const std::string want =
+      "transfer.backend ucx cannot move this instance's KV: it is in GPU memory (device cuda), "
+      "and with transfer.ucx_tls 'tcp' " + DescribeUcx(ucx) +
+      "; use cuda_ipc or nccl, or a UCX built with CUDA";
+  auto publish = CreatePublisherWithPool(transfer, 4096, options);
+  REQUIRE_FALSE(publish.ok());
+  CHECK(publish.status().code() == StatusCode::kInvalidArgument);
+  CHECK(publish.status().message() == want);
+  CHECK(CreatePullerWithPool(transfer, 4096, options).status().message() == want);
+  // A tls UCX does not take is named as such.
+  CHECK(ProbeUcx("no-such-transport").status().message().find("no-such-transport") !=
+        std::string::npos);
 }
 
 }  // namespace

@@ -348,3 +348,67 @@ TEST_CASE("kvtransfer: a publisher without transport reports acts on no UCX mess
 
 }  // namespace
 }  // namespace tandem
+
+namespace tandem {
+namespace {
+
+// What the factory does for a pool in GPU memory, on host memory: a pool registered from memory
+// allocated elsewhere, and the puller's copy of eager read replies through copy_into_pool (a
+// GPU pool's is cudaMemcpy: UCX hands eager bytes over in its own host buffer).
+TEST_CASE("kvtransfer: UCX copies eager read replies through copy_into_pool", "[kvtransfer]") {
+  constexpr size_t kBytes = 1 << 16;
+  auto src = std::make_shared<std::vector<uint8_t>>(kBytes);
+  auto dst = std::make_shared<std::vector<uint8_t>>(kBytes);
+  std::mt19937_64 rng(7);
+  for (auto& b : *src) b = static_cast<uint8_t>(rng());
+  UcxOptions options = test::TestUcxOptions("tcp");  // read messages: replies are AM
+  auto src_pool = RegisterUcxPool({src->data(), kBytes}, UcxMemory::kHost, src, options);
+  auto dst_pool = RegisterUcxPool({dst->data(), kBytes}, UcxMemory::kHost, dst, options);
+  REQUIRE(src_pool.ok());
+  REQUIRE(dst_pool.ok());
+  CHECK((*dst_pool)->region().base == dst->data());
+  std::atomic<int> copies{0};
+  std::atomic<bool> fail_copies{false};
+  UcxOptions puller_options = options;
+  puller_options.copy_into_pool = [&](void* at, const void* bytes, size_t length) -> Status {
+    if (fail_copies) return Internal("device copy failed");
+    std::memcpy(at, bytes, length);
+    ++copies;
+    return Status();
+  };
+  auto publisher = std::move(CreateUcxPublisher(*src_pool, options)).value();
+  auto puller = std::move(CreateUcxPuller(*dst_pool, puller_options)).value();
+  REQUIRE(puller->Connect(publisher->peer_info()).ok());
+
+  // Small ranges (eager replies): every byte goes through the copy.
+  LayerRanges remote = {{{0, 256}, {4096, 512}}, {{8192, 128}}};
+  LayerRanges local = {{{1000, 768}}, {{20000, 128}}};
+  auto ignore = [](const std::string&, const Status&) {};
+  auto d = publisher->Publish("small", remote, ignore);
+  REQUIRE(d.ok());
+  PullWaiter waiter;
+  REQUIRE(puller->Pull(*d, local, waiter.callbacks()).ok());
+  REQUIRE(waiter.Wait(5000ms).ok());
+  CHECK(copies > 0);
+  CHECK(std::memcmp(dst->data() + 1000, src->data(), 256) == 0);
+  CHECK(std::memcmp(dst->data() + 1256, src->data() + 4096, 512) == 0);
+  CHECK(std::memcmp(dst->data() + 20000, src->data() + 8192, 128) == 0);
+
+  // A copy that fails fails the pull, naming it.
+  fail_copies = true;
+  auto d2 = publisher->Publish("broken", {{{0, 64}}}, ignore);
+  REQUIRE(d2.ok());
+  PullWaiter broken;
+  REQUIRE(puller->Pull(*d2, {{{30000, 64}}}, broken.callbacks()).ok());
+  const Status s = broken.Wait(5000ms);
+  CHECK(s.code() == StatusCode::kInternal);
+  CHECK(s.message().find("copying a read reply into the KV pool") != std::string::npos);
+  CHECK(puller->inflight_count() == 0);
+  // The pools keep the memory alive as long as they live.
+  std::weak_ptr<std::vector<uint8_t>> kept = dst;
+  dst.reset();
+  CHECK_FALSE(kept.expired());
+}
+
+}  // namespace
+}  // namespace tandem

@@ -41,8 +41,8 @@ TEST_CASE("serving config: GPU layouts load for simulation and are refused for s
   CHECK(LoadError(gpu).empty());  // tandem simulate / plan
   const std::string error = ServingError(gpu);
   CHECK(Has(error, BuiltWithCuda() ? "cluster.yaml:2:11: prefill.device: cuda on prefill instances "
-                                      "keeps the KV in GPU memory, which transfer.backend ucx "
-                                      "cannot move: set transfer.backend: cuda_ipc"
+                                      "keeps the KV in GPU memory, and the UCX at hand moves host "
+                                      "memory only over transfer.ucx_tls 'tcp,sm,self'"
                                     : "cluster.yaml:2:11: prefill.device: cuda cannot be served by "
                                       "this build: it has no CUDA backend"));
   CHECK_FALSE(Has(error, "prefill.tensor_parallel"));  // cuda instances split over GPUs
@@ -120,15 +120,56 @@ TEST_CASE("serving config: the KV transports this build cannot serve are refused
   }
   CHECK(Has(ServingError("prefill: {device: cuda}\ndecode: {device: cuda}\n"),
             BuiltWithCuda() ? "prefill.device: cuda on prefill instances keeps the KV in GPU "
-                              "memory, which transfer.backend ucx cannot move: set "
-                              "transfer.backend: cuda_ipc (prefill and decode on one machine) or "
-                              "nccl (on any machines)"
+                              "memory, and the UCX at hand moves host memory only over "
+                              "transfer.ucx_tls 'tcp,sm,self' (a UCX built with CUDA would move "
+                              "it): set transfer.backend: cuda_ipc (prefill and decode on one "
+                              "machine) or nccl (on any machines)"
                             : "prefill.device: cuda cannot be served by this build"));
   CHECK(Has(ServingError("transfer: {backend: inproc}\n"), "transfer.backend: inproc moves KV"));
   // Colocated instances move no KV: any backend will do.
   CHECK(ServingError("transfer: {backend: inproc}\nprefill: {instances: 0}\n"
                      "decode: {instances: 0}\ncolocated: {instances: 1}\n")
             .empty());
+}
+
+// The probe the commands install (kvtransfer's ProbeUcx); here a double that says what it was
+// asked.
+namespace {
+std::vector<std::string> probed_tls;
+bool ucx_moves_cuda = false;
+bool FakeUcxProbe(const std::string& tls) {
+  probed_tls.push_back(tls);
+  return ucx_moves_cuda;
+}
+}  // namespace
+
+TEST_CASE("serving config: cuda instances over ucx where the UCX at hand moves GPU memory",
+          "[config]") {
+  SetUcxCudaProbe(&FakeUcxProbe);
+  probed_tls.clear();
+  const std::string over_ucx =
+      "transfer: {backend: ucx, ucx_tls: 'cuda_copy,rc'}\n"
+      "prefill: {device: cuda}\ndecode: {device: cuda}\n";
+  ucx_moves_cuda = true;
+  const std::string accepted = ServingError(over_ucx);
+  const std::string tp = ServingError(over_ucx + "decode: {device: cuda, tensor_parallel: 2}\n");
+  ucx_moves_cuda = false;
+  const std::string refused = ServingError(over_ucx);
+  SetUcxCudaProbe(nullptr);
+  if (BuiltWithCuda()) {
+    CHECK(accepted.empty());
+    CHECK(Has(tp, "decode.tensor_parallel: 2 keeps a KV pool per GPU, and transfer.backend ucx "
+                  "moves one pool an instance: use cuda_ipc or nccl"));
+    CHECK(Has(refused, "cluster.yaml:2:11: prefill.device: cuda on prefill instances keeps the KV "
+                       "in GPU memory, and the UCX at hand moves host memory only over "
+                       "transfer.ucx_tls 'cuda_copy,rc'"));
+    REQUIRE_FALSE(probed_tls.empty());
+    CHECK(probed_tls[0] == "cuda_copy,rc");  // asked about the configured transports
+  } else {
+    // The build refuses cuda before any UCX is asked.
+    CHECK(Has(accepted, "prefill.device: cuda cannot be served by this build"));
+    CHECK(probed_tls.empty());
+  }
 }
 
 TEST_CASE("serving config: S.cuda_devices picks each instance's GPU, on cuda only", "[config]") {

@@ -25,6 +25,10 @@ StatusOr<std::unique_ptr<ForwardBackend>> CreateCudaBackend(const Model& model,
 // memory).
 StatusOr<KvPoolMemory> AllocateCudaKvPool(size_t bytes, int device = 0);
 
+// Copies `bytes` from host memory into device memory (a KV pool's), synchronously, from any
+// thread (cudaMemcpyDefault: unified addressing finds the device). Internal on a CUDA error.
+Status CopyHostToDevice(void* device_dst, const void* host_src, size_t bytes);
+
 // Total memory of device 0 in bytes (a tensor-parallel instance's GPUs are alike); Unavailable
 // when no device is visible.
 StatusOr<uint64_t> CudaDeviceMemoryBytes();

@@ -262,6 +262,11 @@ StatusOr<KvPoolMemory> AllocateCudaKvPool(size_t bytes, int device) {
   return memory;
 }
 
+Status CopyHostToDevice(void* device_dst, const void* host_src, size_t bytes) {
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpy(device_dst, host_src, bytes, cudaMemcpyDefault));
+  return Status();
+}
+
 Status CudaForward::UploadInputs() {
   const DeviceBatch& b = batch_;
   const size_t tables_bytes = b.block_tables.size() * sizeof(int32_t);
