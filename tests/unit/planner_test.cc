@@ -20,14 +20,8 @@ LatencyModel Entry(int tp, double c2) {
   return m;
 }
 
-}  // namespace
-
-TEST_CASE("the planner picks the shape that is super-linear for prefill and writes a loadable "
-          "config",
-          "[planner]") {
-  LatencyModelFile models;
-  models.entries.push_back(Entry(1, 0.01));
-  models.entries.push_back(Entry(2, 0.002));  // 2 GPUs, 5x faster prefill; decode no faster
+// A chatbot plan on 4 GPUs of one node, short enough for a unit test.
+PlanOptions SmallPlan() {
   PlanOptions o;
   o.workload = "chatbot";
   o.slo = Slo{1.0, 0.1};
@@ -36,6 +30,18 @@ TEST_CASE("the planner picks the shape that is super-linear for prefill and writ
   o.max_model_len = 256;
   o.num_requests = 100;
   o.horizon_s = 20;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("the planner picks the shape that is super-linear for prefill and writes a loadable "
+          "config",
+          "[planner]") {
+  LatencyModelFile models;
+  models.entries.push_back(Entry(1, 0.01));
+  models.entries.push_back(Entry(2, 0.002));  // 2 GPUs, 5x faster prefill; decode no faster
+  PlanOptions o = SmallPlan();
   auto plan = MakePlan(models, o);
   REQUIRE(plan.ok());
   REQUIRE_FALSE(plan->prefill_candidates.empty());
@@ -97,14 +103,7 @@ TEST_CASE("the planner leaves out pipeline stages over --max-pipeline-parallel",
   LatencyModel staged = Entry(1, 0.001);  // two stages, 10x faster prefill: the planner's pick
   staged.pipeline_parallel = 2;
   models.entries.push_back(staged);
-  PlanOptions o;
-  o.workload = "chatbot";
-  o.slo = Slo{1.0, 0.1};
-  o.gpus = 4;
-  o.gpus_per_node = 4;
-  o.max_model_len = 256;
-  o.num_requests = 100;
-  o.horizon_s = 20;
+  PlanOptions o = SmallPlan();
   auto any = MakePlan(models, o);
   REQUIRE(any.ok());
   CHECK(any->prefill_candidates[0].prefill_pp == 2);  // DistServe's search takes it
