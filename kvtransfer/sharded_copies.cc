@@ -118,6 +118,7 @@ StatusOr<std::vector<CopyPiece>> PlanShardedCopies(const LayerRanges& remote,
   // Layer-major for LayerCopyQueue; within a layer, by destination rank as made.
   std::stable_sort(pieces.begin(), pieces.end(),
                    [](const CopyPiece& a, const CopyPiece& b) { return a.layer < b.layer; });
+  CoalesceCopies(&pieces);
   return pieces;
 }
 

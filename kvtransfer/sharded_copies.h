@@ -37,7 +37,8 @@ struct KvPoolShape {
 };
 
 // The copies of a pull from `remote`'s pools to `local`'s. Every piece's pools are below the
-// degrees; pieces are ordered by layer (LayerCopyQueue). InvalidArgument when the two shapes
+// degrees; pieces are ordered by layer (LayerCopyQueue), neighbours that continue each other on
+// both sides merged (CoalesceCopies). InvalidArgument when the two shapes
 // are not of one model (full layouts differ), a degree is invalid, a range lies outside a pool,
 // the layer counts or a layer's byte counts differ (equal degrees), or, between different
 // degrees, a range is not whole blocks or the two sides hold different numbers of blocks.

@@ -49,7 +49,26 @@ StatusOr<std::vector<CopyPiece>> PlanCopies(const LayerRanges& remote, uint64_t 
       l_used += n;
     }
   }
+  CoalesceCopies(&pieces);
   return pieces;
+}
+
+void CoalesceCopies(std::vector<CopyPiece>* pieces) {
+  size_t kept = 0;
+  for (size_t i = 0; i < pieces->size(); ++i) {
+    const CopyPiece& p = (*pieces)[i];
+    if (kept > 0) {
+      CopyPiece& last = (*pieces)[kept - 1];
+      if (last.layer == p.layer && last.remote_pool == p.remote_pool &&
+          last.local_pool == p.local_pool && last.remote_offset + last.length == p.remote_offset &&
+          last.local_offset + last.length == p.local_offset) {
+        last.length += p.length;
+        continue;
+      }
+    }
+    (*pieces)[kept++] = p;
+  }
+  pieces->resize(kept);
 }
 
 TransferMetrics::TransferMetrics(MetricsRegistry* registry) {

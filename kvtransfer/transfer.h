@@ -153,11 +153,18 @@ struct CopyPiece {
   uint32_t local_pool = 0;
 };
 
-// Cuts each layer's remote and local ranges into pieces that are contiguous on both sides.
-// InvalidArgument when the layer counts or a layer's total length differ, or when a range is not
-// inside [0, remote_bytes) / [0, local_bytes). Zero-length ranges are skipped.
+// Cuts each layer's remote and local ranges into pieces that are contiguous on both sides, then
+// merges neighbours that continue each other on both sides (CoalesceCopies). InvalidArgument
+// when the layer counts or a layer's total length differ, or when a range is not inside
+// [0, remote_bytes) / [0, local_bytes). Zero-length ranges are skipped.
 StatusOr<std::vector<CopyPiece>> PlanCopies(const LayerRanges& remote, uint64_t remote_bytes,
                                             const LayerRanges& local, uint64_t local_bytes);
+
+// Merges each piece into the one before it when both are of one layer and one pair of pools
+// and it continues that one on both sides: a run of blocks adjacent in both pools (a fresh
+// pool, or blocks freed and reused in order) moves as one get, message or memcpy instead of one
+// per block. The order of the bytes on either side is unchanged.
+void CoalesceCopies(std::vector<CopyPiece>* pieces);
 
 // Checks that every range lies inside a region of `region_bytes`.
 Status CheckRanges(const LayerRanges& layers, uint64_t region_bytes);

@@ -25,7 +25,10 @@
 // serves it to anyone; kept to measure what the authenticated reads cost).
 //
 //   kvtransfer_bench [--tls 'tcp;sm'] [--reads rma|messages] [--user-memory] [--no-perftest]
-//                    [--inflight N]
+//                    [--inflight N] [--runs N]
+// --runs N: a request's blocks come in runs of N adjacent ids on each side (as from a fresh
+// pool, or blocks reused in the order they were freed); PlanCopies merges each run's ranges into
+// one get (CoalesceCopies). Default 1: every block on its own.
 // Prints a table; writes raw numbers to kvtransfer_bench.tsv in the current directory.
 #include <algorithm>
 #include <cstdio>
@@ -111,6 +114,7 @@ struct BenchArgs {
   bool user_memory = false;
   size_t inflight = 64;
   std::string reads;  // "" = ReadsForTls
+  size_t run = 1;      // blocks come in ascending runs of this many adjacent ids (1: scattered)
 };
 
 // false on a bad argument.
@@ -130,6 +134,9 @@ bool ParseArgs(int argc, char** argv, BenchArgs* args) {
       if (args->reads != "rma" && args->reads != "messages") return false;
     } else if (a == "--inflight" && i + 1 < argc) {
       args->inflight = std::stoul(argv[++i]);
+    } else if (a == "--runs" && i + 1 < argc) {
+      args->run = std::stoul(argv[++i]);
+      if (args->run < 1 || args->run > 1024) return false;
     } else {
       return false;
     }
@@ -208,18 +215,30 @@ struct TransportRun {
   std::ofstream& tsv;
 };
 
-// One row: a request of `tokens` tokens pulled scattered and hot, perftest and memcpy beside.
-// false when a pull fails.
+// `blocks` block ids of a pool: ascending runs of `length` adjacent ids (the last may be
+// shorter), the runs at random places. length 1: every block somewhere else.
+std::vector<uint32_t> BlockRuns(size_t blocks, size_t length, std::mt19937_64& rng) {
+  std::vector<uint32_t> slots(kPoolBlocks / length);
+  for (uint32_t i = 0; i < slots.size(); ++i) slots[i] = i;
+  std::shuffle(slots.begin(), slots.end(), rng);
+  std::vector<uint32_t> ids;
+  for (size_t s = 0; ids.size() < blocks; ++s)
+    for (size_t k = 0; k < length && ids.size() < blocks; ++k)
+      ids.push_back(static_cast<uint32_t>(slots[s] * length + k));
+  return ids;
+}
+
+// One row: a request of `tokens` tokens pulled scattered (in runs of --runs adjacent blocks) and
+// hot, perftest and memcpy beside. false when a pull fails.
 bool BenchRequestSize(TransportRun& run, size_t tokens) {
   const size_t blocks = tokens / kBlockTokens;
-  std::vector<uint32_t> ids(kPoolBlocks);
-  for (uint32_t i = 0; i < kPoolBlocks; ++i) ids[i] = i;
-  std::shuffle(ids.begin(), ids.end(), run.rng);
+  const std::vector<uint32_t> from = BlockRuns(blocks, run.args.run, run.rng);
+  const std::vector<uint32_t> to = BlockRuns(blocks, run.args.run, run.rng);
   LayerRanges remote(kLayers), local(kLayers), hot_remote(kLayers), hot_local(kLayers);
   for (int l = 0; l < kLayers; ++l) {
     for (size_t b = 0; b < blocks; ++b) {
-      remote[l].push_back({(l * kPoolBlocks + ids[b]) * kBlockBytes, kBlockBytes});
-      local[l].push_back({(l * kPoolBlocks + ids[kPoolBlocks - 1 - b]) * kBlockBytes, kBlockBytes});
+      remote[l].push_back({(l * kPoolBlocks + from[b]) * kBlockBytes, kBlockBytes});
+      local[l].push_back({(l * kPoolBlocks + to[b]) * kBlockBytes, kBlockBytes});
       hot_remote[l].push_back({0, kBlockBytes});
       hot_local[l].push_back({0, kBlockBytes});
     }
@@ -272,7 +291,7 @@ int main(int argc, char** argv) {
   if (!ParseArgs(argc, argv, &args)) {
     std::fprintf(stderr,
                  "usage: %s [--tls 'tcp;sm'] [--reads rma|messages] [--user-memory] "
-                 "[--no-perftest] [--inflight N]\n",
+                 "[--no-perftest] [--inflight N] [--runs N]\n",
                  argv[0]);
     return 2;
   }

@@ -1,6 +1,7 @@
 #include "common/engine/kv_cache.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -16,13 +17,36 @@ std::string KvLayout::ToString() const {
          " fp32";
 }
 
+// ---- FreeBlockSet ----------------------------------------------------------------------------
+
+FreeBlockSet::FreeBlockSet(int num_blocks)
+    : words_((static_cast<size_t>(num_blocks) + 63) / 64, ~uint64_t{0}), count_(num_blocks) {
+  if (num_blocks % 64 != 0) words_.back() = (uint64_t{1} << (num_blocks % 64)) - 1;
+}
+
+int32_t FreeBlockSet::TakeLowest() {
+  TANDEM_CHECK(count_ > 0, "no free block to take");
+  while (words_[first_word_] == 0) ++first_word_;
+  uint64_t& word = words_[first_word_];
+  const int bit = std::countr_zero(word);
+  word &= word - 1;  // clears the lowest set bit
+  --count_;
+  return static_cast<int32_t>(first_word_ * 64 + bit);
+}
+
+void FreeBlockSet::Put(int32_t block) {
+  const size_t w = static_cast<size_t>(block) / 64;
+  const uint64_t bit = uint64_t{1} << (block % 64);
+  TANDEM_CHECK((words_[w] & bit) == 0, "block " + std::to_string(block) + " freed twice");
+  words_[w] |= bit;
+  ++count_;
+  first_word_ = std::min(first_word_, w);
+}
+
 // ---- BlockManager ----------------------------------------------------------------------------
 
 BlockManager::BlockManager(int num_blocks, int block_size)
-    : ref_counts_(num_blocks, 0), block_size_(block_size) {
-  free_list_.reserve(num_blocks);
-  // Lowest ids come out first (pop from the back).
-  for (int b = num_blocks - 1; b >= 0; --b) free_list_.push_back(b);
+    : ref_counts_(num_blocks, 0), free_(num_blocks), block_size_(block_size) {
   if (block_size > 0) {
     key_.assign(num_blocks, 0);
     parent_.assign(num_blocks, -1);
@@ -43,9 +67,8 @@ Status BlockManager::Allocate(int n, std::vector<int32_t>* table) {
                              std::to_string(num_blocks()));
   for (int i = 0; i < n; ++i) {
     int32_t b = -1;
-    if (!free_list_.empty()) {
-      b = free_list_.back();
-      free_list_.pop_back();
+    if (!free_.empty()) {
+      b = free_.TakeLowest();
     } else {  // evict the least recently freed cached block
       b = cache_head_;
       CacheRemove(b);
@@ -65,7 +88,10 @@ void BlockManager::AddRef(int32_t block) {
 }
 
 void BlockManager::Free(std::span<const int32_t> blocks) {
-  for (int32_t b : blocks) {
+  // Last to first: cached, a sequence's tail is evicted before its head (which keeps the
+  // prefix matchable longest).
+  for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) {
+    const int32_t b = *it;
     TANDEM_CHECK(b >= 0 && b < num_blocks(), "block " + std::to_string(b));
     TANDEM_CHECK(ref_counts_[b] > 0, "double free of block " + std::to_string(b));
     if (--ref_counts_[b] > 0) continue;
@@ -73,7 +99,7 @@ void BlockManager::Free(std::span<const int32_t> blocks) {
       CacheAppend(b);
     } else {
       if (block_size_ > 0) Unpublish(b);
-      free_list_.push_back(b);
+      free_.Put(b);
     }
   }
 }
@@ -85,7 +111,7 @@ void BlockManager::SetCaching(bool caching) {
     const int32_t b = cache_head_;
     CacheRemove(b);
     Unpublish(b);
-    free_list_.push_back(b);
+    free_.Put(b);
   }
 }
 

@@ -62,6 +62,25 @@ struct KvLayout {
 // unpublishes it) only when no never-published block is left. A match compares the tokens
 // themselves (and the chain of blocks before them), never only a hash. A shared block is never
 // written again: its owners write only past the tokens they matched.
+// The free blocks that are not cached, handed out lowest id first: a request's blocks then come
+// in runs of adjacent ids wherever the pool has such gaps, and each run moves between instances
+// as one copy, get or message (kvtransfer CoalesceCopies). Under churn (perf/block_runs_bench:
+// requests of 8-256 blocks, one freed at random) the runs average 6.6-18.9 blocks at 98-13%
+// pool load, where a stack of free ids gives 1.0-1.1. A bitmap: Take and Put scan words.
+class FreeBlockSet {
+ public:
+  explicit FreeBlockSet(int num_blocks);  // every block free
+  int size() const { return count_; }
+  bool empty() const { return count_ == 0; }
+  int32_t TakeLowest();      // requires !empty()
+  void Put(int32_t block);   // requires block not in the set
+
+ private:
+  std::vector<uint64_t> words_;
+  int count_ = 0;
+  size_t first_word_ = 0;  // no free block below this word
+};
+
 class BlockManager {
  public:
   // block_size > 0 enables Publish/MatchPrefix.
@@ -98,7 +117,7 @@ class BlockManager {
 
   int num_blocks() const { return static_cast<int>(ref_counts_.size()); }
   // Blocks Allocate can hand out: never used or unpublished, plus cached ones.
-  int num_free() const { return static_cast<int>(free_list_.size()) + num_cached_; }
+  int num_free() const { return free_.size() + num_cached_; }
   int num_cached() const { return num_cached_; }  // published, owned by nobody
   // false: a published block is unpublished when its last owner frees it (sharing only among
   // owners at once). Drops what is cached now.
@@ -118,7 +137,7 @@ class BlockManager {
   void CacheRemove(int32_t block);
 
   std::vector<int32_t> ref_counts_;
-  std::vector<int32_t> free_list_;  // stack; capacity num_blocks
+  FreeBlockSet free_;  // never used or unpublished
   int block_size_ = 0;
   // Per block, while published: its key, its parent (and the parent's generation when it was
   // published) and its tokens (num_blocks x block_size). A block's generation counts the times

@@ -91,23 +91,45 @@ TEST_CASE("BlockManager shares published prefix blocks until their last owner fr
   CHECK(blocks.num_free() == 8);
 
   // Allocate hands out never-published blocks first, then the least recently freed cached one.
+  // A table is freed last block first, so a cached sequence loses its tail before its head: its
+  // prefix stays matchable as long as it can.
   std::vector<int32_t> fresh;
   REQUIRE(blocks.Allocate(5, &fresh).ok());
   CHECK(blocks.num_cached() == 3);
   std::vector<int32_t> evicted;
   REQUIRE(blocks.Allocate(1, &evicted).ok());
-  CHECK(evicted[0] == a[0]);
+  CHECK(evicted[0] == a[1]);
   CHECK(blocks.num_published() == 2);
-  CHECK(blocks.MatchPrefix(prompt, 8, &h) == 0);
-  // The evicted block holds the same first tokens again: the cached child computed after its
-  // old content does not follow it.
-  blocks.Publish(evicted[0], -1, std::span(prompt).subspan(0, 4));
+  std::vector<int32_t> head;
+  CHECK(blocks.MatchPrefix(prompt, 8, &head) == 1);
+  CHECK(head == std::vector<int32_t>{a[0]});
+  blocks.Free(head);
+  // The evicted tail holds the second block's tokens again, now after no parent: it is another
+  // block, and the prompt's chain does not go through it.
+  blocks.Publish(evicted[0], -1, std::span(prompt).subspan(4, 4));
   std::vector<int32_t> i;
   CHECK(blocks.MatchPrefix(prompt, 8, &i) == 1);
+  CHECK(i == std::vector<int32_t>{a[0]});
   blocks.Free(i);
   blocks.Free(fresh);
   blocks.Free(evicted);
   CHECK(blocks.num_free() == 8);
+}
+
+TEST_CASE("BlockManager gives freed blocks back in their table's order", "[kv_cache]") {
+  BlockManager blocks(16);
+  std::vector<int32_t> a, b;
+  REQUIRE(blocks.Allocate(6, &a).ok());
+  CHECK(a == std::vector<int32_t>{0, 1, 2, 3, 4, 5});  // a fresh pool: lowest ids first
+  REQUIRE(blocks.Allocate(2, &b).ok());
+  blocks.Free(a);
+  // A run of adjacent blocks comes back as the same run, in order (one KV copy for the run).
+  std::vector<int32_t> again;
+  REQUIRE(blocks.Allocate(6, &again).ok());
+  CHECK(again == a);
+  blocks.Free(again);
+  blocks.Free(b);
+  CHECK(blocks.num_free() == 16);
 }
 
 TEST_CASE("KvCache layout: (layer, block) is one contiguous range", "[kv_cache]") {

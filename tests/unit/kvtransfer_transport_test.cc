@@ -44,6 +44,33 @@ TEST_CASE("kvtransfer PlanCopies cuts two views of one stream", "[kvtransfer]") 
         StatusCode::kInvalidArgument);
 }
 
+TEST_CASE("kvtransfer: pieces that continue each other on both sides move as one",
+          "[kvtransfer]") {
+  // Blocks 4, 5, 6 of a layer into 10, 11, 20: the first two are adjacent on both sides.
+  LayerRanges remote = {{{4 * 64, 64}, {5 * 64, 64}, {6 * 64, 64}}, {{0, 64}, {64, 64}}};
+  LayerRanges local = {{{10 * 64, 64}, {11 * 64, 64}, {20 * 64, 64}}, {{128, 64}, {192, 64}}};
+  auto pieces = PlanCopies(remote, 4096, local, 4096);
+  REQUIRE(pieces.ok());
+  REQUIRE(pieces->size() == 3);
+  CHECK((*pieces)[0].layer == 0);
+  CHECK((*pieces)[0].remote_offset == 4 * 64);
+  CHECK((*pieces)[0].local_offset == 10 * 64);
+  CHECK((*pieces)[0].length == 128);
+  CHECK((*pieces)[1].remote_offset == 6 * 64);
+  CHECK((*pieces)[1].local_offset == 20 * 64);
+  CHECK((*pieces)[1].length == 64);
+  CHECK((*pieces)[2].layer == 1);  // never across layers
+  CHECK((*pieces)[2].length == 128);
+  // Across layers, pools or a gap on one side: kept apart.
+  std::vector<CopyPiece> apart = {{0, 0, 0, 64, 0, 0}, {1, 64, 64, 64, 0, 0},
+                                  {1, 128, 128, 64, 1, 0}, {1, 192, 200, 64, 1, 0},
+                                  {1, 256, 264, 64, 1, 0}};
+  CoalesceCopies(&apart);
+  REQUIRE(apart.size() == 4);
+  CHECK(apart[3].remote_offset == 192);
+  CHECK(apart[3].length == 128);  // the last two continue each other
+}
+
 struct Backend {
   std::unique_ptr<KvPublisher> publisher;
   std::unique_ptr<KvPuller> puller;
