@@ -4,6 +4,7 @@
 
 #include "common/base/log.h"
 #include "decode/decode_scheduler.h"
+#include "kvtransfer/block_ranges.h"
 #include "kvtransfer/wire.h"
 
 namespace tandem {
@@ -131,14 +132,8 @@ void KvIntake::StartPull(const std::string& id, Entry& entry) {
   Transition(id, entry, IntakeState::kPulling, Status());
   const KvLayout& layout = engine_.layout();
   const int32_t prompt_blocks = BlocksForTokens(entry.ready.prompt.size(), layout.block_size);
-  const std::byte* base = engine_.cache().data();
-  LayerRanges local(layout.num_layers);
-  for (int l = 0; l < layout.num_layers; ++l)
-    for (int32_t k = 0; k < prompt_blocks; ++k) {
-      const auto* at =
-          reinterpret_cast<const std::byte*>(engine_.cache().BlockData(l, entry.blocks[k]));
-      local[l].push_back({static_cast<uint64_t>(at - base), layout.block_bytes()});
-    }
+  LayerRanges local =
+      KvBlockRanges(engine_.cache(), std::span(entry.blocks).first(prompt_blocks));
   PullCallbacks callbacks;
   if (options_.layerwise) {
     entry.arrival = std::make_shared<KvArrival>(layout.num_layers);

@@ -1,6 +1,7 @@
 #include "prefill/kv_handoff.h"
 
 #include "common/base/log.h"
+#include "kvtransfer/block_ranges.h"
 #include "kvtransfer/wire.h"
 
 namespace tandem {
@@ -91,15 +92,7 @@ StatusOr<KvReady> KvHandoff::Publish(const std::string& id, Entry& entry,
   if (!conn.ok())
     return Unavailable("decode instance " + entry.decode_address +
                        " unreachable: " + conn.status().message());
-  KvCache& cache = engine_.cache();
-  const KvLayout& layout = cache.layout();
-  const std::byte* base = cache.data();
-  LayerRanges ranges(layout.num_layers);
-  for (int l = 0; l < layout.num_layers; ++l)
-    for (int32_t b : blocks) {
-      const auto* at = reinterpret_cast<const std::byte*>(cache.BlockData(l, b));
-      ranges[l].push_back({static_cast<uint64_t>(at - base), layout.block_bytes()});
-    }
+  LayerRanges ranges = KvBlockRanges(engine_.cache(), blocks);
   // Outcomes come back as KvReleased over the control plane. The transport's callback matters
   // only for a release it completes later (StillReading): it frees the blocks kept draining.
   auto on_release = [relay = relay_](const std::string& request_id, const Status&) {

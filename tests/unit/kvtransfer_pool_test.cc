@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/engine/kv_cache.h"
+#include "kvtransfer/block_ranges.h"
 #include "kvtransfer/factory.h"
 #include "kvtransfer/ucx_capabilities.h"
 #include "kvtransfer/transfer.h"
@@ -248,6 +249,39 @@ TEST_CASE("kvtransfer factory: pools from the transport, per-layer completion to
     CHECK(order[l] == l);
     CHECK(whole[l]);
   }
+}
+
+TEST_CASE("kvtransfer: a request's blocks are one range per run of adjacent ids", "[kvtransfer]") {
+  KvLayout layout{3, 2, 8, 4};
+  auto cache = KvCache::Create(layout, 16);
+  REQUIRE(cache.ok());
+  const uint64_t block = layout.block_bytes();
+  // Blocks 3, 4, 5 then 9, 10 then 2 (before 3 in the pool, after it in the table).
+  const std::vector<int32_t> table = {3, 4, 5, 9, 10, 2};
+  const LayerRanges ranges = KvBlockRanges(**cache, table);
+  REQUIRE(ranges.size() == 3);
+  for (int l = 0; l < 3; ++l) {
+    INFO("layer " << l);
+    const uint64_t layer = static_cast<uint64_t>(l) * 16 * block;
+    REQUIRE(ranges[l].size() == 3);
+    CHECK(ranges[l][0].offset == layer + 3 * block);
+    CHECK(ranges[l][0].length == 3 * block);
+    CHECK(ranges[l][1].offset == layer + 9 * block);
+    CHECK(ranges[l][1].length == 2 * block);
+    CHECK(ranges[l][2].offset == layer + 2 * block);
+    CHECK(ranges[l][2].length == block);
+  }
+  // The same bytes, in the same order, as a range per block.
+  LayerRanges per_block(3);
+  for (int l = 0; l < 3; ++l)
+    for (int32_t b : table)
+      per_block[l].push_back({static_cast<uint64_t>(
+                                  reinterpret_cast<std::byte*>((*cache)->BlockData(l, b)) -
+                                  (*cache)->data()),
+                              block});
+  auto merged = PlanCopies(ranges, (*cache)->total_bytes(), per_block, (*cache)->total_bytes());
+  REQUIRE(merged.ok());
+  for (const CopyPiece& p : *merged) CHECK(p.remote_offset == p.local_offset);
 }
 
 TEST_CASE("kvtransfer factory: refuses a backend the servers do not run", "[kvtransfer]") {
