@@ -21,7 +21,7 @@ double Simulation::TransferSeconds(int64_t id) const {
   double seconds = models_.transfer.Seconds(bytes);
   // transfer.layerwise: the layers stream while prefill's last pass computes them, so a pull
   // that starts as the request is handed off has only what that pass did not cover left.
-  if (StreamsLayerwise(config_.transfer) && now_ <= r.pull_arrived)
+  if (config_.transfer.layerwise && now_ <= r.pull_arrived)
     seconds = models_.transfer.latency_s +
               std::max(0.0, seconds - models_.transfer.latency_s - r.last_pass_s);
   return seconds;

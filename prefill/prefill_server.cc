@@ -154,7 +154,7 @@ Status PrefillDriver::Init(const RoleArgs& args) {
   TANDEM_ASSIGN_OR_RETURN(host_, InstanceHost::Create(std::move(ho)));
   KvHandoffOptions hand;
   hand.hold_timeout_s = section.kv_hold_timeout_s;
-  hand.layerwise = StreamsLayerwise(config.transfer);
+  hand.layerwise = config.transfer.layerwise;
   handoff_ = std::make_unique<KvHandoff>(*host_, *engine_, *kv_.publisher, hand, handoff_failures_);
   host_->Run(this);
   TANDEM_LOG(kInfo) << setup_.name << ": " << engine_->total_blocks() << " KV blocks of "

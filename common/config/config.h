@@ -148,10 +148,6 @@ struct TransferSection {
   bool layerwise = true;
 };
 
-// Whether the KV handoff streams layer by layer: transfer.layerwise (every backend can). The
-// prefill and decode servers and the simulator all ask this.
-inline bool StreamsLayerwise(const TransferSection& t) { return t.layerwise; }
-
 // The control plane between the router and the instances (common/net, common/serving).
 struct ControlSection {
   // Every instance sends a LoadReport to each router connection this often.
