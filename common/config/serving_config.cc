@@ -41,15 +41,16 @@ bool UcxMovesCudaMemory(const std::string& tls) {
   return probe != nullptr && probe(tls);
 }
 
+// `ucx_moves_cuda`: what the UCX probe said for transfer.ucx_tls (ValidateForServing asks it).
 void CheckInstance(ServingErrors* errors, const ClusterConfig& config, const std::string& name,
-                   const InstanceSection& s) {
+                   const InstanceSection& s, bool ucx_moves_cuda) {
   const std::string& backend = config.transfer.backend;
   if (s.device == "cuda" && !BuiltWithCuda()) {
     errors->Add(name + ".device",
                 "cuda cannot be served by this build: it has no CUDA backend (build with cmake "
                 "-DTANDEM_CUDA=ON on a machine with nvcc); use cpu");
   } else if (s.device == "cuda" && name != "colocated" && s.instances > 0 && backend == "ucx" &&
-             UcxMovesCudaMemory(config.transfer.ucx_tls)) {
+             ucx_moves_cuda) {
     if (s.tensor_parallel > 1)
       errors->Add(name + ".tensor_parallel",
                   std::to_string(s.tensor_parallel) + " keeps a KV pool per GPU, and "
@@ -134,9 +135,17 @@ void SetUcxCudaProbe(UcxCudaProbe probe) { ucx_cuda_probe.store(probe); }
 
 Status ValidateForServing(const ClusterConfig& config) {
   ServingErrors errors(config);
-  CheckInstance(&errors, config, "prefill", config.prefill);
-  CheckInstance(&errors, config, "decode", config.decode);
-  CheckInstance(&errors, config, "colocated", config.colocated);
+  // The UCX probe makes a UCX context: asked once, and only where a prefill or decode instance
+  // on cuda would move its KV over ucx.
+  const auto kv_on_cuda = [](const InstanceSection& s) {
+    return s.instances > 0 && s.device == "cuda";
+  };
+  const bool ucx_moves_cuda = BuiltWithCuda() && config.transfer.backend == "ucx" &&
+                              (kv_on_cuda(config.prefill) || kv_on_cuda(config.decode)) &&
+                              UcxMovesCudaMemory(config.transfer.ucx_tls);
+  CheckInstance(&errors, config, "prefill", config.prefill, ucx_moves_cuda);
+  CheckInstance(&errors, config, "decode", config.decode, ucx_moves_cuda);
+  CheckInstance(&errors, config, "colocated", config.colocated, ucx_moves_cuda);
   const bool moves_kv = config.prefill.instances > 0 || config.decode.instances > 0;
   const std::string& backend = config.transfer.backend;
   const bool gpu_transport = backend == "cuda_ipc" || backend == "nccl";
