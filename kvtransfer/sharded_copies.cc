@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <unordered_map>
 
 #include "common/engine/kv_reshard.h"
 #include "common/engine/tensor_parallel.h"
@@ -120,6 +121,62 @@ StatusOr<std::vector<CopyPiece>> PlanShardedCopies(const LayerRanges& remote,
                    [](const CopyPiece& a, const CopyPiece& b) { return a.layer < b.layer; });
   CoalesceCopies(&pieces);
   return pieces;
+}
+
+std::vector<StridedCopy> GroupStridedCopies(const std::vector<CopyPiece>& pieces,
+                                            uint64_t remote_stride, uint64_t local_stride) {
+  // Where a copy's next row would start. Pieces are layer-major and a copy stays in its layer,
+  // so the index holds one layer's copies and is cleared at the next.
+  struct Next {
+    uint64_t pools, length, remote, local;
+    bool operator==(const Next&) const = default;
+  };
+  struct Hash {
+    size_t operator()(const Next& n) const {
+      uint64_t h = 0xcbf29ce484222325ull;  // FNV-style mix of the four words
+      for (uint64_t v : {n.pools, n.length, n.remote, n.local}) h = (h ^ v) * 0x100000001b3ull;
+      return static_cast<size_t>(h ^ (h >> 29));
+    }
+  };
+  auto next_of = [&](const CopyPiece& p) {
+    return Next{(uint64_t{p.remote_pool} << 32) | p.local_pool, p.length,
+                p.remote_offset + remote_stride, p.local_offset + local_stride};
+  };
+  std::unordered_map<Next, size_t, Hash> open;
+  std::vector<StridedCopy> copies;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const CopyPiece& p = pieces[i];
+    if (i > 0 && pieces[i - 1].layer != p.layer) open.clear();
+    const bool strided = remote_stride >= p.length && local_stride >= p.length;
+    if (strided) {
+      const Next here{(uint64_t{p.remote_pool} << 32) | p.local_pool, p.length, p.remote_offset,
+                      p.local_offset};
+      if (auto it = open.find(here); it != open.end()) {  // the next row of a copy
+        StridedCopy& c = copies[it->second];
+        ++c.rows;
+        c.remote_stride = remote_stride;
+        c.local_stride = local_stride;
+        auto node = open.extract(it);  // re-keyed to the row after: no allocation
+        node.key() = next_of(p);
+        open.insert(std::move(node));
+        continue;
+      }
+    }
+    copies.push_back({p.layer, p.remote_offset, p.local_offset, p.length, 1, 0, 0, p.remote_pool,
+                      p.local_pool});
+    if (strided) open.emplace(next_of(p), copies.size() - 1);
+  }
+  return copies;
+}
+
+StatusOr<std::vector<StridedCopy>> PlanStridedCopies(const LayerRanges& remote,
+                                                     const KvPoolShape& remote_shape,
+                                                     const LayerRanges& local,
+                                                     const KvPoolShape& local_shape) {
+  TANDEM_ASSIGN_OR_RETURN(std::vector<CopyPiece> pieces,
+                          PlanShardedCopies(remote, remote_shape, local, local_shape));
+  return GroupStridedCopies(pieces, remote_shape.rank_layout().block_bytes(),
+                            local_shape.rank_layout().block_bytes());
 }
 
 std::string EncodeKvPoolShape(const KvPoolShape& shape) {

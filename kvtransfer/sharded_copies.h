@@ -47,6 +47,44 @@ StatusOr<std::vector<CopyPiece>> PlanShardedCopies(const LayerRanges& remote,
                                                    const LayerRanges& local,
                                                    const KvPoolShape& local_shape);
 
+// `rows` copies of `length` bytes, row i from remote_offset + i * remote_stride (in pool
+// remote_pool) to local_offset + i * local_stride (in local_pool), all within `layer`: one
+// cudaMemcpy2DAsync, or one packed NCCL message. Re-sharding cuts a block into one piece per KV
+// head and K/V (a head's slice of a block is contiguous, the block's next head is not); the
+// same slice of the next block of a run sits one block further on both sides, so a run of
+// adjacent blocks makes one strided copy per (head, K/V) instead of one piece per block.
+struct StridedCopy {
+  uint32_t layer = 0;
+  uint64_t remote_offset = 0;  // of row 0
+  uint64_t local_offset = 0;
+  uint64_t length = 0;  // of each row
+  uint64_t rows = 1;
+  uint64_t remote_stride = 0;  // from one row to the next; rows > 1: at least `length`
+  uint64_t local_stride = 0;
+  uint32_t remote_pool = 0;
+  uint32_t local_pool = 0;
+  uint64_t bytes() const { return length * rows; }
+  CopyPiece row(uint64_t i) const {
+    return {layer, remote_offset + i * remote_stride, local_offset + i * local_stride, length,
+            remote_pool, local_pool};
+  }
+  bool operator==(const StridedCopy&) const = default;
+};
+
+// Groups layer-major `pieces` into strided copies: a piece joins the copy whose last row lies
+// `remote_stride` and `local_stride` bytes before it (one layer, one pair of pools, one length).
+// The copies keep the layer order (ordered by their first piece); row by row they are exactly
+// the pieces, in another order within a layer. Strides below a piece's length make no groups.
+std::vector<StridedCopy> GroupStridedCopies(const std::vector<CopyPiece>& pieces,
+                                            uint64_t remote_stride, uint64_t local_stride);
+
+// PlanShardedCopies, grouped with each side's block as the stride (a block's bytes in a pool
+// of that side's rank layout). The unit cuda_ipc copies and NCCL sends.
+StatusOr<std::vector<StridedCopy>> PlanStridedCopies(const LayerRanges& remote,
+                                                     const KvPoolShape& remote_shape,
+                                                     const LayerRanges& local,
+                                                     const KvPoolShape& local_shape);
+
 // A fixed 28-byte little-endian encoding ("KVP1", then degree, num_layers, num_kv_heads,
 // head_dim, block_size, num_blocks as uint32). Decode reads it from the front of `bytes` and
 // says how many bytes it took; InvalidArgument when it is short, of another format or invalid.

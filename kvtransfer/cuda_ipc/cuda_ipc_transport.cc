@@ -225,10 +225,10 @@ class CudaIpcPuller final : public KvPuller {
       peer = it->second.mapped;
       remote_shape = it->second.shape;
     }
-    TANDEM_ASSIGN_OR_RETURN(std::vector<CopyPiece> pieces,
-                            PlanShardedCopies(d.layers, remote_shape, local, shape_));
+    TANDEM_ASSIGN_OR_RETURN(std::vector<StridedCopy> pieces,
+                            PlanStridedCopies(d.layers, remote_shape, local, shape_));
     uint64_t moved = 0;  // every pool's: d.total_bytes counts rank 0's
-    for (const CopyPiece& p : pieces) moved += p.length;
+    for (const StridedCopy& c : pieces) moved += c.bytes();
     auto pull = std::make_shared<PullState>(std::move(pieces), static_cast<uint32_t>(d.layers.size()));
     pull->request_id = d.request_id;
     pull->total_bytes = moved;
@@ -265,12 +265,12 @@ class CudaIpcPuller final : public KvPuller {
 
  private:
   struct PullState {
-    PullState(std::vector<CopyPiece> pieces, uint32_t layers) : queue(std::move(pieces), layers) {}
+    PullState(std::vector<StridedCopy> pieces, uint32_t layers) : queue(std::move(pieces), layers) {}
     std::string request_id;
     uint64_t total_bytes = 0;
     std::shared_ptr<MappedPeer> peer;
     PullCallbacks callbacks;
-    LayerCopyQueue queue;         // layers whose copies are queued on the stream
+    LayerQueue<StridedCopy> queue;      // layers whose copies are queued on the stream
     uint32_t landed = 0;          // layers whose copies completed (reported in order)
     uint32_t queued_batches = 0;  // event records of this pull not yet completed
     std::optional<Status> error;  // set: finish with it once queued_batches is 0
@@ -339,12 +339,17 @@ class CudaIpcPuller final : public KvPuller {
     Status status = cuda::SetDevice(0);
     for (const LayerBatch& batch : batches) {
       for (size_t i = batch.first; i < batch.last && status.ok(); ++i) {
-        const CopyPiece& p = pull.queue.pieces()[i];
+        const StridedCopy& c = pull.queue.pieces()[i];
         // Between GPUs through unified addressing (peer access; cudaMemcpyDefault infers it).
-        const cudaError_t err = cudaMemcpyAsync(
-            pools_[p.local_pool] + p.local_offset,
-            static_cast<const char*>(pull.peer->bases[p.remote_pool]) + p.remote_offset,
-            p.length, cudaMemcpyDefault, stream_);
+        // A re-sharded head's slices of a run of blocks: one 2D copy (rows at each side's
+        // block stride); a run at equal degrees: one row.
+        std::byte* to = pools_[c.local_pool] + c.local_offset;
+        const std::byte* from =
+            static_cast<const std::byte*>(pull.peer->bases[c.remote_pool]) + c.remote_offset;
+        const cudaError_t err =
+            c.rows == 1 ? cudaMemcpyAsync(to, from, c.length, cudaMemcpyDefault, stream_)
+                        : cudaMemcpy2DAsync(to, c.local_stride, from, c.remote_stride, c.length,
+                                            c.rows, cudaMemcpyDefault, stream_);
         if (err != cudaSuccess) status = Internal("cuda_ipc copy: " + CudaErrorText(err));
       }
       cudaEvent_t event = nullptr;

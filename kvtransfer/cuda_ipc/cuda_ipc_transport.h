@@ -6,14 +6,15 @@
 //   prefill                                           decode
 //   pools = cudaMalloc per GPU; cudaIpcGetMemHandle   pools = cudaMalloc per GPU
 //   peer_info(): {shape, handles, boot id}  ───────▶  Connect: cudaIpcOpenMemHandle (once each)
-//   Publish(id, ranges)      ── KvDescriptor ──────▶  Pull: per layer, cudaMemcpyAsync of its
-//                                                     pieces (PlanShardedCopies, LayerCopyQueue),
-//                                                     then an event; on_layer(l) when it completed
+//   Publish(id, ranges)      ── KvDescriptor ──────▶  Pull: per layer, one cudaMemcpy(2D)Async
+//                                                     per strided copy (PlanStridedCopies,
+//                                                     LayerQueue), then an event; on_layer(l)
+//                                                     when it completed
 //
 // Tensor parallelism (kvtransfer/sharded_copies.h): an instance of degree t has t pools, pool r
 // on its GPU r, and ranges in rank 0's offsets. The publisher's PeerInfo carries its pool shape
 // and t handles; the puller copies pool to pool, re-sharding the KV heads when its own degree
-// differs. The puller maps every publisher pool on its GPU 0 and copies on one stream there:
+// differs (one 2D copy per KV head, K/V and run of adjacent blocks). The puller maps every publisher pool on its GPU 0 and copies on one stream there:
 // the GPUs need peer access (NVLink or PCIe P2P), as CUDA IPC between GPUs always does.
 //
 // The roles and guarantees of kvtransfer/transfer.h hold, with these specifics:
@@ -35,7 +36,7 @@
 // - Callbacks run on the puller's progress thread (one per puller, which polls the events).
 //
 // Device-only code, built with the CUDA backend (kvtransfer/cuda_ipc/*.cc go to tandem_cuda).
-// The bookkeeping it shares with the in-process backend (PlanCopies, LayerCopyQueue) is tested
+// The bookkeeping it shares with the in-process backend (PlanStridedCopies, LayerQueue) is tested
 // on the CPU; this file runs only on a GPU (tests/gpu/run.sh: the 1 prefill + 1 decode cluster).
 // Plain C++ declarations: no CUDA headers here.
 #pragma once

@@ -5,6 +5,10 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <tuple>
+#include <vector>
+
 namespace tandem {
 namespace {
 
@@ -74,6 +78,71 @@ TEST_CASE("PlanShardedCopies refuses what it cannot map", "[kvtransfer]") {
   KvPoolShape three{kFull, 3, 8};
   CHECK(PlanShardedCopies(Ranges(one, {1}), one, Ranges(two, {1}), three).status().message() ==
         "local: KV pool shape: tensor_parallel 3 does not split 4 KV heads");
+}
+
+// The pieces of `copies`, row by row, sorted (the order within a layer changes).
+std::vector<std::tuple<uint32_t, uint64_t, uint64_t, uint64_t, uint32_t, uint32_t>> Rows(
+    const std::vector<StridedCopy>& copies) {
+  std::vector<std::tuple<uint32_t, uint64_t, uint64_t, uint64_t, uint32_t, uint32_t>> out;
+  for (const StridedCopy& c : copies)
+    for (uint64_t i = 0; i < c.rows; ++i) {
+      const CopyPiece p = c.row(i);
+      out.emplace_back(p.layer, p.remote_offset, p.local_offset, p.length, p.remote_pool,
+                       p.local_pool);
+    }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+std::vector<std::tuple<uint32_t, uint64_t, uint64_t, uint64_t, uint32_t, uint32_t>> Rows(
+    const std::vector<CopyPiece>& pieces) {
+  std::vector<StridedCopy> ones;
+  for (const CopyPiece& p : pieces)
+    ones.push_back({p.layer, p.remote_offset, p.local_offset, p.length, 1, 0, 0, p.remote_pool,
+                    p.local_pool});
+  return Rows(ones);
+}
+
+TEST_CASE("re-sharding a run of blocks is one strided copy per head slice, K/V and layer",
+          "[kvtransfer]") {
+  const KvPoolShape one{kFull, 1, 16}, two{kFull, 2, 16};
+  const LayerRanges remote = Ranges(one, {2, 3, 4, 5}), local = Ranges(two, {8, 9, 10, 11});
+  StatusOr<std::vector<CopyPiece>> pieces = PlanShardedCopies(remote, one, local, two);
+  StatusOr<std::vector<StridedCopy>> copies = PlanStridedCopies(remote, one, local, two);
+  REQUIRE(pieces.ok());
+  REQUIRE(copies.ok());
+  // A layer: 4 blocks x K/V x 2 destination ranks (each takes 2 adjacent heads of the source
+  // block in one piece) = 16 pieces; grouped, the 4 blocks are the rows of one copy.
+  CHECK(pieces->size() == 2 * 16);
+  REQUIRE(copies->size() == 2 * 4);
+  uint32_t layer = 0;
+  for (const StridedCopy& c : *copies) {
+    CHECK(c.layer >= layer);  // still layer-major
+    layer = c.layer;
+    CHECK(c.rows == 4);
+    CHECK(c.remote_stride == one.rank_layout().block_bytes());
+    CHECK(c.local_stride == two.rank_layout().block_bytes());
+    CHECK(c.length == 2 * 4 * 8 * sizeof(float));  // 2 heads of 4 slots of 8 dims
+  }
+  CHECK(Rows(*copies) == Rows(*pieces));  // the same bytes from and to the same places
+
+  // A run broken on one side breaks the rows there: 2 + 2.
+  const LayerRanges broken = Ranges(one, {2, 3, 7, 8});
+  copies = PlanStridedCopies(broken, one, local, two);
+  REQUIRE(copies.ok());
+  CHECK(copies->size() == 2 * 8);
+  for (const StridedCopy& c : *copies) CHECK(c.rows == 2);
+  CHECK(Rows(*copies) == Rows(PlanShardedCopies(broken, one, local, two).value()));
+
+  // Equal degrees: the runs are whole pieces already, nothing to group.
+  pieces = PlanShardedCopies(Ranges(two, {1, 2, 6}), two, Ranges(two, {3, 4, 9}), two);
+  copies = PlanStridedCopies(Ranges(two, {1, 2, 6}), two, Ranges(two, {3, 4, 9}), two);
+  REQUIRE(copies.ok());
+  CHECK(copies->size() == pieces->size());
+  for (const StridedCopy& c : *copies) CHECK(c.rows == 1);
+  CHECK(Rows(*copies) == Rows(*pieces));
+
+  // Strides shorter than a piece group nothing.
+  CHECK(GroupStridedCopies(*pieces, 1, 1).size() == pieces->size());
 }
 
 TEST_CASE("the pool shape record round-trips and refuses garbage", "[kvtransfer]") {
