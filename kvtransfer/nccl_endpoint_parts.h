@@ -53,9 +53,10 @@ inline OrderedLink::Transfer TransferOf(const std::string& id, uint32_t first, u
   t.first_layer = first;
   t.layers = end - first;
   t.total_bytes = pair.bytes;
-  for (const CopyPiece& p : pair.pieces) {
-    const uint64_t offset = remote_side ? p.remote_offset : p.local_offset;
-    t.messages.push_back({p.layer, static_cast<char*>(pool.base) + offset, p.length});
+  for (const StridedCopy& c : pair.pieces) {
+    const uint64_t offset = remote_side ? c.remote_offset : c.local_offset;
+    const uint64_t stride = remote_side ? c.remote_stride : c.local_stride;
+    t.messages.push_back({c.layer, static_cast<char*>(pool.base) + offset, c.length, c.rows, stride});
   }
   return t;
 }

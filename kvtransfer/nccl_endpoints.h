@@ -27,10 +27,16 @@ namespace tandem {
 // header (kvtransfer/nccl_protocol.h) that rank 0 writes and rank 1 checks.
 class OrderedLink {
  public:
+  // `rows` rows of `bytes` each, row i at data + i * stride: a strided copy's side
+  // (kvtransfer/sharded_copies.h StridedCopy). The link moves a layer's messages as
+  // PlanLayerSends (kvtransfer/nccl_packing.h) says: both ranks see the same rows and lengths.
   struct Message {
     uint32_t layer = 0;
     void* data = nullptr;  // in the region (device memory for NCCL)
-    uint64_t bytes = 0;
+    uint64_t bytes = 0;    // of each row
+    uint64_t rows = 1;
+    uint64_t stride = 0;   // rows > 1: at least `bytes`
+    uint64_t total() const { return bytes * rows; }
   };
   struct Transfer {
     std::string request_id;

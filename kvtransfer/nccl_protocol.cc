@@ -40,14 +40,14 @@ StatusOr<std::vector<NcclPairPlan>> PlanNcclPairs(const LayerRanges& remote,
                                                   const KvPoolShape& remote_shape,
                                                   const LayerRanges& local,
                                                   const KvPoolShape& local_shape) {
-  TANDEM_ASSIGN_OR_RETURN(std::vector<CopyPiece> pieces,
-                          PlanShardedCopies(remote, remote_shape, local, local_shape));
+  TANDEM_ASSIGN_OR_RETURN(std::vector<StridedCopy> pieces,
+                          PlanStridedCopies(remote, remote_shape, local, local_shape));
   std::map<std::pair<uint32_t, uint32_t>, NcclPairPlan> pairs;
-  for (const CopyPiece& piece : pieces) {
+  for (const StridedCopy& piece : pieces) {
     NcclPairPlan& pair = pairs[{piece.remote_pool, piece.local_pool}];
     pair.remote_pool = piece.remote_pool;
     pair.local_pool = piece.local_pool;
-    pair.bytes += piece.length;
+    pair.bytes += piece.bytes();
     pair.pieces.push_back(piece);
   }
   std::vector<NcclPairPlan> out;
@@ -59,13 +59,13 @@ StatusOr<std::vector<NcclPairPlan>> PlanNcclPairs(const LayerRanges& remote,
 std::vector<NcclPairPlan> NcclPairsOfLayers(const std::vector<NcclPairPlan>& plan, uint32_t first,
                                             uint32_t end) {
   std::vector<NcclPairPlan> out;
-  auto by_layer = [](const CopyPiece& piece, uint32_t layer) { return piece.layer < layer; };
+  auto by_layer = [](const StridedCopy& piece, uint32_t layer) { return piece.layer < layer; };
   for (const NcclPairPlan& pair : plan) {  // a pair's pieces are in layer order
     const auto from = std::lower_bound(pair.pieces.begin(), pair.pieces.end(), first, by_layer);
     const auto to = std::lower_bound(from, pair.pieces.end(), end, by_layer);
     if (from == to) continue;
     NcclPairPlan part{pair.remote_pool, pair.local_pool, 0, {from, to}};
-    for (const CopyPiece& piece : part.pieces) part.bytes += piece.length;
+    for (const StridedCopy& piece : part.pieces) part.bytes += piece.bytes();
     out.push_back(std::move(part));
   }
   return out;

@@ -37,15 +37,16 @@ inline constexpr size_t kNcclHeaderBytes = 32;
 
 // The messages of a pull, link by link. An instance of degree t has t KV pools, one per GPU
 // (kvtransfer/sharded_copies.h), and a link joins one publisher pool r and one puller pool s:
-// it carries the pieces of PlanShardedCopies(remote, remote_shape, local, local_shape) that go
+// it carries the copies of PlanStridedCopies(remote, remote_shape, local, local_shape) that go
 // from pool r to pool s, in plan order (layer-major). Both sides compute the plan from the same
 // four inputs (the pull order carries the puller's two), so their messages pair one for one,
-// and the KV is re-sharded on the way when the degrees differ.
+// and the KV is re-sharded on the way when the degrees differ (a strided copy per KV head, K/V
+// and run of blocks, which the link packs: kvtransfer/nccl_packing.h).
 struct NcclPairPlan {
   uint32_t remote_pool = 0;
   uint32_t local_pool = 0;
-  uint64_t bytes = 0;              // the pieces' total
-  std::vector<CopyPiece> pieces;  // this pair's, in plan order
+  uint64_t bytes = 0;                // the copies' total
+  std::vector<StridedCopy> pieces;  // this pair's, in plan order
 };
 // Pairs with at least one piece, ordered by (remote_pool, local_pool). PlanShardedCopies' errors.
 StatusOr<std::vector<NcclPairPlan>> PlanNcclPairs(const LayerRanges& remote,

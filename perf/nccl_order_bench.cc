@@ -9,7 +9,8 @@
 // prefill/decode degrees 1->1 and 1->t: a real publisher and puller over links that accept every
 // transfer and move nothing (NCCL needs GPUs), ordering the whole request at once and layer by
 // layer (one order per layer, as decode orders when prefill announces each layer). Reported:
-// the order's bytes, the NCCL messages the publisher's sends would be, and the median time of the
+// the order's bytes, the publisher's messages (one per strided copy) and the NCCL sends NcclLink
+// would post for them (kvtransfer/nccl_packing.h: strided ones packed), and the median time of the
 // puller's Pull + SetLayersAvailable calls and of the publisher's OnPullerMessage calls for one
 // request. --runs N: the blocks come in runs of N adjacent ids on each side, one range per run
 // (as KvBlockRanges makes them from the BlockManager's lowest-first tables); 1: scattered.
@@ -30,6 +31,7 @@
 
 #include "common/base/flags.h"
 #include "kvtransfer/nccl_endpoints.h"
+#include "kvtransfer/nccl_packing.h"
 #include "kvtransfer/nccl_protocol.h"
 
 namespace tandem {
@@ -37,7 +39,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::atomic<size_t> rank0_messages{0};  // what the publishers' sends would post
+std::atomic<size_t> rank0_messages{0};  // the publishers' messages (a strided copy each)
+std::atomic<size_t> rank0_sends{0};     // the NCCL sends NcclLink would post for them
 
 // Accepts every transfer and completes none: what is timed is the endpoints' own work.
 class NullLink final : public OrderedLink {
@@ -45,7 +48,10 @@ class NullLink final : public OrderedLink {
   explicit NullLink(int rank) : rank_(rank) {}
   Status health() const override { return Status(); }
   StatusOr<uint64_t> Post(Transfer t) override {
-    if (rank_ == 0) rank0_messages += t.messages.size();
+    if (rank_ == 0) {
+      rank0_messages += t.messages.size();
+      rank0_sends += LayerSendCount(t.messages, kLinkStagingBytes);
+    }
     return next_++;
   }
   void Abort(const Status&) override {}
@@ -92,7 +98,8 @@ struct Result {
   int tokens = 0;
   size_t orders = 0;
   double order_kib = 0;  // all orders of the request
-  size_t messages = 0;   // the NCCL sends of the request, over all pairs
+  size_t messages = 0;   // the strided messages of the request, over all pairs
+  size_t sends = 0;      // the NCCL sends they take (kvtransfer/nccl_packing.h)
   double pull_ms = 0;    // the puller's calls
   double serve_ms = 0;   // the publisher's calls
 };
@@ -133,6 +140,7 @@ Result Run(const std::string& model, KvLayout layout, int from, int to, int toke
       if (!puller->SetLayersAvailable(id, l).ok()) std::abort();
     const auto t1 = Clock::now();
     rank0_messages = 0;
+    rank0_sends = 0;
     for (const std::string& order : orders)
       if (!publisher->OnPullerMessage(AsBytes(order)).ok()) std::abort();
     const auto t2 = Clock::now();
@@ -140,6 +148,7 @@ Result Run(const std::string& model, KvLayout layout, int from, int to, int toke
     serve_ms.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
     r.orders = orders.size();
     r.messages = rank0_messages;
+    r.sends = rank0_sends;
     r.order_kib = 0;
     for (const std::string& order : orders) r.order_kib += order.size() / 1024.0;
   }
@@ -191,16 +200,16 @@ int main(int argc, char** argv) {
   const std::vector<Model> models = {{"SmolLM2-135M", KvLayout{30, 3, 64, 16}, 3},
                                      {"Llama-3-8B-like", KvLayout{32, 8, 128, 16}, 2}};
   std::vector<Result> results;
-  std::printf("| model | degrees | tokens | ordered | orders | order KiB | NCCL messages | "
-              "puller ms | publisher ms |\n|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("| model | degrees | tokens | ordered | orders | order KiB | messages | NCCL sends | "
+              "puller ms | publisher ms |\n|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Model& m : models)
     for (int t : tokens)
       for (int to : {1, m.tp})
         for (bool layerwise : {false, true}) {
           Result r = Run(m.name, m.layout, 1, to, t, layerwise, reps, run);
-          std::printf("| %s | %s | %d | %s | %zu | %.0f | %zu | %.2f | %.2f |\n", r.model.c_str(),
-                      r.degrees.c_str(), r.tokens, r.mode.c_str(), r.orders, r.order_kib,
-                      r.messages, r.pull_ms, r.serve_ms);
+          std::printf("| %s | %s | %d | %s | %zu | %.0f | %zu | %zu | %.2f | %.2f |\n",
+                      r.model.c_str(), r.degrees.c_str(), r.tokens, r.mode.c_str(), r.orders,
+                      r.order_kib, r.messages, r.sends, r.pull_ms, r.serve_ms);
           std::fflush(stdout);
           results.push_back(r);
         }
@@ -209,7 +218,7 @@ int main(int argc, char** argv) {
     for (const Result& r : results)
       out.push_back({{"model", r.model}, {"degrees", r.degrees}, {"tokens", r.tokens},
                      {"mode", r.mode}, {"orders", r.orders}, {"order_kib", r.order_kib},
-                     {"runs", run}, {"nccl_messages", r.messages},
+                     {"runs", run}, {"messages", r.messages}, {"nccl_sends", r.sends},
                      {"puller_ms", r.pull_ms}, {"publisher_ms", r.serve_ms}});
     std::ofstream(json_path) << out.dump(2) << "\n";
   }

@@ -14,10 +14,12 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <span>
 #include <thread>
 #include <utility>
 
 #include "common/engine/cuda/cuda_util.h"
+#include "kvtransfer/nccl_packing.h"
 
 namespace tandem {
 namespace {
@@ -245,29 +247,52 @@ class NcclLink::Impl {
     }
     size_t m = 0;
     for (size_t group = 0; group < groups; ++group) {
-      ncclResult_t r = ncclGroupStart();
-      if (r != ncclSuccess) return NcclStatus(r, "ncclGroupStart", comm);
-      if (group == 0) {
-        r = send ? ncclSend(HeaderDev(a.seq), kHeaderBytes, ncclUint8, peer, comm, stream)
-                 : ncclRecv(HeaderDev(a.seq), kHeaderBytes, ncclUint8, peer, comm, stream);
-      }
+      // This layer's messages, and how they go (kvtransfer/nccl_packing.h): the direct ones
+      // and the first round of packed rows in one NCCL group, each further round in its own.
       const uint32_t layer = t.first_layer + static_cast<uint32_t>(group);
-      for (; r == ncclSuccess && m < t.messages.size() && t.messages[m].layer == layer; ++m) {
-        const Message& msg = t.messages[m];
-        if (msg.bytes == 0) continue;
-        r = send ? ncclSend(msg.data, msg.bytes, ncclUint8, peer, comm, stream)
-                 : ncclRecv(msg.data, msg.bytes, ncclUint8, peer, comm, stream);
+      const size_t begin = m;
+      while (m < t.messages.size() && t.messages[m].layer == layer) ++m;
+      const std::span<const Message> msgs(t.messages.data() + begin, m - begin);
+      const LayerSends plan = PlanLayerSends(msgs, kLinkStagingBytes);
+      if (!plan.rounds.empty() && staging_.data() == nullptr) {
+        TANDEM_ASSIGN_OR_RETURN(staging_, cuda::DeviceBuffer::Allocate(kLinkStagingBytes));
       }
-      const ncclResult_t end = ncclGroupEnd();
-      if (r != ncclSuccess) return NcclStatus(r, send ? "ncclSend" : "ncclRecv", comm);
-      if (end == ncclInProgress) {
-        TANDEM_RETURN_IF_ERROR(WaitNotInProgress(comm, t.deadline, /*check_stop=*/true));
-      } else if (end != ncclSuccess) {
-        return NcclStatus(end, "ncclGroupEnd", comm);
-      }
-      if (group == 0 && !send) {
-        TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(HeaderHost(a.seq), HeaderDev(a.seq),
-                                                    kHeaderBytes, cudaMemcpyDeviceToHost, stream));
+      const size_t rounds = std::max<size_t>(plan.rounds.size(), 1);
+      for (size_t round = 0; round < rounds; ++round) {
+        const PackRound* packed = round < plan.rounds.size() ? &plan.rounds[round] : nullptr;
+        // The sender gathers the round before the group; stream order keeps the previous
+        // round's send done before its bytes are overwritten.
+        if (send && packed != nullptr) TANDEM_RETURN_IF_ERROR(CopyRound(*packed, msgs, true, stream));
+        ncclResult_t r = ncclGroupStart();
+        if (r != ncclSuccess) return NcclStatus(r, "ncclGroupStart", comm);
+        if (group == 0 && round == 0) {
+          r = send ? ncclSend(HeaderDev(a.seq), kHeaderBytes, ncclUint8, peer, comm, stream)
+                   : ncclRecv(HeaderDev(a.seq), kHeaderBytes, ncclUint8, peer, comm, stream);
+        }
+        for (size_t d = 0; round == 0 && d < plan.direct.size(); ++d) {
+          const Message& msg = msgs[plan.direct[d]];
+          for (uint64_t row = 0; r == ncclSuccess && row < msg.rows; ++row) {
+            char* data = static_cast<char*>(msg.data) + row * msg.stride;
+            r = send ? ncclSend(data, msg.bytes, ncclUint8, peer, comm, stream)
+                     : ncclRecv(data, msg.bytes, ncclUint8, peer, comm, stream);
+          }
+        }
+        if (r == ncclSuccess && packed != nullptr) {
+          r = send ? ncclSend(staging_.data(), packed->bytes, ncclUint8, peer, comm, stream)
+                   : ncclRecv(staging_.data(), packed->bytes, ncclUint8, peer, comm, stream);
+        }
+        const ncclResult_t end = ncclGroupEnd();
+        if (r != ncclSuccess) return NcclStatus(r, send ? "ncclSend" : "ncclRecv", comm);
+        if (end == ncclInProgress) {
+          TANDEM_RETURN_IF_ERROR(WaitNotInProgress(comm, t.deadline, /*check_stop=*/true));
+        } else if (end != ncclSuccess) {
+          return NcclStatus(end, "ncclGroupEnd", comm);
+        }
+        if (group == 0 && round == 0 && !send) {
+          TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(HeaderHost(a.seq), HeaderDev(a.seq),
+                                                      kHeaderBytes, cudaMemcpyDeviceToHost, stream));
+        }
+        if (!send && packed != nullptr) TANDEM_RETURN_IF_ERROR(CopyRound(*packed, msgs, false, stream));
       }
       TANDEM_CUDA_RETURN_IF_ERROR(cudaEventRecord(a.events[group].get(), stream));
     }
@@ -275,6 +300,20 @@ class NcclLink::Impl {
       return Internal("NCCL link: messages not in layer-major order for " + t.request_id);
     }
     return Status();
+  }
+
+  // One round of packed rows between the messages and the staging buffer: gathered into it
+  // (`gather`, the sender) or scattered from it (the receiver), a 2D copy per part.
+  Status CopyRound(const PackRound& round, std::span<const Message> msgs, bool gather,
+                   cudaStream_t stream) {
+    const CopyRows copy = [stream](void* dst, uint64_t dst_pitch, const void* src,
+                                   uint64_t src_pitch, uint64_t width, uint64_t rows) {
+      TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows,
+                                                    cudaMemcpyDeviceToDevice, stream));
+      return Status();
+    };
+    return gather ? GatherRound(round, msgs, staging_.data(), copy)
+                  : ScatterRound(round, msgs, staging_.data(), copy);
   }
 
   // Aborts the communicator, drains the stream and fails every transfer: the one with
@@ -434,6 +473,7 @@ class NcclLink::Impl {
     if (busy) FailLink(Cancelled("NCCL link closed"), std::nullopt, Status());
     comm_.reset();
     header_dev_ = cuda::DeviceBuffer();
+    staging_ = cuda::DeviceBuffer();
     header_host_.reset();
     stream_ = cuda::CudaStream();
   }
@@ -456,6 +496,7 @@ class NcclLink::Impl {
   std::thread thread_;
   cuda::CudaStream stream_;
   cuda::DeviceBuffer header_dev_;
+  cuda::DeviceBuffer staging_;  // kLinkStagingBytes, made at the first packed round
   PinnedPtr header_host_;
   CommPtr comm_;  // last: destroyed (aborted) first
 };

@@ -34,7 +34,10 @@
 //  * Messages: a link joins one publisher pool and one puller pool (tensor parallelism: a pool
 //    per GPU on each side) and carries the pieces that PlanNcclPairs gives that pair: both sides
 //    compute the plan from the publisher's ranges and shape and the puller's, which the order
-//    carries; the KV heads are re-sharded on the way when the degrees differ.
+//    carries; the KV heads are re-sharded on the way when the degrees differ. A re-sharded
+//    head's slices of a run of blocks are one strided message, packed with the layer's others
+//    into the link's staging buffer and sent as one NCCL message per round of at most
+//    kLinkStagingBytes (kvtransfer/nccl_packing.h); contiguous messages go straight.
 //  * Release. The publisher's lease ends when its sends completed (on_release OK), or by
 //    Release(). A send cannot be withdrawn: a Release while sends are posted ends the lease
 //    once they end (the puller's receives take them, or the timeout fails the link), and only
@@ -53,7 +56,9 @@
 //    closed one; an order must fit a control message (16 MiB), else the pull is refused.
 //
 // Memory: pool r is device memory on CUDA device r (cudaMalloc: the KV pools); it is not
-// registered with NCCL (ncclCommRegister is an optimisation left out). NCCL refuses two ranks of
+// registered with NCCL (ncclCommRegister is an optimisation left out). A link that packs holds
+// a staging buffer of kLinkStagingBytes (16 MiB) on its GPU, made at its first packed round and
+// freed with the link. NCCL refuses two ranks of
 // one communicator on one GPU: publisher and puller need different GPUs.
 // Threads: all methods are thread-safe and return without waiting on the network; every NCCL
 // call on a communicator is made by its link's progress thread, where callbacks run.
@@ -105,8 +110,8 @@ class NcclLink final : public OrderedLink {
   NcclLink(const NcclLink&) = delete;
   NcclLink& operator=(const NcclLink&) = delete;
 
-  // OrderedLink. Each transfer is one NCCL group per layer on the link's stream, the 32-byte
-  // header first in layer 0's group.
+  // OrderedLink. Each transfer is one NCCL group per layer on the link's stream (one more per
+  // further packing round), the 32-byte header first in layer 0's group.
   Status health() const override;
   StatusOr<uint64_t> Post(Transfer transfer) override;
   void Abort(const Status& reason) override;

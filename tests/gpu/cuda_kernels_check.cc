@@ -1,5 +1,5 @@
-// cuda_kernels_check: compares every kernel of common/cuda/kernels.h (and the cuBLAS Gemm)
-// against a straightforward CPU reference on seeded random inputs, prints the max error of
+// cuda_kernels_check: compares every kernel of common/cuda/kernels.h (and the cuBLAS Gemm, and
+// the KV transfer's 2D copies) against a straightforward CPU reference on seeded random inputs, prints the max error of
 // each against its tolerance, and exits 0 only when all pass. Needs a CUDA device (run it on
 // the GPU machine: `build-cuda/tests/gpu/cuda_kernels_check`); exits 2 when none is visible.
 //
@@ -21,6 +21,8 @@
 
 #include "common/engine/cuda/cuda_util.h"
 #include "common/engine/cuda/kernels.h"
+#include "kvtransfer/nccl_packing.h"
+#include "kvtransfer/sharded_copies.h"
 
 namespace tandem::cuda {
 namespace {
@@ -518,6 +520,98 @@ void CheckAddRowBias(cudaStream_t s) {
   Report("AddRowBias", MaxAbsDiff(got, want), 1e-6);
 }
 
+// The KV transfer's device copies, on one GPU: a 1 -> 2 re-shard of runs of blocks as cuda_ipc
+// copies it (PlanStridedCopies, a cudaMemcpy2DAsync per strided copy) and as NcclLink packs it
+// (each layer's rounds gathered into a staging buffer and scattered out of it with
+// cudaMemcpy2DAsync, kvtransfer/nccl_packing.h; the NCCL send between is left out), against the
+// plan's pieces copied one by one on the host. The error is the count of bytes that differ.
+void CheckStridedCopies(cudaStream_t s) {
+  const KvLayout full{4, 4, 64, 16};
+  const KvPoolShape one{full, 1, 32}, two{full, 2, 32};
+  auto whole_blocks = [](const KvPoolShape& shape, const std::vector<int32_t>& blocks) {
+    const uint64_t block = shape.rank_layout().block_bytes();
+    LayerRanges out(shape.full.num_layers);
+    for (int l = 0; l < shape.full.num_layers; ++l)
+      for (int32_t b : blocks) out[l].push_back({(uint64_t(l) * shape.num_blocks + b) * block, block});
+    return out;
+  };
+  const LayerRanges remote = whole_blocks(one, {3, 4, 5, 6, 7, 8, 9, 10, 11, 12});
+  const LayerRanges local = whole_blocks(two, {20, 21, 22, 23, 24, 7, 8, 9, 10, 11});
+  const std::vector<CopyPiece> pieces = Must(PlanShardedCopies(remote, one, local, two), "plan");
+  const std::vector<StridedCopy> copies = Must(PlanStridedCopies(remote, one, local, two), "plan");
+
+  std::vector<uint8_t> src(one.pool_bytes());
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(g_rng());
+  std::vector<std::vector<uint8_t>> want(2, std::vector<uint8_t>(two.pool_bytes(), 0));
+  for (const CopyPiece& p : pieces)
+    std::memcpy(want[p.local_pool].data() + p.local_offset, src.data() + p.remote_offset, p.length);
+  auto differing = [&](const std::vector<DeviceBuffer>& pools) {
+    double bad = 0;
+    for (int r = 0; r < 2; ++r) {
+      const std::vector<uint8_t> got = Download<uint8_t>(pools[r], want[r].size());
+      for (size_t i = 0; i < got.size(); ++i) bad += got[i] != want[r][i];
+    }
+    return bad;
+  };
+  auto zeroed_pools = [&] {
+    std::vector<DeviceBuffer> pools;
+    for (int r = 0; r < 2; ++r) pools.push_back(Upload(std::vector<uint8_t>(two.pool_bytes(), 0)));
+    return pools;
+  };
+  const DeviceBuffer dsrc = Upload(src);
+  const auto* from = dsrc.as<const uint8_t>();
+
+  // cuda_ipc's way.
+  std::vector<DeviceBuffer> pools = zeroed_pools();
+  for (const StridedCopy& c : copies)
+    TANDEM_CUDA_CHECK(cudaMemcpy2DAsync(pools[c.local_pool].as<uint8_t>() + c.local_offset,
+                                        c.rows > 1 ? c.local_stride : c.length,
+                                        from + c.remote_offset,
+                                        c.rows > 1 ? c.remote_stride : c.length, c.length, c.rows,
+                                        cudaMemcpyDefault, s));
+  Report("KV re-shard 1->2: " + std::to_string(copies.size()) + " 2D copies for " +
+             std::to_string(pieces.size()) + " pieces",
+         differing(pools), 0.0);
+
+  // NcclLink's way: per pair and layer, direct messages copied straight, the packed rounds
+  // through a staging buffer of a few rows (so that layers take several rounds).
+  pools = zeroed_pools();
+  const CopyRows copy_rows = [s](void* dst, uint64_t dst_pitch, const void* src_rows,
+                                 uint64_t src_pitch, uint64_t width, uint64_t rows) {
+    TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(dst, dst_pitch, src_rows, src_pitch, width,
+                                                  rows, cudaMemcpyDeviceToDevice, s));
+    return Status();
+  };
+  const uint64_t staging_bytes = 3 * 16 * 64 * sizeof(float);  // 3 rows of one head's K
+  DeviceBuffer staging = Must(DeviceBuffer::Allocate(staging_bytes), "cudaMalloc");
+  size_t rounds = 0;
+  for (uint32_t pool = 0; pool < 2; ++pool)
+    for (uint32_t layer = 0; layer < static_cast<uint32_t>(full.num_layers); ++layer) {
+      std::vector<OrderedLink::Message> sent, received;
+      for (const StridedCopy& c : copies) {
+        if (c.local_pool != pool || c.layer != layer) continue;
+        sent.push_back({layer, const_cast<uint8_t*>(from) + c.remote_offset, c.length, c.rows,
+                        c.remote_stride});
+        received.push_back({layer, pools[pool].as<uint8_t>() + c.local_offset, c.length, c.rows,
+                            c.local_stride});
+      }
+      const LayerSends plan = PlanLayerSends(sent, staging_bytes);
+      for (size_t m : plan.direct)  // row by row, as NcclLink sends them
+        for (uint64_t row = 0; row < sent[m].rows; ++row)
+          TANDEM_CUDA_CHECK(cudaMemcpyAsync(
+              static_cast<uint8_t*>(received[m].data) + row * received[m].stride,
+              static_cast<const uint8_t*>(sent[m].data) + row * sent[m].stride, sent[m].bytes,
+              cudaMemcpyDeviceToDevice, s));
+      for (const PackRound& round : plan.rounds) {
+        Must(GatherRound(round, sent, staging.data(), copy_rows), "gather");
+        Must(ScatterRound(round, received, staging.data(), copy_rows), "scatter");
+        ++rounds;
+      }
+    }
+  Report("KV re-shard 1->2 packed: " + std::to_string(rounds) + " staging rounds",
+         differing(pools), 0.0);
+}
+
 int Main() {
   StatusOr<int> devices = DeviceCount();
   if (!devices.ok()) {
@@ -543,6 +637,7 @@ int Main() {
   CheckAttention(DType::kBF16, 128, s);
   CheckArgmax(s);
   CheckAddRowBias(s);
+  CheckStridedCopies(s);
   CheckGemm(cublas, DType::kF32, DType::kF32);
   CheckGemm(cublas, DType::kBF16, DType::kF32);
   CheckGemm(cublas, DType::kBF16, DType::kBF16);

@@ -12,11 +12,13 @@
 #include <mutex>
 #include <numeric>
 #include <random>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "kvtransfer/nccl_endpoints.h"
+#include "kvtransfer/nccl_packing.h"
 #include "kvtransfer/nccl_protocol.h"
 #include "kvtransfer/sharded_copies.h"
 
@@ -131,7 +133,8 @@ class Wire {
     Status verdict = CheckNcclHeader(header, recv.seq, recv.t.total_bytes, recv.t.request_id);
     bool same_messages = send.t.messages.size() == recv.t.messages.size();
     for (size_t i = 0; same_messages && i < send.t.messages.size(); ++i)
-      same_messages = send.t.messages[i].bytes == recv.t.messages[i].bytes;
+      same_messages = send.t.messages[i].bytes == recv.t.messages[i].bytes &&
+                      send.t.messages[i].rows == recv.t.messages[i].rows;
     // As NcclLink posts them: a group per layer of the transfer, messages in layer order.
     for (const Entry* e : {&send, &recv})
       for (size_t i = 0; same_messages && i < e->t.messages.size(); ++i) {
@@ -148,13 +151,44 @@ class Wire {
       }
       return Fail(Unavailable("out of step"), 1, verdict);
     }
-    for (size_t i = 0; i < send.t.messages.size(); ++i)
-      std::memcpy(recv.t.messages[i].data, send.t.messages[i].data, send.t.messages[i].bytes);
+    MoveAsNcclLink(send.t.messages, recv.t.messages);
     // As NcclLink: the header is checked before any layer counts; filler reports none.
     for (uint32_t l = 0; verdict.ok() && l < recv.t.layers; ++l)
       if (recv.t.on_layer) recv.t.on_layer(recv.t.first_layer + l);
     if (send.t.on_done) send.t.on_done(Status());
     if (recv.t.on_done) recv.t.on_done(verdict);
+  }
+
+  // As NcclLink moves them (kvtransfer/nccl_packing.h), layer by layer: the direct messages
+  // row by row, the strided ones gathered into a staging buffer, round by round, and scattered
+  // from it. The buffer is small here so that layers take several rounds.
+  static Status MemcpyRows(void* dst, uint64_t dst_pitch, const void* src, uint64_t src_pitch,
+                           uint64_t width, uint64_t rows) {
+    for (uint64_t i = 0; i < rows; ++i)
+      std::memcpy(static_cast<char*>(dst) + i * dst_pitch,
+                  static_cast<const char*>(src) + i * src_pitch, width);
+    return Status();
+  }
+  static void MoveAsNcclLink(const std::vector<OrderedLink::Message>& from,
+                             const std::vector<OrderedLink::Message>& to) {
+    constexpr uint64_t kStaging = 40;
+    std::vector<char> staging(kStaging);
+    for (size_t begin = 0; begin < from.size();) {
+      size_t end = begin;
+      while (end < from.size() && from[end].layer == from[begin].layer) ++end;
+      const std::span<const OrderedLink::Message> src(from.data() + begin, end - begin);
+      const std::span<const OrderedLink::Message> dst(to.data() + begin, end - begin);
+      const LayerSends plan = PlanLayerSends(src, kStaging);
+      for (size_t m : plan.direct)
+        (void)MemcpyRows(dst[m].data, dst[m].stride, src[m].data, src[m].stride, src[m].bytes,
+                         src[m].rows);
+      for (const PackRound& round : plan.rounds) {
+        // (the link's thread: no Catch2 assertions here; memcpy cannot fail)
+        (void)GatherRound(round, src, staging.data(), MemcpyRows);
+        (void)ScatterRound(round, dst, staging.data(), MemcpyRows);
+      }
+      begin = end;
+    }
   }
 
   std::mutex mutex_;
@@ -558,8 +592,9 @@ OrderedLink::Transfer ReceiveOf(Cluster& c, const KvDescriptor& d, const LayerRa
   t.request_id = d.request_id;
   t.layers = kLayers;
   t.total_bytes = plan[0].bytes;
-  for (const CopyPiece& p : plan[0].pieces)
-    t.messages.push_back({p.layer, c.decode_pool().data() + p.local_offset, p.length});
+  for (const StridedCopy& p : plan[0].pieces)
+    t.messages.push_back(
+        {p.layer, c.decode_pool().data() + p.local_offset, p.length, p.rows, p.local_stride});
   t.deadline = Clock::now() + 5s;
   PullCallbacks callbacks = waiter.callbacks();
   t.on_layer = callbacks.on_layer;

@@ -4,12 +4,14 @@
 // its publisher and puller run here over a CPU link pair (kvtransfer_nccl_endpoints_test.cc).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <numeric>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "kvtransfer/nccl_packing.h"
 #include "kvtransfer/nccl_protocol.h"
 #include "tests/unit/kv_pool_util.h"
 
@@ -37,7 +39,7 @@ TEST_CASE("nccl protocol: equal degrees pair each pool with its own, pool by poo
       CHECK(pair.remote_pool == static_cast<uint32_t>(r));
       CHECK(pair.local_pool == static_cast<uint32_t>(r));
       CHECK(pair.bytes == 2 * 3 * shape.rank_layout().block_bytes());
-      for (const CopyPiece& p : pair.pieces) CHECK(p.remote_pool == p.local_pool);
+      for (const StridedCopy& p : pair.pieces) CHECK(p.remote_pool == p.local_pool);
     }
   }
 }
@@ -57,7 +59,7 @@ TEST_CASE("nccl protocol: between degrees every head goes from the pool that has
     uint64_t moved = 0;
     for (const NcclPairPlan& pair : *pairs) {
       CHECK(pair.pieces.size() > 0);
-      for (const CopyPiece& p : pair.pieces) {
+      for (const StridedCopy& p : pair.pieces) {
         CHECK(p.remote_pool == pair.remote_pool);
         CHECK(p.local_pool == pair.local_pool);
       }
@@ -92,12 +94,12 @@ TEST_CASE("nccl protocol: a batch of layers takes exactly its layers' pieces", "
       const std::vector<NcclPairPlan> part = NcclPairsOfLayers(*whole, first, end);
       REQUIRE(part.size() == whole->size());  // every pair moves some of every layer here
       for (size_t i = 0; i < part.size(); ++i) {
-        std::vector<CopyPiece> want;
+        std::vector<StridedCopy> want;
         uint64_t bytes = 0;
-        for (const CopyPiece& p : (*whole)[i].pieces)
+        for (const StridedCopy& p : (*whole)[i].pieces)
           if (p.layer >= first && p.layer < end) {
             want.push_back(p);
-            bytes += p.length;
+            bytes += p.bytes();
           }
         REQUIRE(part[i].pieces.size() == want.size());
         for (size_t k = 0; k < want.size(); ++k) {
@@ -163,6 +165,98 @@ TEST_CASE("nccl protocol: pull orders round-trip and malformed ones are refused"
     if (!r.ok()) continue;
     CHECK(r->local_shape.Validate().ok());
     for (const NcclPairOrder& pair : r->pairs) CHECK(pair.unique_id.size() == kNcclUniqueIdBytes);
+  }
+}
+
+TEST_CASE("nccl packing: strided messages fill staging rounds, the rest go straight",
+          "[kvtransfer]") {
+  char region[4096];
+  using Message = OrderedLink::Message;
+  const std::vector<Message> layer = {
+      {0, region, 100, 1, 0},        // one row: direct
+      {0, region + 200, 8, 5, 32},   // 40 bytes: round 0 exactly
+      {0, region + 400, 16, 3, 64},  // 48 bytes: 2 rows in round 1, 1 in round 2
+      {0, region + 800, 1000, 2, 1000},  // rows longer than the buffer: direct, row by row
+      {0, region, 0, 1, 0},          // nothing: left out
+  };
+  const LayerSends plan = PlanLayerSends(layer, 40);
+  CHECK(plan.direct == std::vector<size_t>{0, 3});
+  REQUIRE(plan.rounds.size() == 3);
+  CHECK(plan.rounds[0].bytes == 40);
+  CHECK(plan.rounds[0].parts == std::vector<PackedRows>{{1, 0, 5, 0}});
+  CHECK(plan.rounds[1].bytes == 32);
+  CHECK(plan.rounds[1].parts == std::vector<PackedRows>{{2, 0, 2, 0}});
+  CHECK(plan.rounds[2].bytes == 16);
+  CHECK(plan.rounds[2].parts == std::vector<PackedRows>{{2, 2, 1, 0}});
+  // Sends: 1 + 2 direct rows, 3 rounds.
+  CHECK(LayerSendCount(layer, 40) == 6);
+
+  // Through the rounds, rows land at the receiver's strides: gather on one side, scatter on
+  // the other (another layout of the same rows), as NcclLink does with cudaMemcpy2DAsync.
+  const CopyRows memcpy_rows = [](void* dst, uint64_t dst_pitch, const void* src,
+                                  uint64_t src_pitch, uint64_t width, uint64_t rows) {
+    for (uint64_t i = 0; i < rows; ++i)
+      std::memcpy(static_cast<char*>(dst) + i * dst_pitch,
+                  static_cast<const char*>(src) + i * src_pitch, width);
+    return Status();
+  };
+  std::vector<char> from(1024), to(1024, 0);
+  for (size_t i = 0; i < from.size(); ++i) from[i] = static_cast<char>(i * 7 + 1);
+  const std::vector<Message> sent = {{0, from.data(), 8, 5, 32}, {0, from.data() + 300, 16, 3, 64}};
+  const std::vector<Message> received = {{0, to.data() + 3, 8, 5, 11},
+                                         {0, to.data() + 500, 16, 3, 20}};
+  const LayerSends rounds = PlanLayerSends(sent, 40);
+  std::vector<char> staging(40);
+  for (const PackRound& round : rounds.rounds) {
+    REQUIRE(GatherRound(round, sent, staging.data(), memcpy_rows).ok());
+    REQUIRE(ScatterRound(round, received, staging.data(), memcpy_rows).ok());
+  }
+  for (size_t m = 0; m < sent.size(); ++m)
+    for (uint64_t row = 0; row < sent[m].rows; ++row)
+      CHECK(std::memcmp(static_cast<char*>(received[m].data) + row * received[m].stride,
+                        static_cast<char*>(sent[m].data) + row * sent[m].stride,
+                        sent[m].bytes) == 0);
+  // A failing copy stops the round with its error.
+  const CopyRows failing = [](void*, uint64_t, const void*, uint64_t, uint64_t, uint64_t) {
+    return Internal("copy failed");
+  };
+  CHECK(GatherRound(rounds.rounds[0], sent, staging.data(), failing).message() == "copy failed");
+
+  // Random layers: every row of every packed message is in exactly one round, in order, the
+  // rounds never overflow, and a plan depends only on the rows and lengths (both ranks agree).
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<Message> msgs, other;
+    const int n = 1 + static_cast<int>(rng() % 12);
+    for (int i = 0; i < n; ++i) {
+      const uint64_t bytes = 1 + rng() % 64, rows = 1 + rng() % 9;
+      msgs.push_back({0, region + i, bytes, rows, bytes + rng() % 5});
+      other.push_back({0, region + 2 * i, bytes, rows, bytes + 7});
+    }
+    const uint64_t staging = 16 + rng() % 200;
+    const LayerSends p = PlanLayerSends(msgs, staging);
+    const LayerSends q = PlanLayerSends(other, staging);
+    CHECK(p.direct == q.direct);
+    REQUIRE(p.rounds.size() == q.rounds.size());
+    std::vector<uint64_t> next_row(msgs.size(), 0);
+    for (size_t r = 0; r < p.rounds.size(); ++r) {
+      CHECK(p.rounds[r].parts == q.rounds[r].parts);
+      CHECK(p.rounds[r].bytes <= staging);
+      CHECK(p.rounds[r].bytes > 0);
+      uint64_t at = 0;
+      for (const PackedRows& part : p.rounds[r].parts) {
+        CHECK(part.staging_offset == at);
+        CHECK(part.first_row == next_row[part.message]);
+        next_row[part.message] += part.rows;
+        at += part.rows * msgs[part.message].bytes;
+      }
+      CHECK(at == p.rounds[r].bytes);
+    }
+    for (size_t m = 0; m < msgs.size(); ++m) {
+      const bool direct = std::find(p.direct.begin(), p.direct.end(), m) != p.direct.end();
+      CHECK(direct == (msgs[m].rows == 1 || msgs[m].bytes > staging));
+      CHECK(next_row[m] == (direct ? 0 : msgs[m].rows));
+    }
   }
 }
 
