@@ -300,7 +300,7 @@ bool Prepare(const LaunchOptions& options, Prepared* out) {
     return fail(served.status().WithContext("model " + *model_dir));
   }
   const KvLayout layout{model->num_layers, model->num_kv_heads, model->head_dim,
-                        config->kv_cache.block_size};
+                        config->kv_cache.block_size, ResolvedKvDType(*config)};
   if (Status s = CheckKvMemory(*config, layout, MachineMemoryBytes()); !s.ok()) return fail(s);
 
   // The snapshot: what every child (and every restart) runs on, whatever happens to the file.

@@ -484,7 +484,8 @@ StatusOr<ProfileRun> RunProfile(const ProfileOptions& o) {
   const int num_blocks = std::max(BlocksForTokens(grid.max_prefill_tokens, run.block_size) + 8,
                                   grid.max_decode_tokens / run.block_size + 8);
   TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache, KvCache::Create(layout, num_blocks));
-  run.kv_bytes_per_token = 2.0 * mc.num_layers * mc.num_kv_heads * mc.head_dim * sizeof(float);
+  run.kv_bytes_per_token =
+      static_cast<double>(layout.block_bytes()) * layout.num_layers / layout.block_size;
 
   std::printf(
       "tandem profile: model %s (%s), %ld thread(s), %ld background thread(s), %ld reps, "

@@ -86,6 +86,7 @@ struct BatchEngineOptions {
   // (the transfer timeout plus a margin: the pull itself fails first).
   std::chrono::milliseconds kv_wait_timeout{6000};
   bool prefix_caching = true;  // kv_cache.prefix_caching (BlockManager::SetCaching)
+  KvDType kv_dtype = KvDType::kFloat32;  // kv_cache.dtype (ResolvedKvDType; ForwardOptions)
   // Where the KV pool lives, one per rank (a transport allocated them; on the backend's devices
   // when that is not the CPU; ForwardBackend::AdoptKvPools); empty: the backend allocates it.
   std::vector<KvPoolMemory> kv_pools;

@@ -222,6 +222,7 @@ Status BatchDriver::InitTransferAndEngine(const RoleArgs& args,
   eo.tensor_parallel = section.tensor_parallel;
   eo.block_size = config.kv_cache.block_size;
   eo.prefix_caching = config.kv_cache.prefix_caching;
+  eo.kv_dtype = ResolvedKvDType(config);
   eo.max_batch_size = section.max_batch_size;
   eo.token_budget = section.token_budget;
   if (colocated()) eo.policy = StepPolicyFromConfig(section.scheduling);

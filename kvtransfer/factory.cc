@@ -199,7 +199,8 @@ StatusOr<KvPoolShape> InstanceKvPools(const ClusterConfig& config, const Instanc
   if (!plan.ok())  // "decode.tensor_parallel 2 does not divide num_attention_heads 9"
     return InvalidArgument(std::string(name) + "." + plan.status().message());
   KvPoolShape shape;
-  shape.full = KvLayout{mc.num_layers, mc.num_kv_heads, mc.head_dim, config.kv_cache.block_size};
+  shape.full = KvLayout{mc.num_layers, mc.num_kv_heads, mc.head_dim, config.kv_cache.block_size,
+                        ResolvedKvDType(config)};
   shape.degree = plan->degree;
   TANDEM_ASSIGN_OR_RETURN(
       uint64_t budget, KvMemoryBudgetBytes(section.device, TpRankWeightBytes(model, plan->degree)));

@@ -10,8 +10,11 @@
 namespace tandem {
 namespace {
 
+// KVP1: a float32 pool (the record older peers read); KVP2 adds the KV dtype.
 constexpr char kShapeMagic[4] = {'K', 'V', 'P', '1'};
+constexpr char kShapeMagicDType[4] = {'K', 'V', 'P', '2'};
 constexpr size_t kShapeBytes = 4 + 6 * 4;
+constexpr size_t kShapeDTypeBytes = 4 + 7 * 4;
 
 std::string Str(uint64_t v) { return std::to_string(v); }
 
@@ -180,21 +183,27 @@ StatusOr<std::vector<StridedCopy>> PlanStridedCopies(const LayerRanges& remote,
 }
 
 std::string EncodeKvPoolShape(const KvPoolShape& shape) {
-  std::string out(kShapeMagic, sizeof kShapeMagic);
-  for (int v : {shape.degree, shape.full.num_layers, shape.full.num_kv_heads, shape.full.head_dim,
-                shape.full.block_size, shape.num_blocks}) {
-    const uint32_t u = static_cast<uint32_t>(v);
+  const bool f32 = shape.full.dtype == KvDType::kFloat32;
+  std::string out(f32 ? kShapeMagic : kShapeMagicDType, 4);
+  std::vector<uint32_t> fields = {
+      static_cast<uint32_t>(shape.degree),       static_cast<uint32_t>(shape.full.num_layers),
+      static_cast<uint32_t>(shape.full.num_kv_heads), static_cast<uint32_t>(shape.full.head_dim),
+      static_cast<uint32_t>(shape.full.block_size), static_cast<uint32_t>(shape.num_blocks)};
+  if (!f32) fields.push_back(static_cast<uint32_t>(KvValueBytes(shape.full.dtype)));
+  for (uint32_t u : fields)
     for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((u >> (8 * i)) & 0xff));
-  }
   return out;
 }
 
 StatusOr<KvPoolShape> DecodeKvPoolShape(std::string_view bytes, size_t* consumed) {
-  if (bytes.size() < kShapeBytes || std::memcmp(bytes.data(), kShapeMagic, 4) != 0)
-    return InvalidArgument("KV pool shape: not a KVP1 record (" + Str(bytes.size()) + " bytes)");
-  uint32_t v[6];
-  for (int k = 0; k < 6; ++k) {
-    v[k] = 0;
+  const bool v1 = bytes.size() >= 4 && std::memcmp(bytes.data(), kShapeMagic, 4) == 0;
+  const bool v2 = bytes.size() >= 4 && std::memcmp(bytes.data(), kShapeMagicDType, 4) == 0;
+  const size_t size = v2 ? kShapeDTypeBytes : kShapeBytes;
+  if ((!v1 && !v2) || bytes.size() < size)
+    return InvalidArgument("KV pool shape: not a KVP1 or KVP2 record (" + Str(bytes.size()) +
+                           " bytes)");
+  uint32_t v[7] = {};
+  for (size_t k = 0; k < (size - 4) / 4; ++k) {
     for (int i = 0; i < 4; ++i)
       v[k] |= static_cast<uint32_t>(static_cast<uint8_t>(bytes[4 + 4 * k + i])) << (8 * i);
     if (v[k] > (1u << 30)) return InvalidArgument("KV pool shape: field out of range");
@@ -204,8 +213,13 @@ StatusOr<KvPoolShape> DecodeKvPoolShape(std::string_view bytes, size_t* consumed
   shape.full = KvLayout{static_cast<int>(v[1]), static_cast<int>(v[2]), static_cast<int>(v[3]),
                         static_cast<int>(v[4])};
   shape.num_blocks = static_cast<int>(v[5]);
+  if (v2) {
+    if (v[6] != 2)  // bytes a value: only bfloat16 needs this record
+      return InvalidArgument("KV pool shape: KV values of " + Str(v[6]) + " bytes");
+    shape.full.dtype = KvDType::kBFloat16;
+  }
   TANDEM_RETURN_IF_ERROR(shape.Validate());
-  if (consumed != nullptr) *consumed = kShapeBytes;
+  if (consumed != nullptr) *consumed = size;
   return shape;
 }
 

@@ -85,9 +85,10 @@ StatusOr<std::vector<StridedCopy>> PlanStridedCopies(const LayerRanges& remote,
                                                      const LayerRanges& local,
                                                      const KvPoolShape& local_shape);
 
-// A fixed 28-byte little-endian encoding ("KVP1", then degree, num_layers, num_kv_heads,
-// head_dim, block_size, num_blocks as uint32). Decode reads it from the front of `bytes` and
-// says how many bytes it took; InvalidArgument when it is short, of another format or invalid.
+// A fixed little-endian encoding: for float32 KV 28 bytes ("KVP1", then degree, num_layers,
+// num_kv_heads, head_dim, block_size, num_blocks as uint32), for bfloat16 32 ("KVP2", the same,
+// then the bytes of a value: 2). Decode reads either from the front of `bytes` and says how
+// many bytes it took; InvalidArgument when it is short, of another format or invalid.
 std::string EncodeKvPoolShape(const KvPoolShape& shape);
 StatusOr<KvPoolShape> DecodeKvPoolShape(std::string_view bytes, size_t* consumed);
 

@@ -33,6 +33,7 @@ StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(const Model& mode
   fo.max_batch_sequences = o.max_batch_size;
   fo.max_model_len = o.max_model_len;
   fo.tensor_parallel = o.tensor_parallel;
+  fo.kv_dtype = o.kv_dtype;
   TANDEM_ASSIGN_OR_RETURN(engine->forward_, CreateForwardBackend(model, fo, o.device));
   engine->sampling_ =
       std::make_unique<BatchSampling>(std::max(o.threads, 1), model.config().vocab_size);

@@ -46,6 +46,7 @@ struct PrefillEngineOptions {
   int kv_blocks = 0;  // resolved (> 0), per rank with tensor_parallel
   int max_model_len = 4096;
   bool prefix_caching = true;  // kv_cache.prefix_caching (BlockManager::SetCaching)
+  KvDType kv_dtype = KvDType::kFloat32;  // kv_cache.dtype (ResolvedKvDType; ForwardOptions)
   // Where the pool lives, one per rank (a transport allocated them; on the backend's devices
   // when that is not the CPU; ForwardBackend::AdoptKvPools); empty: the backend allocates it.
   std::vector<KvPoolMemory> kv_pools;

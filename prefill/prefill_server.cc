@@ -119,6 +119,7 @@ Status PrefillDriver::Init(const RoleArgs& args) {
   eo.max_batch_size = section.max_batch_size;
   eo.block_size = config.kv_cache.block_size;
   eo.prefix_caching = config.kv_cache.prefix_caching;
+  eo.kv_dtype = ResolvedKvDType(config);
   eo.max_model_len = config.model.max_model_len;
   eo.metrics = setup_.metrics.get();
   // With tensor_parallel each GPU holds a rank's weights and a rank's pool (its KV heads).

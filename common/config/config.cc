@@ -210,6 +210,7 @@ void ReadTransport(YamlErrors* v, YamlFields& top, const YAML::Node& root, Clust
       v->Add(At(root, "kv_cache", "block_size"), "kv_cache.block_size", "must be a power of two");
     sec.Double("memory_fraction", &c->kv_cache.memory_fraction, 0.0001, kMaxKvMemoryShare);
     sec.Bool("prefix_caching", &c->kv_cache.prefix_caching);
+    sec.String("dtype", &c->kv_cache.dtype, {"auto", "float32", "bfloat16"});
   }
   {
     YamlFields sec(v, top.Child("transfer"), "transfer");
@@ -257,6 +258,18 @@ void ReadConfig(YamlErrors* v, const YAML::Node& root, ClusterConfig* c) {
     sec.String("level", &c->logging.level, {"debug", "info", "warn", "error"});
     sec.String("format", &c->logging.format, {"text", "json"});
   }
+  // bfloat16 KV only where no instance computes on the CPU.
+  if (c->kv_cache.dtype == "bfloat16")
+    for (const char* name : {"prefill", "decode", "colocated"}) {
+      const InstanceSection& s = *SectionByName(c, name);
+      if (s.instances > 0 && s.device != "cuda") {
+        v->Add(At(root, "kv_cache", "dtype"), "kv_cache.dtype",
+               "bfloat16 needs every instance on device cuda, and " + std::string(name) +
+                   ".device is " + s.device + " (the CPU backend keeps KV in float32): set "
+                   "float32 or auto");
+        break;
+      }
+    }
   // An explicit pool of a section that runs instances must hold one request of
   // model.max_model_len, or such a request could never run (the default pool is checked where
   // its size is known, and every served pool again when it is made: KvPoolBlocks).
@@ -432,8 +445,8 @@ std::string ConfigToYaml(const ClusterConfig& c) {
   out << YAML::Key << "kv_cache" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "block_size" << YAML::Value << c.kv_cache.block_size;
   out << YAML::Key << "memory_fraction" << YAML::Value << c.kv_cache.memory_fraction;
-  out << YAML::Key << "prefix_caching" << YAML::Value << c.kv_cache.prefix_caching
-      << YAML::EndMap;
+  out << YAML::Key << "prefix_caching" << YAML::Value << c.kv_cache.prefix_caching;
+  out << YAML::Key << "dtype" << YAML::Value << c.kv_cache.dtype << YAML::EndMap;
   out << YAML::Key << "transfer" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "backend" << YAML::Value << c.transfer.backend;
   out << YAML::Key << "ucx_tls" << YAML::Value << c.transfer.ucx_tls;

@@ -134,6 +134,11 @@ struct KvCacheSection {
   // prefixes make a request that repeats another's prefix faster, which another tenant could
   // time: turn this off where tenants must not learn about each other's prompts.
   bool prefix_caching = true;
+  // The type of the K and V values in every pool: auto|float32|bfloat16. One for the whole
+  // cluster (a transfer moves the bytes as they are). bfloat16 halves a token's KV and needs
+  // every instance on device cuda (the CPU backend keeps KV in float32); auto = bfloat16 where
+  // every instance is on cuda, float32 otherwise (ResolvedKvDType, common/engine/kv_cache.h).
+  std::string dtype = "auto";
 };
 
 struct TransferSection {

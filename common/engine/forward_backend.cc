@@ -49,6 +49,9 @@ StatusOr<std::unique_ptr<ForwardBackend>> CreateForwardBackend(const Model& mode
       return InvalidArgument("tensor_parallel " + std::to_string(options.tensor_parallel) +
                              " on device cpu: a CPU instance is one CpuForward (use threads; "
                              "CreateTpCpuForward is the test reference of the GPU ranks)");
+    if (options.kv_dtype != KvDType::kFloat32)
+      return InvalidArgument(std::string("kv_cache.dtype ") + KvDTypeName(options.kv_dtype) +
+                             " on device cpu: the CPU backend keeps KV in float32");
     TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<CpuForward> cpu, CpuForward::Create(model, options));
     return std::unique_ptr<ForwardBackend>(std::move(cpu));
   }

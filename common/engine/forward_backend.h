@@ -53,6 +53,9 @@ struct ForwardOptions {
   // for a stream that runs collectives). A pass past it fails with DeadlineExceeded and breaks
   // the instance. Longer than any before_layer hook waits (decode: a pulled KV layer).
   std::chrono::milliseconds collective_timeout{60000};
+  // kv_cache.dtype (ResolvedKvDType): the values of the KV pools MakeKvLayout describes. The
+  // CPU backend keeps float32 only (CreateForwardBackend refuses bfloat16 on cpu).
+  KvDType kv_dtype = KvDType::kFloat32;
 };
 
 enum class LogitsMode { kLastToken, kAllTokens };

@@ -11,10 +11,14 @@
 
 namespace tandem {
 
+const char* KvDTypeName(KvDType dtype) {
+  return dtype == KvDType::kBFloat16 ? "bfloat16" : "float32";
+}
+
 std::string KvLayout::ToString() const {
   return "layers=" + std::to_string(num_layers) + " kv_heads=" + std::to_string(num_kv_heads) +
          " head_dim=" + std::to_string(head_dim) + " block_size=" + std::to_string(block_size) +
-         " fp32";
+         (dtype == KvDType::kBFloat16 ? " bf16" : " fp32");
 }
 
 // ---- FreeBlockSet ----------------------------------------------------------------------------
@@ -246,6 +250,14 @@ KvCache::KvCache(const KvLayout& layout, int num_blocks)
       block_floats_(layout.block_bytes() / sizeof(float)),
       blocks_(num_blocks, layout.block_size) {}
 
+KvDType ResolvedKvDType(const ClusterConfig& config) {
+  if (config.kv_cache.dtype == "bfloat16") return KvDType::kBFloat16;
+  if (config.kv_cache.dtype == "float32") return KvDType::kFloat32;
+  for (const InstanceSection* s : {&config.prefill, &config.decode, &config.colocated})
+    if (s->instances > 0 && s->device != "cuda") return KvDType::kFloat32;
+  return KvDType::kBFloat16;
+}
+
 size_t KvPoolBytes(const KvLayout& layout, int num_blocks) {
   return layout.block_bytes() * static_cast<size_t>(num_blocks) * layout.num_layers;
 }
@@ -288,6 +300,9 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvLayout& layout, int n
                            std::to_string(bytes) + "-byte pool");
   if (reinterpret_cast<uintptr_t>(memory.base) % 64 != 0)
     return InvalidArgument("KV cache: pool memory is not 64-byte aligned");
+  if (memory.kind == KvMemoryKind::kHost && layout.dtype != KvDType::kFloat32)
+    return InvalidArgument(std::string("KV cache: a ") + KvDTypeName(layout.dtype) +
+                           " pool in host memory (the CPU backend keeps KV in float32)");
   auto cache = std::unique_ptr<KvCache>(new KvCache(layout, num_blocks));
   // Host: touch every page now, not in the first decode steps. A device pool is zeroed by its
   // allocator (the host cannot write it).

@@ -1,11 +1,12 @@
 // Paged KV cache: a fixed pool of blocks allocated once, and the BlockManager that hands them out.
 //
-// BYTE LAYOUT (fp32, native little endian), one allocation for the whole pool:
+// BYTE LAYOUT (values of the layout's dtype: fp32, or bf16 on CUDA; native little endian), one
+// allocation for the whole pool:
 //
 //   pool[layer][block][kv][kv_head][slot][head_dim]      kv: 0 = K, 1 = V; slot < block_size
 //
 // so block b of layer l is ONE contiguous byte range of block_bytes() =
-// 2 * num_kv_heads * block_size * head_dim * 4 bytes, at offset
+// 2 * num_kv_heads * block_size * head_dim * value_bytes bytes, at offset
 // (l * num_blocks + b) * block_bytes(). Token at position p of a request lives in block
 // block_table[p / block_size], slot p % block_size, in every layer. K of head h is at
 // BlockData(l, b) + (0 * num_kv_heads + h) * block_size * head_dim + slot * head_dim, V likewise
@@ -34,15 +35,22 @@ namespace tandem {
 
 inline constexpr int kDefaultBlockSize = 16;
 
+// The type of the K and V values in a pool (kv_cache.dtype). The CPU backend computes and
+// keeps KV in float32; the CUDA backend keeps either (bfloat16: half the memory a token).
+enum class KvDType : uint8_t { kFloat32, kBFloat16 };
+inline size_t KvValueBytes(KvDType dtype) { return dtype == KvDType::kBFloat16 ? 2 : 4; }
+const char* KvDTypeName(KvDType dtype);  // "float32", "bfloat16"
+
 struct KvLayout {
   int num_layers = 0;
   int num_kv_heads = 0;
   int head_dim = 0;
   int block_size = kDefaultBlockSize;
+  KvDType dtype = KvDType::kFloat32;
 
   // Bytes of one (layer, block) range.
   size_t block_bytes() const {
-    return size_t{2} * num_kv_heads * block_size * head_dim * sizeof(float);
+    return size_t{2} * num_kv_heads * block_size * head_dim * KvValueBytes(dtype);
   }
   bool operator==(const KvLayout&) const = default;
   std::string ToString() const;  // "layers=2 kv_heads=2 head_dim=32 block_size=16 fp32"
@@ -170,6 +178,11 @@ struct KvPoolMemory {
   KvMemoryKind kind = KvMemoryKind::kHost;
 };
 
+// The KV dtype of every pool of a cluster (kv_cache.dtype, validated by LoadConfig): auto is
+// bfloat16 when every instance that runs (prefill, decode, colocated) is on device cuda, else
+// float32.
+KvDType ResolvedKvDType(const ClusterConfig& config);
+
 // Bytes a pool of `num_blocks` blocks per layer needs.
 size_t KvPoolBytes(const KvLayout& layout, int num_blocks);
 
@@ -221,7 +234,7 @@ class KvCache {
   const float* BlockData(int layer, int32_t block) const {
     return const_cast<KvCache*>(this)->BlockData(layer, block);
   }
-  // K (kv = 0) or V (kv = 1) of one head in a block: [block_size][head_dim].
+  // K (kv = 0) or V (kv = 1) of one head in a block: [block_size][head_dim] (a float32 pool).
   float* HeadData(int layer, int32_t block, int kv, int head) {
     return BlockData(layer, block) +
            (size_t{static_cast<size_t>(kv)} * layout_.num_kv_heads + head) * layout_.block_size *

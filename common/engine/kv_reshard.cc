@@ -89,7 +89,7 @@ StatusOr<std::vector<KvRangeCopy>> KvReshardPlan::Copies(int dst_rank,
     TANDEM_RETURN_IF_ERROR(CheckTable(src[r], n, "source rank " + Str(r) + "'s table"));
 
   const KvLayout src_layout = source_layout(), dst_layout = destination_layout();
-  const uint64_t head_bytes = uint64_t{sizeof(float)} * full_.block_size * full_.head_dim;
+  const uint64_t head_bytes = KvValueBytes(full_.dtype) * full_.block_size * full_.head_dim;
   const uint64_t src_block = src_layout.block_bytes(), dst_block = dst_layout.block_bytes();
   std::vector<KvRangeCopy> copies;
   for (int layer = 0; layer < full_.num_layers; ++layer) {

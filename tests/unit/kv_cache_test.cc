@@ -151,6 +151,28 @@ TEST_CASE("KvCache layout: (layer, block) is one contiguous range", "[kv_cache]"
   CHECK(KvCache::Create(KvLayout{0, 2, 8, 4}, 5).status().code() == StatusCode::kInvalidArgument);
 }
 
+TEST_CASE("a bfloat16 KV layout halves the block, and lives in device memory only",
+          "[kv_cache]") {
+  const KvLayout f32{3, 2, 8, 4};
+  KvLayout bf16 = f32;
+  bf16.dtype = KvDType::kBFloat16;
+  CHECK(bf16.block_bytes() * 2 == f32.block_bytes());
+  CHECK(bf16 != f32);  // pools of the two cannot exchange blocks
+  CHECK(bf16.ToString() == "layers=3 kv_heads=2 head_dim=8 block_size=4 bf16");
+  CHECK(KvPoolBytes(bf16, 10) * 2 == KvPoolBytes(f32, 10));
+  // The CPU backend reads and writes float32 values: a bf16 pool in host memory is refused.
+  CHECK(KvCache::Create(bf16, 5).status().message() ==
+        "KV cache: a bfloat16 pool in host memory (the CPU backend keeps KV in float32)");
+  // Device memory (the host only computes addresses in it): accepted, blocks at bf16 strides.
+  StatusOr<KvPoolMemory> memory = AllocateKvPoolMemory(KvPoolBytes(bf16, 5));
+  REQUIRE(memory.ok());
+  memory->kind = KvMemoryKind::kCudaDevice;  // stands in for a device pool: nothing dereferenced
+  auto cache = KvCache::Create(bf16, 5, std::move(*memory));
+  REQUIRE(cache.ok());
+  const std::byte* block = reinterpret_cast<const std::byte*>((*cache)->BlockData(2, 3));
+  CHECK(block - (*cache)->data() == static_cast<ptrdiff_t>((2 * 5 + 3) * bf16.block_bytes()));
+}
+
 TEST_CASE("KV export then import into another pool copies the blocks", "[kv_cache]") {
   KvLayout layout{2, 2, 4, 4};
   auto src = KvCache::Create(layout, 6);

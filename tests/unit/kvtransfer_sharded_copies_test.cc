@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 namespace tandem {
@@ -145,6 +146,33 @@ TEST_CASE("re-sharding a run of blocks is one strided copy per head slice, K/V a
   CHECK(GroupStridedCopies(*pieces, 1, 1).size() == pieces->size());
 }
 
+TEST_CASE("bfloat16 pools re-shard the same values at half the bytes", "[kvtransfer]") {
+  KvLayout half = kFull;
+  half.dtype = KvDType::kBFloat16;
+  for (auto [from, to] : {std::pair{1, 2}, std::pair{2, 1}, std::pair{2, 4}, std::pair{2, 2}}) {
+    const KvPoolShape f_from{kFull, from, 8}, f_to{kFull, to, 8};
+    const KvPoolShape h_from{half, from, 8}, h_to{half, to, 8};
+    auto f = PlanShardedCopies(Ranges(f_from, {1, 2, 6}), f_from, Ranges(f_to, {3, 4, 0}), f_to);
+    auto h = PlanShardedCopies(Ranges(h_from, {1, 2, 6}), h_from, Ranges(h_to, {3, 4, 0}), h_to);
+    REQUIRE(f.ok());
+    REQUIRE(h.ok());
+    REQUIRE(f->size() == h->size());
+    for (size_t i = 0; i < f->size(); ++i) {  // every offset and length scales by 4 / 2
+      CHECK((*h)[i].remote_offset * 2 == (*f)[i].remote_offset);
+      CHECK((*h)[i].local_offset * 2 == (*f)[i].local_offset);
+      CHECK((*h)[i].length * 2 == (*f)[i].length);
+      CHECK((*h)[i].remote_pool == (*f)[i].remote_pool);
+      CHECK((*h)[i].local_pool == (*f)[i].local_pool);
+    }
+  }
+  // A float32 pool and a bfloat16 one do not exchange blocks.
+  const KvPoolShape f32{kFull, 1, 8}, bf16{half, 1, 8};
+  CHECK(PlanShardedCopies(Ranges(f32, {1}), f32, Ranges(bf16, {1}), bf16)
+            .status()
+            .message()
+            .starts_with("KV transfer between different models"));
+}
+
 TEST_CASE("the pool shape record round-trips and refuses garbage", "[kvtransfer]") {
   const KvPoolShape shape{KvLayout{30, 3, 64, 16}, 3, 1234};
   const std::string bytes = EncodeKvPoolShape(shape) + "tail";
@@ -155,6 +183,21 @@ TEST_CASE("the pool shape record round-trips and refuses garbage", "[kvtransfer]
   CHECK(used == 28);
   CHECK_FALSE(DecodeKvPoolShape(bytes.substr(0, 27), &used).ok());
   CHECK_FALSE(DecodeKvPoolShape("XXXX" + bytes.substr(4), &used).ok());
+  // bfloat16: the KVP2 record, 4 bytes longer; float32 keeps KVP1 (what older peers read).
+  KvPoolShape half = shape;
+  half.full.dtype = KvDType::kBFloat16;
+  const std::string bf16 = EncodeKvPoolShape(half);
+  CHECK(bf16.size() == 32);
+  CHECK(bf16.substr(0, 4) == "KVP2");
+  CHECK(EncodeKvPoolShape(shape).substr(0, 4) == "KVP1");
+  back = DecodeKvPoolShape(bf16 + "tail", &used);
+  REQUIRE(back.ok());
+  CHECK(*back == half);
+  CHECK(used == 32);
+  CHECK_FALSE(DecodeKvPoolShape(bf16.substr(0, 31), &used).ok());
+  std::string odd = bf16;
+  odd[28] = 3;  // 3-byte values
+  CHECK(DecodeKvPoolShape(odd, &used).status().message() == "KV pool shape: KV values of 3 bytes");
   KvPoolShape bad = shape;
   bad.degree = 2;  // does not split 3 heads
   CHECK(DecodeKvPoolShape(EncodeKvPoolShape(bad), &used).status().code() ==

@@ -240,7 +240,7 @@ Status CudaForward::AllocateWorkspaces() {
 
 KvLayout CudaForward::MakeKvLayout(int block_size) const {
   const ModelConfig& c = model_.config();
-  return KvLayout{c.num_layers, c.num_kv_heads, c.head_dim, block_size};
+  return KvLayout{c.num_layers, c.num_kv_heads, c.head_dim, block_size, options_.kv_dtype};
 }
 
 StatusOr<KvPoolMemory> CudaForward::AllocateKvPool(size_t bytes) {
@@ -325,7 +325,8 @@ Status CudaForward::EnqueuePass(KvCache& cache, LogitsMode mode, const ForwardHo
   PagedAttentionArgs attn;
   attn.q = qkv;
   attn.q_stride = qkv_dim;
-  attn.kv_dtype = DType::kF32;
+  // The pool's values: fp32, or bf16 (kv_cache.dtype); the kernels convert on write and read.
+  attn.kv_dtype = layout.dtype == KvDType::kBFloat16 ? DType::kBF16 : DType::kF32;
   attn.shape = PagedKvShape{layout.num_kv_heads, layout.head_dim, layout.block_size};
   attn.block_tables = Input<int32_t>(slots_.block_tables);
   attn.max_blocks_per_seq = batch_.max_blocks_per_seq;
@@ -349,7 +350,7 @@ Status CudaForward::EnqueuePass(KvCache& cache, LogitsMode mode, const ForwardHo
     TANDEM_RETURN_IF_ERROR(Rope(DType::kF32, qkv, qkv + q_dim, positions, inv_freq_.as<float>(), T,
                                 c.num_heads, c.num_kv_heads, d, qkv_dim, qkv_dim, stream));
     TANDEM_RETURN_IF_ERROR(WriteKvCache(DType::kF32, qkv + q_dim, qkv + q_dim + kv_dim, qkv_dim,
-                                        DType::kF32, layer_base, attn.shape,
+                                        attn.kv_dtype, layer_base, attn.shape,
                                         Input<int64_t>(slots_.slot_mapping), T, stream));
     attn.layer_base = layer_base;
     if (batch_.decode_only) {
