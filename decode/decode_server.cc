@@ -291,7 +291,8 @@ Status BatchDriver::Init(InstanceRole role, const RoleArgs& args) {
   }
   host_->Run(this);
   TANDEM_LOG(kInfo) << setup_.name << ": " << engine_->cache().num_blocks() << " KV blocks of "
-                    << config.kv_cache.block_size << " tokens";
+                    << config.kv_cache.block_size << " tokens ("
+                    << KvDTypeName(engine_->cache().layout().dtype) << ")";
   return Status();
 }
 

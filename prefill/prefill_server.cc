@@ -159,7 +159,8 @@ Status PrefillDriver::Init(const RoleArgs& args) {
   handoff_ = std::make_unique<KvHandoff>(*host_, *engine_, *kv_.publisher, hand, handoff_failures_);
   host_->Run(this);
   TANDEM_LOG(kInfo) << setup_.name << ": " << engine_->total_blocks() << " KV blocks of "
-                    << config.kv_cache.block_size << " tokens, transfer "
+                    << config.kv_cache.block_size << " tokens ("
+                    << KvDTypeName(engine_->cache().layout().dtype) << "), transfer "
                     << config.transfer.backend;
   return Status();
 }
