@@ -33,7 +33,9 @@ class LayerQueue {
  public:
   // `copies`: layer-major, every layer < num_layers (PlanCopies', PlanStridedCopies' output).
   LayerQueue(std::vector<Copy> copies, uint32_t num_layers)
-      : pieces_(std::move(copies)), layer_begin_(num_layers + size_t{1}, 0), num_layers_(num_layers) {
+      : pieces_(std::move(copies)),
+        layer_begin_(num_layers + size_t{1}, 0),
+        num_layers_(num_layers) {
     // layer_begin_[l + 1] counts the copies of layers up to l.
     for (const Copy& c : pieces_) {
       TANDEM_CHECK(c.layer < num_layers_, "a copy outside the layers");

@@ -56,7 +56,8 @@ inline OrderedLink::Transfer TransferOf(const std::string& id, uint32_t first, u
   for (const StridedCopy& c : pair.pieces) {
     const uint64_t offset = remote_side ? c.remote_offset : c.local_offset;
     const uint64_t stride = remote_side ? c.remote_stride : c.local_stride;
-    t.messages.push_back({c.layer, static_cast<char*>(pool.base) + offset, c.length, c.rows, stride});
+    t.messages.push_back(
+        {c.layer, static_cast<char*>(pool.base) + offset, c.length, c.rows, stride});
   }
   return t;
 }

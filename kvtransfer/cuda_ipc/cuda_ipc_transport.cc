@@ -265,7 +265,8 @@ class CudaIpcPuller final : public KvPuller {
 
  private:
   struct PullState {
-    PullState(std::vector<StridedCopy> pieces, uint32_t layers) : queue(std::move(pieces), layers) {}
+    PullState(std::vector<StridedCopy> pieces, uint32_t layers)
+        : queue(std::move(pieces), layers) {}
     std::string request_id;
     uint64_t total_bytes = 0;
     std::shared_ptr<MappedPeer> peer;

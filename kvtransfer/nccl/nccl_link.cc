@@ -262,7 +262,8 @@ class NcclLink::Impl {
         const PackRound* packed = round < plan.rounds.size() ? &plan.rounds[round] : nullptr;
         // The sender gathers the round before the group; stream order keeps the previous
         // round's send done before its bytes are overwritten.
-        if (send && packed != nullptr) TANDEM_RETURN_IF_ERROR(CopyRound(*packed, msgs, true, stream));
+        if (send && packed != nullptr)
+          TANDEM_RETURN_IF_ERROR(CopyRound(*packed, msgs, /*gather=*/true, stream));
         ncclResult_t r = ncclGroupStart();
         if (r != ncclSuccess) return NcclStatus(r, "ncclGroupStart", comm);
         if (group == 0 && round == 0) {
@@ -290,9 +291,11 @@ class NcclLink::Impl {
         }
         if (group == 0 && round == 0 && !send) {
           TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(HeaderHost(a.seq), HeaderDev(a.seq),
-                                                      kHeaderBytes, cudaMemcpyDeviceToHost, stream));
+                                                      kHeaderBytes, cudaMemcpyDeviceToHost,
+                                                      stream));
         }
-        if (!send && packed != nullptr) TANDEM_RETURN_IF_ERROR(CopyRound(*packed, msgs, false, stream));
+        if (!send && packed != nullptr)
+          TANDEM_RETURN_IF_ERROR(CopyRound(*packed, msgs, /*gather=*/false, stream));
       }
       TANDEM_CUDA_RETURN_IF_ERROR(cudaEventRecord(a.events[group].get(), stream));
     }

@@ -7,8 +7,10 @@
 // - Activations and the residual stream fp32; a projection's input is rounded to the weights'
 //   dtype just before its cuBLAS GEMM (fp32 accumulation); o_proj and down_proj add into the
 //   residual in the GEMM (beta = 1).
-// - The KV pool in device memory with the CPU pool's block layout (fp32; AllocateKvPool), written
-//   by WriteKvCache; attention is PagedAttentionPrefill (tiles of consecutive tokens, any mix of
+// - The KV pool in device memory with the CPU pool's block layout (AllocateKvPool), its values
+//   fp32 as on the CPU or bf16 (ForwardOptions::kv_dtype, from kv_cache.dtype: half the bytes a
+//   token), written by WriteKvCache (rounding fp32 K/V once); attention reads them back to fp32
+//   and is PagedAttentionPrefill (tiles of consecutive tokens, any mix of
 //   sequences and lengths) or, for batches of one token per sequence, PagedAttentionDecode split
 //   into partitions of kDecodePartitionTokens.
 // - Decode steps without hooks are captured as CUDA graphs, one per batch size of
