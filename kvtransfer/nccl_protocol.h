@@ -61,8 +61,14 @@ std::vector<NcclPairPlan> NcclPairsOfLayers(const std::vector<NcclPairPlan>& pla
                                             uint32_t end);
 
 // The 32 bytes in front of every request on a link:
-//   u32 magic "TKVT" | u16 wire version | u16 flags (bit 0: held) | u64 seq | u64 total_bytes |
+//   u32 magic "TKVT" | u16 message layout | u16 flags (bit 0: held) | u64 seq | u64 total_bytes |
 //   u64 FNV-1a of the request id
+// The message layout says how the messages after it are cut (kvtransfer/nccl_packing.h): two
+// sides that cut them differently could pair messages of other sizes, which NCCL does not
+// always refuse (a shorter receive takes a longer send's first bytes), so a receiver refuses
+// another layout (DataLoss: the link is aborted and its pulls fail; no KV of it is used).
+// 1: a message per piece (before packing); 2: strided copies, packed in rounds.
+inline constexpr uint16_t kNcclHeaderVersion = 2;
 struct NcclHeader {
   uint64_t seq = 0;  // the order's place on its link
   uint64_t total_bytes = 0;

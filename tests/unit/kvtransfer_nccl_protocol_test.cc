@@ -128,6 +128,16 @@ TEST_CASE("nccl protocol: the header says held, gone, or out of step", "[kvtrans
   auto flags = held;
   flags[6] |= 0x80;  // an unknown flag
   CHECK(CheckNcclHeader(flags, 5, 4096, "cmpl-1").code() == StatusCode::kDataLoss);
+  // A peer that cuts its messages another way (a message per piece, before packing): refused
+  // before any of its bytes count, naming the two layouts.
+  CHECK(held[4] == kNcclHeaderVersion);
+  auto older = held;
+  older[4] = 1;
+  const Status other_layout = CheckNcclHeader(older, 5, 4096, "cmpl-1");
+  CHECK(other_layout.code() == StatusCode::kDataLoss);
+  CHECK(other_layout.message() ==
+        "NCCL header of cmpl-1: message layout 1, this side's is 2 (prefill and decode of "
+        "different Tandem versions)");
 }
 
 TEST_CASE("nccl protocol: pull orders round-trip and malformed ones are refused",
