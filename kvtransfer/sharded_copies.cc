@@ -2,7 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
-#include <unordered_map>
+#include <span>
 
 #include "common/engine/kv_reshard.h"
 #include "common/engine/tensor_parallel.h"
@@ -71,16 +71,74 @@ Status KvPoolShape::Validate() const {
   return Status::Ok();
 }
 
-StatusOr<std::vector<CopyPiece>> PlanShardedCopies(const LayerRanges& remote,
-                                                   const KvPoolShape& remote_shape,
-                                                   const LayerRanges& local,
-                                                   const KvPoolShape& local_shape) {
+namespace {
+
+// What both plans check first: valid shapes of one model.
+Status CheckShapes(const KvPoolShape& remote_shape, const KvPoolShape& local_shape) {
   TANDEM_RETURN_IF_ERROR(remote_shape.Validate().WithContext("remote"));
   TANDEM_RETURN_IF_ERROR(local_shape.Validate().WithContext("local"));
   if (remote_shape.full != local_shape.full)
     return InvalidArgument("KV transfer between different models: remote " +
                            remote_shape.full.ToString() + ", local " +
                            local_shape.full.ToString());
+  return Status::Ok();
+}
+
+// Between different degrees: both sides' blocks (layer 0's, the same in every layer) and the
+// plan of which rank's heads go where.
+struct Reshard {
+  std::vector<int32_t> from, to;
+  KvReshardPlan plan;
+};
+StatusOr<Reshard> PrepareReshard(const LayerRanges& remote, const KvPoolShape& remote_shape,
+                                 const LayerRanges& local, const KvPoolShape& local_shape) {
+  if (remote.size() != local.size() ||
+      remote.size() != static_cast<size_t>(remote_shape.full.num_layers))
+    return InvalidArgument("descriptor has " + Str(remote.size()) + " layers, local ranges have " +
+                           Str(local.size()) + ", the model " +
+                           Str(remote_shape.full.num_layers));
+  TANDEM_ASSIGN_OR_RETURN(std::vector<int32_t> from, BlocksOf(remote, remote_shape, "remote"));
+  TANDEM_ASSIGN_OR_RETURN(std::vector<int32_t> to, BlocksOf(local, local_shape, "local"));
+  if (from.size() != to.size())
+    return InvalidArgument("KV re-shard: remote has " + Str(from.size()) +
+                           " blocks a layer, local ranges " + Str(to.size()));
+  TANDEM_ASSIGN_OR_RETURN(KvReshardPlan plan, KvReshardPlan::Make(remote_shape.full,
+                                                                  remote_shape.degree,
+                                                                  local_shape.degree));
+  return Reshard{std::move(from), std::move(to), std::move(plan)};
+}
+
+// The pieces that fill destination rank d's blocks `to` from the source ranks' `from`, layer
+// by layer.
+StatusOr<std::vector<CopyPiece>> ReshardPieces(const KvReshardPlan& plan, int d,
+                                               std::span<const int32_t> from,
+                                               std::span<const int32_t> to,
+                                               const KvPoolShape& remote_shape,
+                                               const KvPoolShape& local_shape) {
+  const std::vector<KvRankBlocks> sources(remote_shape.degree,
+                                          KvRankBlocks{remote_shape.num_blocks, from});
+  TANDEM_ASSIGN_OR_RETURN(std::vector<KvRangeCopy> copies,
+                          plan.Copies(d, sources, KvRankBlocks{local_shape.num_blocks, to}));
+  std::vector<CopyPiece> pieces;
+  pieces.reserve(copies.size());
+  for (const KvRangeCopy& c : copies)
+    pieces.push_back({static_cast<uint32_t>(c.layer), c.src_offset, c.dst_offset, c.length,
+                      static_cast<uint32_t>(c.src_rank), static_cast<uint32_t>(d)});
+  return pieces;
+}
+
+void SortByLayer(auto* copies) {
+  std::stable_sort(copies->begin(), copies->end(),
+                   [](const auto& a, const auto& b) { return a.layer < b.layer; });
+}
+
+}  // namespace
+
+StatusOr<std::vector<CopyPiece>> PlanShardedCopies(const LayerRanges& remote,
+                                                   const KvPoolShape& remote_shape,
+                                                   const LayerRanges& local,
+                                                   const KvPoolShape& local_shape) {
+  TANDEM_RETURN_IF_ERROR(CheckShapes(remote_shape, local_shape));
   if (remote_shape.degree == local_shape.degree) {
     // Pool r to pool r: the same pieces in each.
     TANDEM_ASSIGN_OR_RETURN(std::vector<CopyPiece> one,
@@ -96,90 +154,68 @@ StatusOr<std::vector<CopyPiece>> PlanShardedCopies(const LayerRanges& remote,
       }
     return pieces;
   }
-  if (remote.size() != local.size() ||
-      remote.size() != static_cast<size_t>(remote_shape.full.num_layers))
-    return InvalidArgument("descriptor has " + Str(remote.size()) + " layers, local ranges have " +
-                           Str(local.size()) + ", the model " +
-                           Str(remote_shape.full.num_layers));
-  TANDEM_ASSIGN_OR_RETURN(std::vector<int32_t> from, BlocksOf(remote, remote_shape, "remote"));
-  TANDEM_ASSIGN_OR_RETURN(std::vector<int32_t> to, BlocksOf(local, local_shape, "local"));
-  if (from.size() != to.size())
-    return InvalidArgument("KV re-shard: remote has " + Str(from.size()) +
-                           " blocks a layer, local ranges " + Str(to.size()));
-  TANDEM_ASSIGN_OR_RETURN(KvReshardPlan plan, KvReshardPlan::Make(remote_shape.full,
-                                                                  remote_shape.degree,
-                                                                  local_shape.degree));
-  const std::vector<KvRankBlocks> sources(remote_shape.degree,
-                                          KvRankBlocks{remote_shape.num_blocks, from});
+  TANDEM_ASSIGN_OR_RETURN(Reshard r, PrepareReshard(remote, remote_shape, local, local_shape));
   std::vector<CopyPiece> pieces;
   for (int d = 0; d < local_shape.degree; ++d) {
-    TANDEM_ASSIGN_OR_RETURN(std::vector<KvRangeCopy> copies,
-                            plan.Copies(d, sources, KvRankBlocks{local_shape.num_blocks, to}));
-    for (const KvRangeCopy& c : copies)
-      pieces.push_back({static_cast<uint32_t>(c.layer), c.src_offset, c.dst_offset, c.length,
-                        static_cast<uint32_t>(c.src_rank), static_cast<uint32_t>(d)});
+    TANDEM_ASSIGN_OR_RETURN(std::vector<CopyPiece> of_d,
+                            ReshardPieces(r.plan, d, r.from, r.to, remote_shape, local_shape));
+    pieces.insert(pieces.end(), of_d.begin(), of_d.end());
   }
   // Layer-major for LayerCopyQueue; within a layer, by destination rank as made.
-  std::stable_sort(pieces.begin(), pieces.end(),
-                   [](const CopyPiece& a, const CopyPiece& b) { return a.layer < b.layer; });
+  SortByLayer(&pieces);
   CoalesceCopies(&pieces);
   return pieces;
-}
-
-std::vector<StridedCopy> GroupStridedCopies(const std::vector<CopyPiece>& pieces,
-                                            uint64_t remote_stride, uint64_t local_stride) {
-  // Where a copy's next row would start. Pieces are layer-major and a copy stays in its layer,
-  // so the index holds one layer's copies and is cleared at the next.
-  struct Next {
-    uint64_t pools, length, remote, local;
-    bool operator==(const Next&) const = default;
-  };
-  struct Hash {
-    size_t operator()(const Next& n) const {
-      uint64_t h = 0xcbf29ce484222325ull;  // FNV-style mix of the four words
-      for (uint64_t v : {n.pools, n.length, n.remote, n.local}) h = (h ^ v) * 0x100000001b3ull;
-      return static_cast<size_t>(h ^ (h >> 29));
-    }
-  };
-  auto next_of = [&](const CopyPiece& p) {
-    return Next{(uint64_t{p.remote_pool} << 32) | p.local_pool, p.length,
-                p.remote_offset + remote_stride, p.local_offset + local_stride};
-  };
-  std::unordered_map<Next, size_t, Hash> open;
-  std::vector<StridedCopy> copies;
-  for (size_t i = 0; i < pieces.size(); ++i) {
-    const CopyPiece& p = pieces[i];
-    if (i > 0 && pieces[i - 1].layer != p.layer) open.clear();
-    const bool strided = remote_stride >= p.length && local_stride >= p.length;
-    if (strided) {
-      const Next here{(uint64_t{p.remote_pool} << 32) | p.local_pool, p.length, p.remote_offset,
-                      p.local_offset};
-      if (auto it = open.find(here); it != open.end()) {  // the next row of a copy
-        StridedCopy& c = copies[it->second];
-        ++c.rows;
-        c.remote_stride = remote_stride;
-        c.local_stride = local_stride;
-        auto node = open.extract(it);  // re-keyed to the row after: no allocation
-        node.key() = next_of(p);
-        open.insert(std::move(node));
-        continue;
-      }
-    }
-    copies.push_back({p.layer, p.remote_offset, p.local_offset, p.length, 1, 0, 0, p.remote_pool,
-                      p.local_pool});
-    if (strided) open.emplace(next_of(p), copies.size() - 1);
-  }
-  return copies;
 }
 
 StatusOr<std::vector<StridedCopy>> PlanStridedCopies(const LayerRanges& remote,
                                                      const KvPoolShape& remote_shape,
                                                      const LayerRanges& local,
                                                      const KvPoolShape& local_shape) {
-  TANDEM_ASSIGN_OR_RETURN(std::vector<CopyPiece> pieces,
-                          PlanShardedCopies(remote, remote_shape, local, local_shape));
-  return GroupStridedCopies(pieces, remote_shape.rank_layout().block_bytes(),
-                            local_shape.rank_layout().block_bytes());
+  TANDEM_RETURN_IF_ERROR(CheckShapes(remote_shape, local_shape));
+  std::vector<StridedCopy> copies;
+  auto one_row = [](const CopyPiece& p) {
+    return StridedCopy{p.layer, p.remote_offset, p.local_offset, p.length, 1, 0, 0,
+                       p.remote_pool, p.local_pool};
+  };
+  if (remote_shape.degree == local_shape.degree) {  // runs are whole pieces already
+    TANDEM_ASSIGN_OR_RETURN(std::vector<CopyPiece> pieces,
+                            PlanShardedCopies(remote, remote_shape, local, local_shape));
+    copies.reserve(pieces.size());
+    for (const CopyPiece& p : pieces) copies.push_back(one_row(p));
+    return copies;
+  }
+  TANDEM_ASSIGN_OR_RETURN(Reshard r, PrepareReshard(remote, remote_shape, local, local_shape));
+  const uint64_t remote_stride = remote_shape.rank_layout().block_bytes();
+  const uint64_t local_stride = local_shape.rank_layout().block_bytes();
+  // A run: blocks adjacent on both sides. Its first block's pieces, each repeated one block
+  // further on both sides for every other block of the run, are the run's strided copies.
+  for (int d = 0; d < local_shape.degree; ++d) {
+    for (size_t begin = 0, end = 0; begin < r.from.size(); begin = end) {
+      end = begin + 1;
+      while (end < r.from.size() && r.from[end] == r.from[end - 1] + 1 &&
+             r.to[end] == r.to[end - 1] + 1)
+        ++end;
+      const uint64_t rows = end - begin;
+      TANDEM_ASSIGN_OR_RETURN(
+          std::vector<CopyPiece> first,
+          ReshardPieces(r.plan, d, std::span(r.from).subspan(begin, 1),
+                        std::span(r.to).subspan(begin, 1), remote_shape, local_shape));
+      CoalesceCopies(&first);  // one layer's heads that continue each other, within the block
+      for (const CopyPiece& p : first) {
+        StridedCopy c = one_row(p);
+        if (rows > 1 && p.length == remote_stride && p.length == local_stride) {
+          c.length *= rows;  // whole blocks on both sides: the run is one contiguous range
+        } else if (rows > 1) {
+          c.rows = rows;
+          c.remote_stride = remote_stride;
+          c.local_stride = local_stride;
+        }
+        copies.push_back(c);
+      }
+    }
+  }
+  SortByLayer(&copies);  // layer-major; within a layer by destination rank, run, head
+  return copies;
 }
 
 std::string EncodeKvPoolShape(const KvPoolShape& shape) {

@@ -71,15 +71,13 @@ struct StridedCopy {
   bool operator==(const StridedCopy&) const = default;
 };
 
-// Groups layer-major `pieces` into strided copies: a piece joins the copy whose last row lies
-// `remote_stride` and `local_stride` bytes before it (one layer, one pair of pools, one length).
-// The copies keep the layer order (ordered by their first piece); row by row they are exactly
-// the pieces, in another order within a layer. Strides below a piece's length make no groups.
-std::vector<StridedCopy> GroupStridedCopies(const std::vector<CopyPiece>& pieces,
-                                            uint64_t remote_stride, uint64_t local_stride);
-
-// PlanShardedCopies, grouped with each side's block as the stride (a block's bytes in a pool
-// of that side's rank layout). The unit cuda_ipc copies and NCCL sends.
+// The copies of PlanShardedCopies as strided copies, the unit cuda_ipc copies and NCCL sends:
+// between different degrees, each run of blocks adjacent on both sides is its first block's
+// pieces (one per KV head slice and K/V, those that continue each other merged), each with
+// one row per block of the run at each side's block stride (a whole block on both sides: one
+// contiguous range); at equal degrees, PlanShardedCopies' pieces (whole runs already), one row
+// each. Ordered by layer. Row by row the same bytes from and to the same places as
+// PlanShardedCopies, and its errors.
 StatusOr<std::vector<StridedCopy>> PlanStridedCopies(const LayerRanges& remote,
                                                      const KvPoolShape& remote_shape,
                                                      const LayerRanges& local,

@@ -6,6 +6,10 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <type_traits>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -141,9 +145,63 @@ TEST_CASE("re-sharding a run of blocks is one strided copy per head slice, K/V a
   CHECK(copies->size() == pieces->size());
   for (const StridedCopy& c : *copies) CHECK(c.rows == 1);
   CHECK(Rows(*copies) == Rows(*pieces));
+}
 
-  // Strides shorter than a piece group nothing.
-  CHECK(GroupStridedCopies(*pieces, 1, 1).size() == pieces->size());
+// Both plans applied to byte pools: the destination pools they leave.
+template <class Copy>
+std::vector<std::vector<uint8_t>> Apply(const std::vector<Copy>& copies,
+                                        const std::vector<std::vector<uint8_t>>& sources,
+                                        int degree, uint64_t pool_bytes) {
+  std::vector<std::vector<uint8_t>> out(degree, std::vector<uint8_t>(pool_bytes, 0));
+  for (const Copy& c : copies) {
+    uint64_t rows = 1, rs = 0, ls = 0;
+    if constexpr (std::is_same_v<Copy, StridedCopy>) rows = c.rows, rs = c.remote_stride,
+                                                      ls = c.local_stride;
+    for (uint64_t i = 0; i < rows; ++i) {
+      REQUIRE(c.local_offset + i * ls + c.length <= pool_bytes);
+      std::memcpy(out[c.local_pool].data() + c.local_offset + i * ls,
+                  sources[c.remote_pool].data() + c.remote_offset + i * rs, c.length);
+    }
+  }
+  return out;
+}
+
+TEST_CASE("strided copies move the same bytes as the pieces, whatever the runs and degrees",
+          "[kvtransfer]") {
+  std::mt19937 rng(5);
+  const KvLayout full{3, 4, 2, 2};  // 3 layers, 4 KV heads of 2 dims, blocks of 2 slots
+  const std::vector<std::pair<int, int>> degrees = {{1, 2}, {2, 1}, {1, 4}, {4, 2}, {2, 8},
+                                                    {8, 1}, {1, 8}, {4, 8}, {2, 2}};
+  for (int trial = 0; trial < 60; ++trial) {
+    const auto [from, to] = degrees[trial % degrees.size()];
+    const KvPoolShape remote{full, from, 24}, local{full, to, 24};
+    // Runs of random lengths at random places on each side, cut independently.
+    auto blocks_of = [&](int n) {
+      std::vector<int32_t> ids(24);
+      std::iota(ids.begin(), ids.end(), 0);
+      std::vector<int32_t> out;
+      int32_t at = static_cast<int32_t>(rng() % 4);
+      while (static_cast<int>(out.size()) < n) {
+        if (at >= 24 || rng() % 3 == 0) at = static_cast<int32_t>(rng() % 24);
+        if (std::find(out.begin(), out.end(), at) == out.end()) out.push_back(at);
+        ++at;
+      }
+      return out;
+    };
+    const int n = 1 + static_cast<int>(rng() % 12);
+    const LayerRanges r = Ranges(remote, blocks_of(n)), l = Ranges(local, blocks_of(n));
+    auto pieces = PlanShardedCopies(r, remote, l, local);
+    auto copies = PlanStridedCopies(r, remote, l, local);
+    REQUIRE(pieces.ok());
+    REQUIRE(copies.ok());
+    CHECK(copies->size() <= pieces->size());
+    for (size_t i = 1; i < copies->size(); ++i) CHECK((*copies)[i - 1].layer <= (*copies)[i].layer);
+    std::vector<std::vector<uint8_t>> sources(from, std::vector<uint8_t>(remote.pool_bytes()));
+    for (auto& pool : sources)
+      for (uint8_t& b : pool) b = static_cast<uint8_t>(rng());
+    CHECK(Apply(*copies, sources, to, local.pool_bytes()) ==
+          Apply(*pieces, sources, to, local.pool_bytes()));
+  }
 }
 
 TEST_CASE("bfloat16 pools re-shard the same values at half the bytes", "[kvtransfer]") {
