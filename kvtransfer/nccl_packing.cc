@@ -35,27 +35,31 @@ LayerSends PlanLayerSends(std::span<const OrderedLink::Message> layer, uint64_t 
   return plan;
 }
 
-Status GatherRound(const PackRound& round, std::span<const OrderedLink::Message> layer,
-                   void* staging, const CopyRows& copy) {
+std::vector<RowCopy> GatherCopies(const PackRound& round,
+                                  std::span<const OrderedLink::Message> layer, void* staging) {
+  std::vector<RowCopy> copies;
+  copies.reserve(round.parts.size());
   for (const PackedRows& part : round.parts) {
     const OrderedLink::Message& msg = layer[part.message];
-    TANDEM_RETURN_IF_ERROR(copy(static_cast<char*>(staging) + part.staging_offset, msg.bytes,
-                                static_cast<const char*>(msg.data) + part.first_row * msg.stride,
-                                msg.stride, msg.bytes, part.rows));
+    copies.push_back({static_cast<const char*>(msg.data) + part.first_row * msg.stride,
+                      static_cast<char*>(staging) + part.staging_offset, msg.stride, msg.bytes,
+                      msg.bytes, part.rows});
   }
-  return Status();
+  return copies;
 }
 
-Status ScatterRound(const PackRound& round, std::span<const OrderedLink::Message> layer,
-                    const void* staging, const CopyRows& copy) {
+std::vector<RowCopy> ScatterCopies(const PackRound& round,
+                                   std::span<const OrderedLink::Message> layer,
+                                   const void* staging) {
+  std::vector<RowCopy> copies;
+  copies.reserve(round.parts.size());
   for (const PackedRows& part : round.parts) {
     const OrderedLink::Message& msg = layer[part.message];
-    TANDEM_RETURN_IF_ERROR(copy(static_cast<char*>(msg.data) + part.first_row * msg.stride,
-                                msg.stride,
-                                static_cast<const char*>(staging) + part.staging_offset,
-                                msg.bytes, msg.bytes, part.rows));
+    copies.push_back({static_cast<const char*>(staging) + part.staging_offset,
+                      static_cast<char*>(msg.data) + part.first_row * msg.stride, msg.bytes,
+                      msg.stride, msg.bytes, part.rows});
   }
-  return Status();
+  return copies;
 }
 
 size_t LayerSendCount(const std::vector<OrderedLink::Message>& messages, uint64_t staging_bytes) {

@@ -5,9 +5,11 @@
 // (kvtransfer/sharded_copies.h): a few KiB. A run of adjacent blocks makes that one strided
 // message (rows at the block stride), but NCCL sends contiguous bytes only, and one send per
 // row costs a few microseconds each (33,840 of them for a 3000-token SmolLM2 prompt 1 -> 3). So
-// the sender gathers the strided messages of a layer into a staging buffer (one 2D copy each)
-// and sends it as one message; the receiver receives it into its staging buffer and scatters
-// it (one 2D copy each). A layer whose strided rows exceed the buffer takes several rounds:
+// the sender gathers the strided messages of a layer into a staging buffer and sends it as one
+// message; the receiver receives it into its staging buffer and scatters it. The gather and the
+// scatter are lists of strided copies (common/engine/row_copy.h) that NcclLink runs as a few
+// kernel launches (cuda::CopyRowsBatch, one thread block per message) and the tests' CPU link
+// on the host. A layer whose strided rows exceed the buffer takes several rounds:
 //
 //   sender, per layer                          receiver, per layer
 //   gather round 0 into staging                group { header?, direct..., recv staging }
@@ -21,11 +23,10 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <span>
 #include <vector>
 
-#include "common/base/status.h"
+#include "common/engine/row_copy.h"
 #include "kvtransfer/nccl_endpoints.h"
 
 namespace tandem {
@@ -57,18 +58,15 @@ struct LayerSends {
 // `staging_bytes` (a message may span rounds). staging_bytes > 0.
 LayerSends PlanLayerSends(std::span<const OrderedLink::Message> layer, uint64_t staging_bytes);
 
-// Copies `rows` rows of `width` bytes, row i from src + i * src_pitch to dst + i * dst_pitch:
-// cudaMemcpy2DAsync's arguments, in its order (NcclLink), or memcpy row by row (the CPU).
-using CopyRows = std::function<Status(void* dst, uint64_t dst_pitch, const void* src,
-                                      uint64_t src_pitch, uint64_t width, uint64_t rows)>;
-
-// A round's rows between a layer's messages (the span PlanLayerSends planned) and `staging`:
-// gathered into it (the sender, before the round's send) or scattered out of it (the receiver,
-// after the round's receive), one CopyRows per part. The first failing copy's error.
-Status GatherRound(const PackRound& round, std::span<const OrderedLink::Message> layer,
-                   void* staging, const CopyRows& copy);
-Status ScatterRound(const PackRound& round, std::span<const OrderedLink::Message> layer,
-                    const void* staging, const CopyRows& copy);
+// A round's rows between a layer's messages (the span PlanLayerSends planned) and `staging`,
+// one strided copy per part: gathered into it (the sender, before the round's send) or
+// scattered out of it (the receiver, after the round's receive). NcclLink runs them with
+// cuda::CopyRowsBatch, the tests' CPU link with CopyRowsOnHost.
+std::vector<RowCopy> GatherCopies(const PackRound& round,
+                                  std::span<const OrderedLink::Message> layer, void* staging);
+std::vector<RowCopy> ScatterCopies(const PackRound& round,
+                                   std::span<const OrderedLink::Message> layer,
+                                   const void* staging);
 
 // The sends (receives) a layer costs on one rank: a row of each direct message, a round each.
 size_t LayerSendCount(const std::vector<OrderedLink::Message>& messages, uint64_t staging_bytes);

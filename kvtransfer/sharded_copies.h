@@ -49,7 +49,7 @@ StatusOr<std::vector<CopyPiece>> PlanShardedCopies(const LayerRanges& remote,
 
 // `rows` copies of `length` bytes, row i from remote_offset + i * remote_stride (in pool
 // remote_pool) to local_offset + i * local_stride (in local_pool), all within `layer`: one
-// cudaMemcpy2DAsync, or one packed NCCL message. Re-sharding cuts a block into one piece per KV
+// thread block of a cuda::CopyRowsBatch launch, or one packed NCCL message. Re-sharding cuts a block into one piece per KV
 // head and K/V (a head's slice of a block is contiguous, the block's next head is not); the
 // same slice of the next block of a run sits one block further on both sides, so a run of
 // adjacent blocks makes one strided copy per (head, K/V) instead of one piece per block.

@@ -18,6 +18,7 @@
 #include "common/base/thread_annotations.h"
 #include "common/engine/cuda/cuda_backend.h"
 #include "common/engine/cuda/cuda_util.h"
+#include "common/engine/cuda/kernels.h"
 #include "kvtransfer/layer_copies.h"
 
 namespace tandem {
@@ -339,20 +340,27 @@ class CudaIpcPuller final : public KvPuller {
     if (batches.empty()) return;
     Status status = cuda::SetDevice(0);
     for (const LayerBatch& batch : batches) {
+      // A run at equal degrees is one contiguous range: one cudaMemcpyAsync (the copy engine;
+      // between GPUs through unified addressing and peer access). A re-sharded head's slices
+      // of a run of blocks are a strided copy: those of the layer go as a few launches of one
+      // thread block per copy (cuda::CopyRowsBatch), reading the peer's pool in place.
+      std::vector<RowCopy> strided;
       for (size_t i = batch.first; i < batch.last && status.ok(); ++i) {
         const StridedCopy& c = pull.queue.pieces()[i];
-        // Between GPUs through unified addressing (peer access; cudaMemcpyDefault infers it).
-        // A re-sharded head's slices of a run of blocks: one 2D copy (rows at each side's
-        // block stride); a run at equal degrees: one row.
         std::byte* to = pools_[c.local_pool] + c.local_offset;
         const std::byte* from =
             static_cast<const std::byte*>(pull.peer->bases[c.remote_pool]) + c.remote_offset;
-        const cudaError_t err =
-            c.rows == 1 ? cudaMemcpyAsync(to, from, c.length, cudaMemcpyDefault, stream_)
-                        : cudaMemcpy2DAsync(to, c.local_stride, from, c.remote_stride, c.length,
-                                            c.rows, cudaMemcpyDefault, stream_);
-        if (err != cudaSuccess) status = Internal("cuda_ipc copy: " + CudaErrorText(err));
+        if (c.rows > 1) {
+          strided.push_back({from, to, c.remote_stride, c.local_stride, c.length, c.rows});
+        } else if (cudaError_t err = cudaMemcpyAsync(to, from, c.length, cudaMemcpyDefault,
+                                                     stream_);
+                   err != cudaSuccess) {
+          status = Internal("cuda_ipc copy: " + CudaErrorText(err));
+        }
       }
+      if (status.ok() && !strided.empty())
+        status = cuda::CopyRowsBatch(strided.data(), strided.size(), stream_)
+                     .WithContext("cuda_ipc strided copies");
       cudaEvent_t event = nullptr;
       if (status.ok()) {
         if (!free_events_.empty()) {

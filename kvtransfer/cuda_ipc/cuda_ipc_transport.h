@@ -14,7 +14,8 @@
 // Tensor parallelism (kvtransfer/sharded_copies.h): an instance of degree t has t pools, pool r
 // on its GPU r, and ranges in rank 0's offsets. The publisher's PeerInfo carries its pool shape
 // and t handles; the puller copies pool to pool, re-sharding the KV heads when its own degree
-// differs (one 2D copy per KV head, K/V and run of adjacent blocks). The puller maps every
+// differs (one strided copy per KV head, K/V and run of adjacent blocks; a layer's strided
+// copies go as a few cuda::CopyRowsBatch launches). The puller maps every
 // publisher pool on its GPU 0 and copies on one stream there:
 // the GPUs need peer access (NVLink or PCIe P2P), as CUDA IPC between GPUs always does.
 //

@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "common/engine/cuda/cuda_util.h"
+#include "common/engine/cuda/kernels.h"
 #include "kvtransfer/nccl_packing.h"
 
 namespace tandem {
@@ -306,17 +307,13 @@ class NcclLink::Impl {
   }
 
   // One round of packed rows between the messages and the staging buffer: gathered into it
-  // (`gather`, the sender) or scattered from it (the receiver), a 2D copy per part.
+  // (`gather`, the sender) or scattered from it (the receiver), a few launches of strided
+  // copies (one thread block per part).
   Status CopyRound(const PackRound& round, std::span<const Message> msgs, bool gather,
                    cudaStream_t stream) {
-    const CopyRows copy = [stream](void* dst, uint64_t dst_pitch, const void* src,
-                                   uint64_t src_pitch, uint64_t width, uint64_t rows) {
-      TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows,
-                                                    cudaMemcpyDeviceToDevice, stream));
-      return Status();
-    };
-    return gather ? GatherRound(round, msgs, staging_.data(), copy)
-                  : ScatterRound(round, msgs, staging_.data(), copy);
+    const std::vector<RowCopy> copies = gather ? GatherCopies(round, msgs, staging_.data())
+                                               : ScatterCopies(round, msgs, staging_.data());
+    return cuda::CopyRowsBatch(copies.data(), copies.size(), stream);
   }
 
   // Aborts the communicator, drains the stream and fails every transfer: the one with

@@ -6,8 +6,9 @@
 #   bash tests/gpu/run.sh [BUILD_DIR]        (default build-cuda; raw logs in BUILD_DIR/gpu-run/)
 #
 # What runs: cuda_kernels_check (every kernel of common/engine/cuda/kernels.h and the cuBLAS
-# GEMM against a CPU reference: max error vs tolerance); cuda_forward_check (the CUDA backend vs
-# the CPU backend: greedy tokens of random Llama/Qwen2 models and SmolLM2 in fp32 must be equal,
+# GEMM against a CPU reference: max error vs tolerance; the KV re-shard's strided copies and
+# packed rounds against the host, and their time against one D2D memcpy); cuda_forward_check
+# (the CUDA backend vs the CPU backend: greedy tokens of random Llama/Qwen2 models and SmolLM2 in fp32 must be equal,
 # bf16 logit error reported; a mixed batch; CUDA graph vs eager; a decode step vs the HBM
 # roofline and prefill vs the bf16 GEMM peak); `tandem serve` colocated on `device: cuda` with
 # SmolLM2 answering curl; nccl_transfer_check (the NCCL KV transfer between two processes on
@@ -70,6 +71,7 @@ fi
 failed=0
 timeout "$(budget 60)" "$build/tests/gpu/cuda_kernels_check" >"$logs/cuda_kernels.log" 2>&1
 rc=$?
+rows_from "$logs/cuda_kernels.log"  # timings of the KV re-shard's device copies (info)
 pass=$(grep -c ' PASS$' "$logs/cuda_kernels.log")
 fail=$(grep -c ' FAIL$' "$logs/cuda_kernels.log")
 if ((rc == 0)); then

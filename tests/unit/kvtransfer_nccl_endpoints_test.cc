@@ -162,13 +162,6 @@ class Wire {
   // As NcclLink moves them (kvtransfer/nccl_packing.h), layer by layer: the direct messages
   // row by row, the strided ones gathered into a staging buffer, round by round, and scattered
   // from it. The buffer is small here so that layers take several rounds.
-  static Status MemcpyRows(void* dst, uint64_t dst_pitch, const void* src, uint64_t src_pitch,
-                           uint64_t width, uint64_t rows) {
-    for (uint64_t i = 0; i < rows; ++i)
-      std::memcpy(static_cast<char*>(dst) + i * dst_pitch,
-                  static_cast<const char*>(src) + i * src_pitch, width);
-    return Status();
-  }
   static void MoveAsNcclLink(const std::vector<OrderedLink::Message>& from,
                              const std::vector<OrderedLink::Message>& to) {
     constexpr uint64_t kStaging = 40;
@@ -179,13 +172,14 @@ class Wire {
       const std::span<const OrderedLink::Message> src(from.data() + begin, end - begin);
       const std::span<const OrderedLink::Message> dst(to.data() + begin, end - begin);
       const LayerSends plan = PlanLayerSends(src, kStaging);
-      for (size_t m : plan.direct)
-        (void)MemcpyRows(dst[m].data, dst[m].stride, src[m].data, src[m].stride, src[m].bytes,
-                         src[m].rows);
+      for (size_t m : plan.direct) {
+        const RowCopy direct{src[m].data, dst[m].data, src[m].stride, dst[m].stride, src[m].bytes,
+                             src[m].rows};
+        CopyRowsOnHost({&direct, 1});
+      }
       for (const PackRound& round : plan.rounds) {
-        // (the link's thread: no Catch2 assertions here; memcpy cannot fail)
-        (void)GatherRound(round, src, staging.data(), MemcpyRows);
-        (void)ScatterRound(round, dst, staging.data(), MemcpyRows);
+        CopyRowsOnHost(GatherCopies(round, src, staging.data()));
+        CopyRowsOnHost(ScatterCopies(round, dst, staging.data()));
       }
       begin = end;
     }

@@ -435,6 +435,34 @@ __global__ void ArgmaxKernel(const float* logits, int32_t vocab, int32_t* out_id
 
 size_t DTypeSize(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
 
+// One block per copy; a batch rides in the launch's parameter space (__grid_constant__: read
+// in place, not copied per thread).
+struct RowCopyBatch {
+  RowCopy copies[kRowCopiesPerLaunch];
+};
+
+__global__ void CopyRowsKernel(const __grid_constant__ RowCopyBatch batch) {
+  const RowCopy& c = batch.copies[blockIdx.x];
+  const char* src = static_cast<const char*>(c.src);
+  char* dst = static_cast<char*>(c.dst);
+  const bool vector = ((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst) |
+                        c.src_pitch | c.dst_pitch | c.width) & 15) == 0;
+  if (vector) {
+    const uint64_t per_row = c.width / 16, total = per_row * c.rows;
+    for (uint64_t i = threadIdx.x; i < total; i += blockDim.x) {
+      const uint64_t row = i / per_row, col = i % per_row;
+      reinterpret_cast<uint4*>(dst + row * c.dst_pitch)[col] =
+          reinterpret_cast<const uint4*>(src + row * c.src_pitch)[col];
+    }
+  } else {
+    const uint64_t total = c.width * c.rows;
+    for (uint64_t i = threadIdx.x; i < total; i += blockDim.x) {
+      const uint64_t row = i / c.width, col = i % c.width;
+      dst[row * c.dst_pitch + col] = src[row * c.src_pitch + col];
+    }
+  }
+}
+
 Status Convert(DType in_dtype, const void* in, DType out_dtype, void* out, int64_t n,
                cudaStream_t stream) {
   TANDEM_CHECK(n >= 0, "negative size");
@@ -601,6 +629,17 @@ Status ArgmaxRows(const float* logits, int32_t num_rows, int32_t vocab, int32_t*
   if (num_rows == 0) return Status::Ok();
   ArgmaxKernel<<<num_rows, kThreads, 0, stream>>>(logits, vocab, out_ids);
   return LaunchStatus();
+}
+
+Status CopyRowsBatch(const RowCopy* copies, size_t count, cudaStream_t stream) {
+  for (size_t first = 0; first < count; first += kRowCopiesPerLaunch) {
+    const size_t n = std::min(kRowCopiesPerLaunch, count - first);
+    RowCopyBatch batch{};
+    std::copy(copies + first, copies + first + n, batch.copies);
+    CopyRowsKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(batch);
+    TANDEM_RETURN_IF_ERROR(LaunchStatus());
+  }
+  return Status::Ok();
 }
 
 }  // namespace tandem::cuda

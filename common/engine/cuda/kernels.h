@@ -20,6 +20,7 @@
 #include <cstdint>
 
 #include "common/engine/cuda/cuda_util.h"
+#include "common/engine/row_copy.h"
 #include "common/base/status.h"
 
 namespace tandem::cuda {
@@ -158,5 +159,14 @@ Status ArgmaxRows(const float* logits, int32_t num_rows, int32_t vocab, int32_t*
 // into it (the residual).
 Status Gemm(const CublasHandle& handle, DType in_dtype, const void* x, const void* w,
             DType out_dtype, void* y, int32_t m, int32_t n, int32_t k, float beta = 0.0f);
+
+// Runs `count` strided copies given in HOST memory (common/engine/row_copy.h), one thread
+// block per copy, kRowCopiesPerLaunch copies per launch passed as the launch's parameters (no
+// upload): a re-shard's thousands of small strided copies as a few launches instead of one
+// cudaMemcpy2DAsync (a few microseconds of host time each). Pointers are any memory this device can address (its own, or a
+// peer's mapped through CUDA IPC with peer access). Destinations must not overlap. 16-byte
+// loads and stores where a copy's addresses, pitches and width are multiples of 16.
+inline constexpr size_t kRowCopiesPerLaunch = 64;
+Status CopyRowsBatch(const RowCopy* copies, size_t count, cudaStream_t stream);
 
 }  // namespace tandem::cuda
