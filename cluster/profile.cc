@@ -462,9 +462,9 @@ StatusOr<ProfileRun> RunProfile(const ProfileOptions& o) {
   ProfileRun run;
   run.model_name = model_section.path.empty() ? model_section.preset : model_section.path;
   TANDEM_ASSIGN_OR_RETURN(run.model_dir, ResolveModelDir(model_section));
-  StatusOr<std::unique_ptr<Model>> model = Model::Load(run.model_dir, {ParseWeightDType(config.model.dtype)});
+  StatusOr<std::unique_ptr<Model>> model =
+      Model::Load(run.model_dir, {ParseWeightDType(config.model.dtype)});
   if (!model.ok()) return model.status().WithContext(run.model_dir);
-  const ModelConfig& mc = (*model)->config();
   run.block_size = config.kv_cache.block_size;
   const ProfileGrid grid = MakeGrid(o.quick, config.model.max_model_len, run.block_size);
   run.max_decode_batch = grid.max_decode_batch;

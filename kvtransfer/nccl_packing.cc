@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/base/status.h"
+#include "kvtransfer/nccl_protocol.h"
 
 namespace tandem {
 
@@ -33,6 +34,13 @@ LayerSends PlanLayerSends(std::span<const OrderedLink::Message> layer, uint64_t 
   }
   if (round.bytes > 0) plan.rounds.push_back(std::move(round));
   return plan;
+}
+
+uint16_t MessageLayoutOf(std::span<const OrderedLink::Message> messages,
+                         uint64_t staging_bytes) {
+  for (const OrderedLink::Message& msg : messages)
+    if (msg.bytes > 0 && msg.rows > 1 && msg.bytes <= staging_bytes) return kNcclLayoutPacked;
+  return kNcclLayoutPerRow;
 }
 
 std::vector<RowCopy> GatherCopies(const PackRound& round,

@@ -68,6 +68,12 @@ std::vector<RowCopy> ScatterCopies(const PackRound& round,
                                    std::span<const OrderedLink::Message> layer,
                                    const void* staging);
 
+// The message layout of a transfer's messages (the NCCL header's, kvtransfer/nccl_protocol.h):
+// 2 when PlanLayerSends packs any of them (a message of several rows, each within
+// staging_bytes), else 1: then every message goes row by row, as a Tandem before packing cut
+// them, and the two interoperate.
+uint16_t MessageLayoutOf(std::span<const OrderedLink::Message> messages, uint64_t staging_bytes);
+
 // The sends (receives) a layer costs on one rank: a row of each direct message, a round each.
 size_t LayerSendCount(const std::vector<OrderedLink::Message>& messages, uint64_t staging_bytes);
 

@@ -72,14 +72,14 @@ std::vector<NcclPairPlan> NcclPairsOfLayers(const std::vector<NcclPairPlan>& pla
 }
 
 NcclHeader MakeNcclHeader(uint64_t seq, uint64_t total_bytes, std::string_view request_id,
-                          bool held) {
-  return {seq, total_bytes, Fnv1a(request_id), held};
+                          bool held, uint16_t layout) {
+  return {seq, total_bytes, Fnv1a(request_id), held, layout};
 }
 
 std::array<uint8_t, kNcclHeaderBytes> EncodeNcclHeader(const NcclHeader& header) {
   std::array<uint8_t, kNcclHeaderBytes> out{};
   Put<uint32_t>(out.data(), kKvWireMagic);
-  Put<uint16_t>(out.data() + 4, kNcclHeaderVersion);
+  Put<uint16_t>(out.data() + 4, header.layout);
   Put<uint16_t>(out.data() + 6, header.held ? kHeldFlag : 0);
   Put<uint64_t>(out.data() + 8, header.seq);
   Put<uint64_t>(out.data() + 16, header.total_bytes);
@@ -88,15 +88,14 @@ std::array<uint8_t, kNcclHeaderBytes> EncodeNcclHeader(const NcclHeader& header)
 }
 
 Status CheckNcclHeader(std::span<const uint8_t, kNcclHeaderBytes> received, uint64_t seq,
-                       uint64_t total_bytes, std::string_view request_id) {
+                       uint64_t total_bytes, std::string_view request_id, uint16_t layout) {
   const uint8_t* at = received.data();
   if (Get<uint32_t>(at) != kKvWireMagic)
     return DataLoss("NCCL header of " + std::string(request_id) + ": not a Tandem KV header");
-  if (const uint16_t version = Get<uint16_t>(at + 4); version != kNcclHeaderVersion)
+  if (const uint16_t theirs = Get<uint16_t>(at + 4); theirs != layout)
     return DataLoss("NCCL header of " + std::string(request_id) + ": message layout " +
-                    std::to_string(version) + ", this side's is " +
-                    std::to_string(kNcclHeaderVersion) + " (prefill and decode of different "
-                    "Tandem versions)");
+                    std::to_string(theirs) + ", this side's is " + std::to_string(layout) +
+                    " (prefill and decode of different Tandem versions)");
   const uint16_t flags = Get<uint16_t>(at + 6);
   if (Get<uint64_t>(at + 8) != seq || Get<uint64_t>(at + 16) != total_bytes ||
       Get<uint64_t>(at + 24) != Fnv1a(request_id) || (flags & ~kHeldFlag) != 0)

@@ -63,28 +63,36 @@ std::vector<NcclPairPlan> NcclPairsOfLayers(const std::vector<NcclPairPlan>& pla
 // The 32 bytes in front of every request on a link:
 //   u32 magic "TKVT" | u16 message layout | u16 flags (bit 0: held) | u64 seq | u64 total_bytes |
 //   u64 FNV-1a of the request id
-// The message layout says how the messages after it are cut (kvtransfer/nccl_packing.h): two
-// sides that cut them differently could pair messages of other sizes, which NCCL does not
-// always refuse (a shorter receive takes a longer send's first bytes), so a receiver refuses
-// another layout (DataLoss: the link is aborted and its pulls fail; no KV of it is used).
-// 1: a message per piece (before packing); 2: strided copies, packed in rounds.
-inline constexpr uint16_t kNcclHeaderVersion = 2;
+// The message layout says how the messages after it are cut (MessageLayoutOf,
+// kvtransfer/nccl_packing.h): two sides that cut them differently could pair messages of other
+// sizes, which NCCL does not always refuse (a shorter receive takes a longer send's first
+// bytes), so a receiver refuses a layout other than its own for the transfer (DataLoss: the
+// link is aborted and its pulls fail; no KV of it is used).
+//   1: every message row by row: a Tandem before packing (a message per piece), and this one
+//      wherever nothing packs (equal degrees, runs of one block): the two interoperate there;
+//   2: strided messages packed in staging rounds. A peer of layout 1 then posts other sends
+//      than this side's receives: the header's group either completes (and the check refuses
+//      it) or stalls until the transfer's deadline; either way no KV of it is used.
+inline constexpr uint16_t kNcclLayoutPerRow = 1;
+inline constexpr uint16_t kNcclLayoutPacked = 2;
 struct NcclHeader {
   uint64_t seq = 0;  // the order's place on its link
   uint64_t total_bytes = 0;
   uint64_t request_hash = 0;
   bool held = true;  // false: the publisher no longer holds the request, the bytes are filler
+  uint16_t layout = kNcclLayoutPacked;
   bool operator==(const NcclHeader&) const = default;
 };
 NcclHeader MakeNcclHeader(uint64_t seq, uint64_t total_bytes, std::string_view request_id,
-                          bool held);
+                          bool held, uint16_t layout);
 std::array<uint8_t, kNcclHeaderBytes> EncodeNcclHeader(const NcclHeader& header);
 // The puller's verdict on a received header, against what its order `seq` expects: OK (the
 // bytes are the request's KV), NotFound (the publisher answered with filler: it no longer
 // holds the request; the link is still in step), DataLoss (a different order, size or request:
 // the link is out of step and must be aborted).
+// `layout`: this side's MessageLayoutOf the transfer.
 Status CheckNcclHeader(std::span<const uint8_t, kNcclHeaderBytes> received, uint64_t seq,
-                       uint64_t total_bytes, std::string_view request_id);
+                       uint64_t total_bytes, std::string_view request_id, uint16_t layout);
 
 // The puller's request to the publisher, carried over the control plane (KvTransport): what
 // the publisher needs to post the sends that pair with the receives the puller posted.

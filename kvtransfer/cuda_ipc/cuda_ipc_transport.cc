@@ -144,10 +144,12 @@ struct MappedPeer {
 
 class CudaIpcPuller final : public KvPuller {
  public:
-  // `pools`: this instance's, pool r on device r, of `shape`.
-  CudaIpcPuller(std::vector<std::byte*> pools, KvPoolShape shape, std::string boot_id,
-                cudaStream_t stream, const CudaIpcOptions& options)
+  // `pools`: this instance's, pool r on device r, of `shape`; `direct[r]`: device 0 may
+  // access pool r in place (r = 0, or peer access enabled).
+  CudaIpcPuller(std::vector<std::byte*> pools, std::vector<bool> direct, KvPoolShape shape,
+                std::string boot_id, cudaStream_t stream, const CudaIpcOptions& options)
       : pools_(std::move(pools)),
+        direct_(std::move(direct)),
         shape_(shape),
         boot_id_(std::move(boot_id)),
         stream_(stream),
@@ -343,20 +345,24 @@ class CudaIpcPuller final : public KvPuller {
       // A run at equal degrees is one contiguous range: one cudaMemcpyAsync (the copy engine;
       // between GPUs through unified addressing and peer access). A re-sharded head's slices
       // of a run of blocks are a strided copy: those of the layer go as a few launches of one
-      // thread block per copy (cuda::CopyRowsBatch), reading the peer's pool in place.
+      // thread block per copy (cuda::CopyRowsBatch), reading the peer's pool in place; into a
+      // pool device 0 cannot write in place (no peer access), one cudaMemcpy2DAsync each,
+      // which CUDA stages through host memory.
       std::vector<RowCopy> strided;
       for (size_t i = batch.first; i < batch.last && status.ok(); ++i) {
         const StridedCopy& c = pull.queue.pieces()[i];
         std::byte* to = pools_[c.local_pool] + c.local_offset;
         const std::byte* from =
             static_cast<const std::byte*>(pull.peer->bases[c.remote_pool]) + c.remote_offset;
-        if (c.rows > 1) {
+        cudaError_t err = cudaSuccess;
+        if (c.rows > 1 && direct_[c.local_pool])
           strided.push_back({from, to, c.remote_stride, c.local_stride, c.length, c.rows});
-        } else if (cudaError_t err = cudaMemcpyAsync(to, from, c.length, cudaMemcpyDefault,
-                                                     stream_);
-                   err != cudaSuccess) {
-          status = Internal("cuda_ipc copy: " + CudaErrorText(err));
-        }
+        else if (c.rows > 1)
+          err = cudaMemcpy2DAsync(to, c.local_stride, from, c.remote_stride, c.length, c.rows,
+                                  cudaMemcpyDefault, stream_);
+        else
+          err = cudaMemcpyAsync(to, from, c.length, cudaMemcpyDefault, stream_);
+        if (err != cudaSuccess) status = Internal("cuda_ipc copy: " + CudaErrorText(err));
       }
       if (status.ok() && !strided.empty())
         status = cuda::CopyRowsBatch(strided.data(), strided.size(), stream_)
@@ -472,6 +478,7 @@ class CudaIpcPuller final : public KvPuller {
   }
 
   const std::vector<std::byte*> pools_;  // ours, pool r on device r
+  const std::vector<bool> direct_;        // [r]: device 0 writes pool r in place
   const KvPoolShape shape_;
   const std::string boot_id_;
   cudaStream_t stream_;
@@ -540,9 +547,11 @@ StatusOr<PullerWithPool> CreateCudaIpcPullerWithPool(const KvPoolShape& shape,
   TANDEM_RETURN_IF_ERROR(cuda::SetDevice(0));
   // The copies run on device 0's stream into every pool: direct where device 0 may access
   // pool r's GPU (NVLink, PCIe P2P), else CUDA stages them through host memory (slower).
+  std::vector<bool> direct(shape.degree, true);
   for (int r = 1; r < shape.degree; ++r) {
     int can = 0;
-    if (cudaDeviceCanAccessPeer(&can, 0, r) == cudaSuccess && can) {
+    direct[r] = cudaDeviceCanAccessPeer(&can, 0, r) == cudaSuccess && can;
+    if (direct[r]) {
       const cudaError_t err = cudaDeviceEnablePeerAccess(r, 0);
       if (err != cudaSuccess && err != cudaErrorPeerAccessAlreadyEnabled)
         return Internal("cuda_ipc: enabling peer access from GPU 0 to " + std::to_string(r) +
@@ -555,8 +564,8 @@ StatusOr<PullerWithPool> CreateCudaIpcPullerWithPool(const KvPoolShape& shape,
   }
   cudaStream_t stream = nullptr;
   TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  out.puller = std::make_unique<CudaIpcPuller>(std::move(bases), shape, std::move(boot_id),
-                                               stream, options);
+  out.puller = std::make_unique<CudaIpcPuller>(std::move(bases), std::move(direct), shape,
+                                               std::move(boot_id), stream, options);
   return out;
 }
 

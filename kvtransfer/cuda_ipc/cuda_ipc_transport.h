@@ -6,8 +6,9 @@
 //   prefill                                           decode
 //   pools = cudaMalloc per GPU; cudaIpcGetMemHandle   pools = cudaMalloc per GPU
 //   peer_info(): {shape, handles, boot id}  ───────▶  Connect: cudaIpcOpenMemHandle (once each)
-//   Publish(id, ranges)      ── KvDescriptor ──────▶  Pull: per layer, one cudaMemcpy(2D)Async
-//                                                     per strided copy (PlanStridedCopies,
+//   Publish(id, ranges)      ── KvDescriptor ──────▶  Pull: per layer, a cudaMemcpyAsync per
+//                                                     contiguous range, CopyRowsBatch launches
+//                                                     for the strided copies (PlanStridedCopies,
 //                                                     LayerQueue), then an event; on_layer(l)
 //                                                     when it completed
 //

@@ -120,11 +120,13 @@ class NcclLink::Impl {
     if (thread_.joinable()) thread_.join();
   }
 
-  // Progress thread, first thing: the stream, the header slots and the communicator.
+  // Progress thread, first thing: the stream, the header slots, the staging buffer and the
+  // communicator (the buffers first: no cudaMalloc while this link's NCCL kernels are posted).
   Status Init() {
     TANDEM_RETURN_IF_ERROR(cuda::SetDevice(device_));
     TANDEM_ASSIGN_OR_RETURN(stream_, cuda::CudaStream::Create());
     TANDEM_ASSIGN_OR_RETURN(header_dev_, cuda::DeviceBuffer::Allocate(kMaxInflight * kHeaderBytes));
+    TANDEM_ASSIGN_OR_RETURN(staging_, cuda::DeviceBuffer::Allocate(kLinkStagingBytes));
     void* pinned = nullptr;
     TANDEM_CUDA_RETURN_IF_ERROR(cudaMallocHost(&pinned, kMaxInflight * kHeaderBytes));
     header_host_.reset(pinned);
@@ -241,7 +243,8 @@ class NcclLink::Impl {
     const bool send = rank_ == 0;
     if (send) {
       const auto header =
-          EncodeNcclHeader(MakeNcclHeader(a.seq, t.total_bytes, t.request_id, t.held));
+          EncodeNcclHeader(MakeNcclHeader(a.seq, t.total_bytes, t.request_id, t.held,
+                                          MessageLayoutOf(t.messages, kLinkStagingBytes)));
       std::memcpy(HeaderHost(a.seq), header.data(), kHeaderBytes);
       TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(HeaderDev(a.seq), HeaderHost(a.seq), kHeaderBytes,
                                                   cudaMemcpyHostToDevice, stream));
@@ -255,9 +258,6 @@ class NcclLink::Impl {
       while (m < t.messages.size() && t.messages[m].layer == layer) ++m;
       const std::span<const Message> msgs(t.messages.data() + begin, m - begin);
       const LayerSends plan = PlanLayerSends(msgs, kLinkStagingBytes);
-      if (!plan.rounds.empty() && staging_.data() == nullptr) {
-        TANDEM_ASSIGN_OR_RETURN(staging_, cuda::DeviceBuffer::Allocate(kLinkStagingBytes));
-      }
       const size_t rounds = std::max<size_t>(plan.rounds.size(), 1);
       for (size_t round = 0; round < rounds; ++round) {
         const PackRound* packed = round < plan.rounds.size() ? &plan.rounds[round] : nullptr;
@@ -362,7 +362,8 @@ class NcclLink::Impl {
           a.verdict = CheckNcclHeader(
               std::span<const uint8_t, kHeaderBytes>(
                   static_cast<const uint8_t*>(HeaderHost(a.seq)), kHeaderBytes),
-              a.seq, a.transfer.total_bytes, a.transfer.request_id);
+              a.seq, a.transfer.total_bytes, a.transfer.request_id,
+              MessageLayoutOf(a.transfer.messages, kLinkStagingBytes));
           if (a.verdict.code() == StatusCode::kDataLoss) {  // out of step: nothing after counts
             FailLink(Unavailable("NCCL link out of step at " + a.transfer.request_id), a.seq,
                      a.verdict);
@@ -496,7 +497,7 @@ class NcclLink::Impl {
   std::thread thread_;
   cuda::CudaStream stream_;
   cuda::DeviceBuffer header_dev_;
-  cuda::DeviceBuffer staging_;  // kLinkStagingBytes, made at the first packed round
+  cuda::DeviceBuffer staging_;  // kLinkStagingBytes, made by Init
   PinnedPtr header_host_;
   CommPtr comm_;  // last: destroyed (aborted) first
 };

@@ -56,10 +56,11 @@
 //    closed one; an order must fit a control message (16 MiB), else the pull is refused.
 //
 // Memory: pool r is device memory on CUDA device r (cudaMalloc: the KV pools); it is not
-// registered with NCCL (ncclCommRegister is an optimisation left out). A link that packs holds
-// a staging buffer of kLinkStagingBytes (16 MiB) on its GPU, made at its first packed round and
-// freed with the link. NCCL refuses two ranks of
-// one communicator on one GPU: publisher and puller need different GPUs.
+// registered with NCCL (ncclCommRegister is an optimisation left out). Every link holds a
+// staging buffer of kLinkStagingBytes (16 MiB) on its GPU, made when the link is set up, before
+// its communicator (no cudaMalloc while NCCL kernels of the link are posted: the allocator may
+// wait on the device), and freed with the link. NCCL refuses two ranks of one communicator on
+// one GPU: publisher and puller need different GPUs.
 // Threads: all methods are thread-safe and return without waiting on the network; every NCCL
 // call on a communicator is made by its link's progress thread, where callbacks run.
 //

@@ -129,8 +129,10 @@ class Wire {
 
   void Pair(Entry& send, Entry& recv) {
     const auto header = EncodeNcclHeader(
-        MakeNcclHeader(send.seq, send.t.total_bytes, send.t.request_id, send.t.held));
-    Status verdict = CheckNcclHeader(header, recv.seq, recv.t.total_bytes, recv.t.request_id);
+        MakeNcclHeader(send.seq, send.t.total_bytes, send.t.request_id, send.t.held,
+                       MessageLayoutOf(send.t.messages, kStagingBytes)));
+    Status verdict = CheckNcclHeader(header, recv.seq, recv.t.total_bytes, recv.t.request_id,
+                                     MessageLayoutOf(recv.t.messages, kStagingBytes));
     bool same_messages = send.t.messages.size() == recv.t.messages.size();
     for (size_t i = 0; same_messages && i < send.t.messages.size(); ++i)
       same_messages = send.t.messages[i].bytes == recv.t.messages[i].bytes &&
@@ -142,6 +144,8 @@ class Wire {
         same_messages = layer >= e->t.first_layer && layer < e->t.first_layer + e->t.layers &&
                         (i == 0 || e->t.messages[i - 1].layer <= layer);
       }
+    // Each rank plans its own sends (receives): they must be the same NCCL operations.
+    same_messages = same_messages && SameLayerPlans(send.t.messages, recv.t.messages);
     if (verdict.code() == StatusCode::kDataLoss || !same_messages) {
       if (verdict.ok()) verdict = DataLoss("messages of different sizes");
       {
@@ -159,12 +163,33 @@ class Wire {
     if (recv.t.on_done) recv.t.on_done(verdict);
   }
 
+  // The staging buffer of this link: small, so that layers take several rounds.
+  static constexpr uint64_t kStagingBytes = 40;
+
+  // Whether the two ranks' per-layer plans (PlanLayerSends, each from its own messages) post
+  // the same operations: the same direct messages, rounds of the same parts and bytes.
+  static bool SameLayerPlans(const std::vector<OrderedLink::Message>& a,
+                             const std::vector<OrderedLink::Message>& b) {
+    for (size_t begin = 0; begin < a.size();) {
+      size_t end = begin;
+      while (end < a.size() && a[end].layer == a[begin].layer) ++end;
+      const LayerSends pa = PlanLayerSends({a.data() + begin, end - begin}, kStagingBytes);
+      const LayerSends pb = PlanLayerSends({b.data() + begin, end - begin}, kStagingBytes);
+      if (pa.direct != pb.direct || pa.rounds.size() != pb.rounds.size()) return false;
+      for (size_t r = 0; r < pa.rounds.size(); ++r)
+        if (pa.rounds[r].bytes != pb.rounds[r].bytes || pa.rounds[r].parts != pb.rounds[r].parts)
+          return false;
+      begin = end;
+    }
+    return true;
+  }
+
   // As NcclLink moves them (kvtransfer/nccl_packing.h), layer by layer: the direct messages
   // row by row, the strided ones gathered into a staging buffer, round by round, and scattered
-  // from it. The buffer is small here so that layers take several rounds.
+  // from it.
   static void MoveAsNcclLink(const std::vector<OrderedLink::Message>& from,
                              const std::vector<OrderedLink::Message>& to) {
-    constexpr uint64_t kStaging = 40;
+    constexpr uint64_t kStaging = kStagingBytes;
     std::vector<char> staging(kStaging);
     for (size_t begin = 0; begin < from.size();) {
       size_t end = begin;

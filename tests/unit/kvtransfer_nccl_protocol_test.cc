@@ -113,27 +113,33 @@ TEST_CASE("nccl protocol: a batch of layers takes exactly its layers' pieces", "
 }
 
 TEST_CASE("nccl protocol: the header says held, gone, or out of step", "[kvtransfer]") {
-  const auto held = EncodeNcclHeader(MakeNcclHeader(5, 4096, "cmpl-1", true));
-  const auto gone = EncodeNcclHeader(MakeNcclHeader(5, 4096, "cmpl-1", false));
-  CHECK(CheckNcclHeader(held, 5, 4096, "cmpl-1").ok());
-  const Status not_held = CheckNcclHeader(gone, 5, 4096, "cmpl-1");
+  const uint16_t packed = kNcclLayoutPacked;
+  const auto held = EncodeNcclHeader(MakeNcclHeader(5, 4096, "cmpl-1", true, packed));
+  const auto gone = EncodeNcclHeader(MakeNcclHeader(5, 4096, "cmpl-1", false, packed));
+  CHECK(CheckNcclHeader(held, 5, 4096, "cmpl-1", packed).ok());
+  const Status not_held = CheckNcclHeader(gone, 5, 4096, "cmpl-1", packed);
   CHECK(not_held.code() == StatusCode::kNotFound);
   CHECK(not_held.message() == "the prefill instance no longer holds the KV of cmpl-1");
   // Another order, size or request: the link is out of step.
-  CHECK(CheckNcclHeader(held, 6, 4096, "cmpl-1").code() == StatusCode::kDataLoss);
-  CHECK(CheckNcclHeader(held, 5, 4095, "cmpl-1").code() == StatusCode::kDataLoss);
-  CHECK(CheckNcclHeader(gone, 5, 4096, "cmpl-2").code() == StatusCode::kDataLoss);
+  CHECK(CheckNcclHeader(held, 6, 4096, "cmpl-1", packed).code() == StatusCode::kDataLoss);
+  CHECK(CheckNcclHeader(held, 5, 4095, "cmpl-1", packed).code() == StatusCode::kDataLoss);
+  CHECK(CheckNcclHeader(gone, 5, 4096, "cmpl-2", packed).code() == StatusCode::kDataLoss);
   std::array<uint8_t, kNcclHeaderBytes> zeros{};  // receives that never got a header
-  CHECK(CheckNcclHeader(zeros, 0, 0, "").code() == StatusCode::kDataLoss);
+  CHECK(CheckNcclHeader(zeros, 0, 0, "", packed).code() == StatusCode::kDataLoss);
   auto flags = held;
   flags[6] |= 0x80;  // an unknown flag
-  CHECK(CheckNcclHeader(flags, 5, 4096, "cmpl-1").code() == StatusCode::kDataLoss);
+  CHECK(CheckNcclHeader(flags, 5, 4096, "cmpl-1", packed).code() == StatusCode::kDataLoss);
   // A peer that cuts its messages another way (a message per piece, before packing): refused
-  // before any of its bytes count, naming the two layouts.
-  CHECK(held[4] == kNcclHeaderVersion);
-  auto older = held;
-  older[4] = 1;
-  const Status other_layout = CheckNcclHeader(older, 5, 4096, "cmpl-1");
+  // before any of its bytes count, naming the two layouts; where this side packs nothing
+  // either, the two cut them alike and it is accepted.
+  CHECK(held[4] == kNcclLayoutPacked);
+  const auto older =
+      EncodeNcclHeader(MakeNcclHeader(5, 4096, "cmpl-1", true, kNcclLayoutPerRow));
+  CHECK(older[4] == 1);
+  CHECK(CheckNcclHeader(older, 5, 4096, "cmpl-1", kNcclLayoutPerRow).ok());
+  CHECK(CheckNcclHeader(held, 5, 4096, "cmpl-1", kNcclLayoutPerRow).code() ==
+        StatusCode::kDataLoss);
+  const Status other_layout = CheckNcclHeader(older, 5, 4096, "cmpl-1", packed);
   CHECK(other_layout.code() == StatusCode::kDataLoss);
   CHECK(other_layout.message() ==
         "NCCL header of cmpl-1: message layout 1, this side's is 2 (prefill and decode of "
@@ -200,6 +206,12 @@ TEST_CASE("nccl packing: strided messages fill staging rounds, the rest go strai
   CHECK(plan.rounds[2].parts == std::vector<PackedRows>{{2, 2, 1, 0}});
   // Sends: 1 + 2 direct rows, 3 rounds.
   CHECK(LayerSendCount(layer, 40) == 6);
+  // The header's message layout: packed where any message packs; where none does (one row
+  // each, or rows longer than the buffer), every message goes row by row, as before packing.
+  CHECK(MessageLayoutOf(layer, 40) == kNcclLayoutPacked);
+  CHECK(MessageLayoutOf(std::span(layer).subspan(3), 40) == kNcclLayoutPerRow);
+  CHECK(MessageLayoutOf(std::vector<Message>{layer[0], layer[4]}, 40) == kNcclLayoutPerRow);
+  CHECK(MessageLayoutOf({}, 40) == kNcclLayoutPerRow);
 
   // Through the rounds, rows land at the receiver's strides: gather on one side, scatter on
   // the other (another layout of the same rows), as NcclLink does on the GPU.
