@@ -373,15 +373,21 @@ std::span<const float> BatchEngine::RunForward(StepShape* shape) {
     };
   }
   // Rows whose next token is the plain argmax (or whose logits nobody reads: a prompt chunk
-  // that is not the last) let the backend keep the logits where they are.
+  // that is not the last), or that the backend draws itself (draws_rows: a device), let the
+  // backend keep the logits where they are.
   greedy_wanted_.assign(batch_.size(), 1);
   greedy_argmax_.assign(batch_.size(), -1);
+  greedy_draws_.assign(batch_.size(), RowDraw{});
   for (size_t i = 0; i < batch_.size(); ++i) {
     const Request& r = *batch_[i];
-    if (r.num_computed + inputs_[i].tokens.size() >= r.tokens.size())
-      greedy_wanted_[i] = r.sampler->NextIsPlainArgmax(r.tokens) ? 1 : 0;
+    if (r.num_computed + inputs_[i].tokens.size() < r.tokens.size()) continue;
+    if (r.sampler->NextIsPlainArgmax(r.tokens)) continue;
+    const std::optional<RowDraw> draw =
+        forward_->draws_rows() ? r.sampler->NextRowDraw(r.tokens) : std::nullopt;
+    greedy_wanted_[i] = draw.has_value() ? 1 : 0;
+    if (draw) greedy_draws_[i] = *draw;
   }
-  GreedyRows greedy{greedy_wanted_, greedy_argmax_};
+  GreedyRows greedy{greedy_wanted_, greedy_argmax_, greedy_draws_};
   const auto forward_start = Clock::now();
   StatusOr<std::span<const float>> logits = forward_->Forward(
       inputs_, *cache_, LogitsMode::kLastToken, arriving ? &hooks : nullptr, &greedy);
@@ -419,7 +425,7 @@ void BatchEngine::SampleBatch(std::span<const float> logits, EngineSink& sink) {
     PublishFilled(r);
     if (r.num_computed < static_cast<int32_t>(r.tokens.size())) continue;  // mid-prompt chunk
     SampleResult sample;
-    if (greedy_wanted_[i]) {  // the plain argmax, taken where the logits are
+    if (greedy_wanted_[i]) {  // the argmax or the draw, taken where the logits are
       TANDEM_CHECK(greedy_argmax_[i] >= 0, "no finite logit to sample from");
       sample.token_id = greedy_argmax_[i];
     } else {

@@ -202,6 +202,7 @@ class BatchEngine {
   // Per batch entry (GreedyRows): whether its argmax is enough, and the argmax.
   std::vector<uint8_t> greedy_wanted_;
   std::vector<int32_t> greedy_argmax_;
+  std::vector<RowDraw> greedy_draws_;
   // The step's host sampling (options.threads threads), its jobs and, per batch entry, the
   // result (of the rows that sample on the host).
   std::unique_ptr<BatchSampling> sampling_;

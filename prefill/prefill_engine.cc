@@ -190,31 +190,36 @@ bool PrefillEngine::Step(PrefillObserver& observer) {
   ForwardHooks hooks;
   if (observe_layers)
     hooks.after_layer = [&observer](int layer) { observer.OnLayerComputed(layer); };
-  // Rows whose first token is the plain argmax (or that are not the last chunk) let the
-  // backend keep the logits where they are.
+  // Rows whose first token is the plain argmax (or that are not the last chunk), or that the
+  // backend draws itself (draws_rows: a device), let the backend keep the logits where they are.
   std::vector<uint8_t> greedy_wanted(batch.size(), 1);
   std::vector<int32_t> greedy_argmax(batch.size(), -1);
+  std::vector<RowDraw> draws(batch.size());
+  std::vector<std::unique_ptr<Sampler>> samplers(batch.size());  // last chunks not greedy
   for (size_t i = 0; i < batch.size(); ++i) {
     const PrefillRequest& r = *queue_[batch[i].index];
-    if (r.num_computed + batch[i].num_tokens == static_cast<int32_t>(r.prompt.size()))
-      greedy_wanted[i] = Sampler::IsPlainArgmax(r.sampling, 0) ? 1 : 0;
+    if (r.num_computed + batch[i].num_tokens != static_cast<int32_t>(r.prompt.size())) continue;
+    if (Sampler::IsPlainArgmax(r.sampling, 0)) continue;
+    samplers[i] = std::make_unique<Sampler>(r.sampling, workspace_.get(), r.prompt.size(),
+                                            eos_ids_);
+    const std::optional<RowDraw> draw =
+        forward_->draws_rows() ? samplers[i]->NextRowDraw(r.prompt) : std::nullopt;
+    greedy_wanted[i] = draw.has_value() ? 1 : 0;
+    if (draw) draws[i] = *draw;
   }
-  GreedyRows greedy{greedy_wanted, greedy_argmax};
+  GreedyRows greedy{greedy_wanted, greedy_argmax, draws};
   StatusOr<std::span<const float>> logits = forward_->Forward(
       inputs_, *cache_, LogitsMode::kLastToken, observe_layers ? &hooks : nullptr, &greedy);
   TANDEM_CHECK(logits.ok(), "forward of a scheduled batch failed: " + logits.status().ToString());
   const size_t vocab = static_cast<size_t>(model_.config().vocab_size);
   // The first tokens that sample on the host, on the sampling threads, then in order here.
-  std::vector<std::unique_ptr<Sampler>> samplers;
   std::vector<BatchSampling::Job> jobs;
   std::vector<int32_t> job_of_row(batch.size(), -1);
   for (size_t i = 0; i < batch.size(); ++i) {
-    if (greedy_wanted[i]) continue;  // not wanted as greedy: a last chunk that needs the Sampler
+    if (greedy_wanted[i]) continue;  // not wanted: a last chunk that needs the Sampler
     const PrefillRequest& r = *queue_[batch[i].index];
-    samplers.push_back(
-        std::make_unique<Sampler>(r.sampling, workspace_.get(), r.prompt.size(), eos_ids_));
     job_of_row[i] = static_cast<int32_t>(jobs.size());
-    jobs.push_back({samplers.back().get(), logits->subspan(i * vocab, vocab), r.prompt});
+    jobs.push_back({samplers[i].get(), logits->subspan(i * vocab, vocab), r.prompt});
   }
   std::vector<SampleResult> sampled(jobs.size());
   sampling_->Run(jobs, sampled);
@@ -226,7 +231,7 @@ bool PrefillEngine::Step(PrefillObserver& observer) {
     if (r.num_computed < static_cast<int32_t>(r.prompt.size())) continue;
     done.push_back(batch[i].index);
     SampleResult sample;
-    if (greedy_wanted[i]) {  // the plain argmax, taken where the logits are
+    if (greedy_wanted[i]) {  // the argmax or the draw, taken where the logits are
       TANDEM_CHECK(greedy_argmax[i] >= 0, "no finite logit to sample from");
       sample.token_id = greedy_argmax[i];
     } else {

@@ -540,10 +540,12 @@ StatusOr<std::span<const float>> CpuForward::Forward(std::span<const SequenceInp
   logits_.Resize(static_cast<size_t>(rows) * c.vocab_size);  // no-op except for kAllTokens
   Linear(normed, rows, model_.lm_head(), logits_.get(), 0.0f);
   const std::span<const float> logits(logits_.get(), static_cast<size_t>(rows) * c.vocab_size);
-  if (greedy != nullptr)  // the argmax here, as the engine would: the logits are on the host
-    for (size_t i = 0; i < batch.size(); ++i)
-      if (greedy->wanted[i])
-        greedy->argmax[i] = ArgmaxRow(logits.subspan(i * c.vocab_size, c.vocab_size));
+  if (greedy != nullptr)  // the token here, as the engine would: the logits are on the host
+    for (size_t i = 0; i < batch.size(); ++i) {
+      if (!greedy->wanted[i]) continue;
+      const std::span<const float> row = logits.subspan(i * c.vocab_size, c.vocab_size);
+      greedy->argmax[i] = greedy->drawn(i) ? DrawRow(row, greedy->draws[i]) : ArgmaxRow(row);
+    }
   return logits;
 }
 

@@ -104,7 +104,8 @@ Status ValidateGreedyRows(const GreedyRows* greedy, size_t batch_size, LogitsMod
   if (greedy == nullptr) return Status::Ok();
   if (mode != LogitsMode::kLastToken)
     return InvalidArgument("forward: greedy rows need LogitsMode::kLastToken");
-  if (greedy->wanted.size() != batch_size || greedy->argmax.size() != batch_size)
+  if (greedy->wanted.size() != batch_size || greedy->argmax.size() != batch_size ||
+      (!greedy->draws.empty() && greedy->draws.size() != batch_size))
     return InvalidArgument("forward: greedy rows do not match the batch");
   return Status::Ok();
 }

@@ -27,6 +27,7 @@
 
 #include "common/base/status.h"
 #include "common/engine/kv_cache.h"
+#include "common/engine/row_draw.h"
 #include "common/model/model.h"
 
 namespace tandem {
@@ -83,17 +84,23 @@ struct ForwardHooks {
   std::function<void(float* data, size_t count)> all_reduce;
 };
 
-// The greedy rows of a kLastToken pass (optional): the rows whose next token is the plain
-// argmax of their logits (Sampler::IsPlainArgmax), or whose logits nobody reads (a prompt chunk
-// that is not the last). The backend writes each wanted row's argmax (ArgmaxRow,
-// common/engine/sampling.h: lowest id on ties; NaN and -inf never win) to argmax[i] and leaves the other entries alone. On a device the argmax
-// is computed there, and when every row is wanted the logits stay there too: Forward then
-// returns an empty span, and a step copies batch * 4 bytes back instead of batch * vocab * 4,
-// with no pass over the vocabulary on the host.
+// The rows of a kLastToken pass whose next token the backend can pick itself (optional): the
+// rows whose next token is the plain argmax of their logits (Sampler::IsPlainArgmax), whose
+// logits nobody reads (a prompt chunk that is not the last), and, on a backend that
+// draws_rows(), the rows Sampler::NextRowDraw describes (draws[i].draw set). The backend writes
+// each wanted row's token to argmax[i]: DrawRow's draw (common/engine/row_draw.h) where
+// draws[i].draw, else the argmax (ArgmaxRow, common/engine/sampling.h: lowest id on ties; NaN
+// and -inf never win); it leaves the other entries alone. On a device this is computed there,
+// and when every row is wanted the logits stay there too: Forward then returns an empty span,
+// and a step copies batch * 4 bytes back instead of batch * vocab * 4, with no pass over the
+// vocabulary on the host.
 struct GreedyRows {
-  std::span<const uint8_t> wanted;  // [batch.size()]; 1 = this row's argmax is enough
+  std::span<const uint8_t> wanted;  // [batch.size()]; 1 = the backend's token is enough
   std::span<int32_t> argmax;        // [batch.size()]; written where wanted
+  std::span<const RowDraw> draws;   // empty, or [batch.size()]: the rows to draw
   bool all_wanted() const;
+  // Whether row i is wanted as a draw (else as its argmax).
+  bool drawn(size_t i) const { return !draws.empty() && draws[i].draw != 0; }
 };
 
 class ForwardBackend {
@@ -127,6 +134,11 @@ class ForwardBackend {
                                                    GreedyRows* greedy = nullptr) = 0;
 
   virtual const Model& model() const = 0;
+  // Whether the engines should hand this backend the rows it can draw (GreedyRows::draws):
+  // where the logits are on a device, a draw there saves copying them back and sampling on the
+  // host. The CPU backend draws such rows correctly too (DrawRow) but slower than the Sampler,
+  // so it says false.
+  virtual bool draws_rows() const { return false; }
   // "cpu" or "cuda:<ordinal> (<device name>)", for logs and `tandem --version`.
   virtual std::string description() const = 0;
 };

@@ -56,15 +56,17 @@ uint64_t DescKey(float score, int32_t id) {
 
 // Top-p as HF applies it to cand[0..n): in score order, it sums the probabilities from the least
 // likely token up and drops tokens while that sum stays <= 1 - top_p; the most likely token
-// always stays (min_tokens_to_keep = 1). Returns how many are kept, with the kept ones first in
-// cand, most likely first.
+// always stays (min_tokens_to_keep = 1). Computed the equivalent way from the top: a token
+// stays while the weight of the tokens more likely than it is below top_p of the total (the
+// weights exp(s - max) unnormalised, so that equal weights add exactly, as DrawRow's do:
+// common/engine/row_draw.h). Returns how many are kept, with the kept ones first in cand, most
+// likely first.
 //
 // Only the head it keeps is sorted, not the vocabulary (a full sort was 5.6 ms a row at vocab
 // 49152, perf/README.md): the top m candidates are selected (nth_element on packed keys, no
-// indirection) and sorted, m doubling from 64 until the mass outside them is within the share
-// top-p drops; that tail is then dropped whole, and the loop above runs over the sorted head
-// from its lower end, starting from the tail's mass. `token_probs` (vocab entries, by token id)
-// and `keys` (n entries) are scratch.
+// indirection) and sorted, m doubling from 64 until their weight reaches top_p of the total;
+// the cut then lies within them. `token_probs` (vocab entries, by token id) and `keys` (n
+// entries) are scratch.
 size_t TopPKeep(int32_t* cand, size_t n, const float* scores, float top_p, double* token_probs,
                 uint64_t* keys) {
   float max_score = scores[cand[0]];
@@ -77,24 +79,17 @@ size_t TopPKeep(int32_t* cand, size_t n, const float* scores, float top_p, doubl
     keys[j] = DescKey(scores[t], t);
   }
   auto id = [&](size_t j) { return static_cast<int32_t>(keys[j] & 0xffffffffu); };
-  const double threshold = 1.0 - static_cast<double>(top_p);
+  const double reach = static_cast<double>(top_p) * total;
   size_t sorted = 0;  // keys[0..sorted) hold the top `sorted`, in order
   for (size_t m = std::min<size_t>(64, n);; m = std::min(2 * m, n)) {
     // keys[sorted..n) holds the rest: select the next m - sorted among them.
     if (m < n) std::nth_element(keys + sorted, keys + m - 1, keys + n);
-    double tail = 0.0;  // the mass of everything but the top m, as a share
-    for (size_t j = m; j < n; ++j) tail += token_probs[id(j)];
-    tail /= total;
     std::sort(keys + sorted, keys + m);
     sorted = m;
-    if (tail > threshold && m < n) continue;  // the cut lies below the top m: widen
-    double cumulative = tail;
-    size_t keep = m;
-    while (keep > 1) {
-      cumulative += token_probs[id(keep - 1)] / total;
-      if (cumulative > threshold) break;
-      --keep;
-    }
+    double before = 0.0;  // the weight of the tokens more likely than keys[keep]
+    size_t keep = 0;
+    while (keep < m && (keep == 0 || before < reach)) before += token_probs[id(keep++)];
+    if (keep == m && before < reach && m < n) continue;  // the cut lies below the top m: widen
     for (size_t j = 0; j < keep; ++j) cand[j] = id(j);
     return keep;
   }
@@ -331,11 +326,14 @@ void Sampler::Warp() {
   TANDEM_CHECK(n > 0, "no finite logit to sample from");
   ByScoreDesc by_score{scores};
 
-  // Top-k: keep everything >= the k-th largest, as HF's `scores < topk[-1]` does.
+  // Top-k: keep everything >= the k-th largest, as HF's `scores < topk[-1]` does. The kept
+  // ones stay in token id order (the draw's order without top-p; DrawRow's too).
   if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < n) {
-    std::nth_element(cand, cand + params_.top_k - 1, cand + n, by_score);
-    const float kth = scores[cand[params_.top_k - 1]];
-    n = std::partition(cand, cand + n, [&](int32_t t) { return scores[t] >= kth; }) - cand;
+    int32_t* select = ws_->order.data();
+    std::copy(cand, cand + n, select);
+    std::nth_element(select, select + params_.top_k - 1, select + n, by_score);
+    const float kth = scores[select[params_.top_k - 1]];
+    n = std::remove_if(cand, cand + n, [&](int32_t t) { return !(scores[t] >= kth); }) - cand;
   }
 
   if (params_.top_p < 1.0f)
@@ -346,11 +344,10 @@ void Sampler::Warp() {
     float max_score = kNegInf;
     for (size_t j = 0; j < n; ++j) max_score = std::max(max_score, scores[cand[j]]);
     const double min_p = params_.min_p;
-    n = std::stable_partition(cand, cand + n,
-                              [&](int32_t t) {
-                                return std::exp(static_cast<double>(scores[t]) - max_score) >=
-                                       min_p;
-                              }) -
+    n = std::remove_if(cand, cand + n,  // stable, and allocates nothing
+                       [&](int32_t t) {
+                         return !(std::exp(static_cast<double>(scores[t]) - max_score) >= min_p);
+                       }) -
         cand;
   }
 
@@ -361,8 +358,8 @@ void Sampler::Warp() {
     probs[j] = std::exp(static_cast<double>(scores[cand[j]]) - max_score);
     sum += probs[j];
   }
-  for (size_t j = 0; j < n; ++j) probs[j] /= sum;
   num_candidates_ = n;
+  kept_weight_ = sum;
 }
 
 Sampler::Distribution Sampler::Process(std::span<const float> logits,
@@ -370,8 +367,28 @@ Sampler::Distribution Sampler::Process(std::span<const float> logits,
   TANDEM_CHECK(logits.size() == static_cast<size_t>(vocab_size_), "logits size != vocab size");
   ApplyPenalties(logits, prompt_and_output_tokens);
   Warp();
+  double* probs = ws_->probs.data();
+  for (size_t j = 0; j < num_candidates_; ++j) probs[j] /= kept_weight_;
   return {std::span<const int32_t>(ws_->candidates.data(), num_candidates_),
-          std::span<const double>(ws_->probs.data(), num_candidates_)};
+          std::span<const double>(probs, num_candidates_)};
+}
+
+std::optional<RowDraw> Sampler::NextRowDraw(
+    std::span<const int32_t> prompt_and_output_tokens) const {
+  const size_t num_output = prompt_and_output_tokens.size() - num_prompt_tokens_;
+  const SamplingParams& p = params_;
+  if (p.greedy() || !p.logit_bias.empty() || p.repetition_penalty != 1.0f ||
+      p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f || p.logprobs ||
+      (!min_tokens_masked_.empty() && num_output < static_cast<size_t>(p.min_tokens)))
+    return std::nullopt;
+  RowDraw draw;
+  draw.temperature = p.temperature;
+  draw.top_k = p.top_k;
+  draw.top_p = p.top_p;
+  draw.min_p = p.min_p;
+  draw.u = Uniform(num_output);
+  draw.draw = 1;
+  return draw;
 }
 
 bool Sampler::IsPlainArgmax(const SamplingParams& params, size_t num_output_tokens) {
@@ -396,22 +413,25 @@ SampleResult Sampler::Sample(std::span<const float> logits,
       std::copy(scores, scores + vocab_size_, ws_->logprob_src.begin());
     }
   } else {
-    Distribution dist = Process(logits, prompt_and_output_tokens);
+    ApplyPenalties(logits, prompt_and_output_tokens);
+    Warp();
+    const int32_t* cand = ws_->candidates.data();
+    const double* weights = ws_->probs.data();  // unnormalised: u scales to their sum instead
     const uint64_t step = prompt_and_output_tokens.size() - num_prompt_tokens_;
-    const double u = Uniform(step);
+    const double target = Uniform(step) * kept_weight_;
     double cumulative = 0.0;
-    // If rounding leaves the total a hair under u, the last candidate takes it.
-    result.token_id = dist.token_ids.back();
-    for (size_t j = 0; j < dist.token_ids.size(); ++j) {
-      cumulative += dist.probs[j];
-      if (u < cumulative) {
-        result.token_id = dist.token_ids[j];
+    // If rounding leaves the total a hair under the target, the last candidate takes it.
+    result.token_id = cand[num_candidates_ - 1];
+    for (size_t j = 0; j < num_candidates_; ++j) {
+      cumulative += weights[j];
+      if (target < cumulative) {
+        result.token_id = cand[j];
         break;
       }
     }
     if (params_.logprobs && params_.logprobs_mode == LogprobsMode::kProcessed) {
       std::fill(ws_->logprob_src.begin(), ws_->logprob_src.end(), kNegInf);
-      for (int32_t t : dist.token_ids) ws_->logprob_src[t] = ws_->scores[t];
+      for (size_t j = 0; j < num_candidates_; ++j) ws_->logprob_src[cand[j]] = ws_->scores[cand[j]];
     }
   }
   if (params_.logprobs) FillLogprobs(logits, &result);

@@ -15,7 +15,9 @@
 //   5. top-p (HF: drop the tokens whose ascending cumulative probability is <= 1 - top_p;
 //      the most likely token always stays)
 //   6. min-p (drop tokens whose probability is < min_p * the largest probability)
-// then one draw from the softmax of what is left.
+// then one draw from the softmax of what is left: the first token, in score order (higher
+// first, lower id on ties) when top-p applies and in token id order otherwise, at which the
+// cumulative probability exceeds the position's uniform.
 //
 // Randomness is counter-based: the draw for output position i is a pure function of
 // (seed, i). The same seed gives the same tokens whatever the batch composition, and a request
@@ -39,6 +41,7 @@
 #include <vector>
 
 #include "common/base/status.h"
+#include "common/engine/row_draw.h"
 #include "common/engine/sampling_params.h"
 
 namespace tandem {
@@ -104,6 +107,12 @@ class Sampler {
     return IsPlainArgmax(params_, prompt_and_output_tokens.size() - num_prompt_tokens_);
   }
 
+  // The next Sample()'s draw as RowDraw's few numbers (common/engine/row_draw.h), when that
+  // is all it needs: not greedy, no logit_bias, penalties, logprobs or min_tokens mask at this
+  // position. Then a device backend may draw the token where the logits are (GreedyRows'
+  // draws) and DrawRow(logits, *draw) is Sample()'s token (up to rounding at a cut).
+  std::optional<RowDraw> NextRowDraw(std::span<const int32_t> prompt_and_output_tokens) const;
+
   // Samples the next token from logits[vocab_size] given every token so far (prompt first,
   // then output; at least num_prompt_tokens of them). The draw depends only on the seed and
   // prompt_and_output_tokens.size(), so calling twice with the same inputs gives the same
@@ -136,7 +145,8 @@ class Sampler {
   void ApplyPenalties(std::span<const float> logits, std::span<const int32_t> tokens);
   // Sets the min_tokens_masked_ scores to -inf unless no other token is usable.
   void MaskStopTokens(float* scores);
-  // Steps 3-6 on scores_; fills candidates_ (sorted) and probs_.
+  // Steps 3-6 on scores_; fills the workspace's candidates and their weights exp(s - max)
+  // (probs, unnormalised), num_candidates_ and kept_weight_ (the weights' sum).
   void Warp();
   // A uniform double in [0, 1) for output position `step`.
   double Uniform(uint64_t step) const;
@@ -150,6 +160,7 @@ class Sampler {
   std::vector<int32_t> min_tokens_masked_;  // stop ids masked before min_tokens; empty: none
   uint64_t seed_;
   size_t num_candidates_ = 0;
+  double kept_weight_ = 0;
 };
 
 enum class FinishReason {

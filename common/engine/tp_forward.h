@@ -100,6 +100,7 @@ class TpForward final : public ForwardBackend {
   StatusOr<std::vector<KvCache*>> RankCaches(KvCache& cache);
 
   const Model& model() const override { return full_; }
+  bool draws_rows() const override { return ranks_[0].forward->draws_rows(); }  // rank 0 does
   std::string description() const override { return description_; }
   bool broken() const;
 

@@ -258,7 +258,7 @@ void CheckMixedAndGraph(const Model& model) {
   // Greedy rows: every row wanted, so the ids come from the device and no logits come back.
   const std::vector<uint8_t> wanted(step.size(), 1);
   std::vector<int32_t> ids(step.size(), -1);
-  GreedyRows greedy{wanted, ids};
+  GreedyRows greedy{wanted, ids, {}};
   std::span<const float> none =
       Must(gpu.backend->Forward(step, *gpu.cache, LogitsMode::kLastToken, nullptr, &greedy), "greedy");
   bool ids_ok = none.empty();

@@ -1,130 +1,20 @@
 // cuda_kernels_check: compares every kernel of common/engine/cuda/kernels.h (and the cuBLAS
-// Gemm, and the KV transfer's strided copies) against a straightforward CPU reference on seeded
-// random inputs, prints the max error of each against its tolerance, and exits 0 only when all
-// pass. Needs a CUDA device (run it on the GPU machine: `build-cuda/tests/gpu/cuda_kernels_check`);
+// Gemm; the KV transfer's strided copies in kv_copies_check.cc, the device draw in
+// draw_rows_check.cc) against a straightforward CPU reference on seeded random inputs, prints
+// the max error of each against its tolerance, and exits 0 only when all pass. Needs a CUDA device (run it on the GPU machine: `build-cuda/tests/gpu/cuda_kernels_check`);
 // exits 2 when none is visible.
 //
 // References are deliberately naive (double accumulation, one loop per formula). bf16 cases
 // round the inputs on the host first, so the tolerance only covers output rounding and
 // summation order.
-#include <cuda_runtime_api.h>
-
 #include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <cstdio>
-#include <cstring>
-#include <functional>
 #include <limits>
 #include <numeric>
-#include <random>
-#include <string>
-#include <vector>
 
-#include "common/engine/cuda/cuda_util.h"
-#include "common/engine/cuda/kernels.h"
-#include "kvtransfer/nccl_packing.h"
-#include "kvtransfer/sharded_copies.h"
+#include "tests/gpu/check_util.h"
 
 namespace tandem::cuda {
 namespace {
-
-int g_failures = 0;
-// The stream every kernel and copy of the checks is queued on (a non-blocking stream is not
-// ordered with the legacy default stream: copies must go on the same one).
-cudaStream_t g_stream = nullptr;
-
-void Report(const std::string& name, double max_err, double tol) {
-  const bool ok = max_err <= tol && !std::isnan(max_err);
-  if (!ok) ++g_failures;
-  std::printf("%-48s max_err %-12.3g tol %-10.3g %s\n", name.c_str(), max_err, tol,
-              ok ? "PASS" : "FAIL");
-}
-
-template <typename T>
-T Must(StatusOr<T> v, const char* what) {
-  if (!v.ok()) {
-    std::fprintf(stderr, "%s: %s\n", what, v.status().ToString().c_str());
-    std::exit(1);
-  }
-  return std::move(v).value();
-}
-
-void Must(const Status& s, const char* what) {
-  if (!s.ok()) {
-    std::fprintf(stderr, "%s: %s\n", what, s.ToString().c_str());
-    std::exit(1);
-  }
-}
-
-// ---- host bf16 (round to nearest even, as __float2bfloat16_rn) ----------------------------
-
-uint16_t ToBf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  if (std::isnan(f)) return 0x7FC0;
-  bits += 0x7FFF + ((bits >> 16) & 1);
-  return static_cast<uint16_t>(bits >> 16);
-}
-float FromBf16(uint16_t h) {
-  uint32_t bits = uint32_t{h} << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-std::vector<uint16_t> ToBf16(const std::vector<float>& v) {
-  std::vector<uint16_t> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = ToBf16(v[i]);
-  return out;
-}
-std::vector<float> FromBf16(const std::vector<uint16_t>& v) {
-  std::vector<float> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = FromBf16(v[i]);
-  return out;
-}
-std::vector<float> RoundBf16(const std::vector<float>& v) { return FromBf16(ToBf16(v)); }
-
-// ---- device helpers ------------------------------------------------------------------------
-
-std::mt19937 g_rng(20240601);
-
-std::vector<float> Random(size_t n, float scale = 1.0f) {
-  std::normal_distribution<float> normal(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = normal(g_rng);
-  return v;
-}
-
-template <typename T>
-DeviceBuffer Upload(const std::vector<T>& host) {
-  DeviceBuffer buf = Must(DeviceBuffer::Allocate(host.size() * sizeof(T)), "cudaMalloc");
-  Must(buf.CopyFromHost(host.data(), host.size() * sizeof(T), g_stream), "copy to device");
-  return buf;
-}
-
-template <typename T>
-std::vector<T> Download(const DeviceBuffer& buf, size_t n) {
-  std::vector<T> host(n);
-  Must(buf.CopyToHost(host.data(), n * sizeof(T), g_stream), "copy to host");
-  return host;
-}
-
-// Uploads v as dtype (f32, or bf16 bits).
-DeviceBuffer UploadAs(DType dtype, const std::vector<float>& v) {
-  return dtype == DType::kF32 ? Upload(v) : Upload(ToBf16(v));
-}
-std::vector<float> DownloadAs(DType dtype, const DeviceBuffer& buf, size_t n) {
-  return dtype == DType::kF32 ? Download<float>(buf, n) : FromBf16(Download<uint16_t>(buf, n));
-}
-DeviceBuffer Scratch(size_t bytes) { return Must(DeviceBuffer::Allocate(bytes), "cudaMalloc"); }
-
-double MaxAbsDiff(const std::vector<float>& a, const std::vector<double>& b) {
-  double m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
-  return m;
-}
-
-const char* Name(DType d) { return d == DType::kF32 ? "f32" : "bf16"; }
 
 // ---- checks --------------------------------------------------------------------------------
 
@@ -522,185 +412,6 @@ void CheckAddRowBias(cudaStream_t s) {
   Report("AddRowBias", MaxAbsDiff(got, want), 1e-6);
 }
 
-// The KV transfer's device copies, on one GPU: a 1 -> 2 re-shard of runs of blocks as cuda_ipc
-// copies it (PlanStridedCopies; the strided copies by CopyRowsBatch) and as NcclLink packs it
-// (each layer's rounds gathered into a staging buffer and scattered out of it,
-// kvtransfer/nccl_packing.h; the NCCL send between is left out), against the plan's pieces
-// copied one by one on the host. The error is the count of bytes that differ.
-// cuda_ipc's copies of a pull: one cudaMemcpyAsync a contiguous range, the strided ones in
-// CopyRowsBatch launches (kvtransfer/cuda_ipc/cuda_ipc_transport.cc).
-void IpcCopies(const std::vector<StridedCopy>& copies, const uint8_t* from,
-               std::vector<DeviceBuffer>& pools, cudaStream_t s) {
-  std::vector<RowCopy> strided;
-  for (const StridedCopy& c : copies) {
-    uint8_t* to = pools[c.local_pool].as<uint8_t>() + c.local_offset;
-    if (c.rows > 1)
-      strided.push_back({from + c.remote_offset, to, c.remote_stride, c.local_stride, c.length,
-                         c.rows});
-    else
-      TANDEM_CUDA_CHECK(cudaMemcpyAsync(to, from + c.remote_offset, c.length,
-                                        cudaMemcpyDeviceToDevice, s));
-  }
-  Must(CopyRowsBatch(strided.data(), strided.size(), s), "CopyRowsBatch");
-}
-
-// NcclLink's copies of a pull, per pair and layer, the NCCL sends left out: the direct messages
-// row by row (cudaMemcpyAsync stands in for their sends), each packed round gathered into
-// `staging` and scattered out of it (CopyRowsBatch). Returns the rounds.
-size_t PackedCopies(const std::vector<StridedCopy>& copies, const uint8_t* from,
-                    std::vector<DeviceBuffer>& pools, DeviceBuffer& staging, int num_layers,
-                    int num_pools, cudaStream_t s) {
-  size_t rounds = 0;
-  for (uint32_t pool = 0; pool < static_cast<uint32_t>(num_pools); ++pool)
-    for (uint32_t layer = 0; layer < static_cast<uint32_t>(num_layers); ++layer) {
-      std::vector<OrderedLink::Message> sent, received;
-      for (const StridedCopy& c : copies) {
-        if (c.local_pool != pool || c.layer != layer) continue;
-        sent.push_back({layer, const_cast<uint8_t*>(from) + c.remote_offset, c.length, c.rows,
-                        c.remote_stride});
-        received.push_back({layer, pools[pool].as<uint8_t>() + c.local_offset, c.length, c.rows,
-                            c.local_stride});
-      }
-      const LayerSends plan = PlanLayerSends(sent, staging.size());
-      for (size_t m : plan.direct)
-        for (uint64_t row = 0; row < sent[m].rows; ++row)
-          TANDEM_CUDA_CHECK(cudaMemcpyAsync(
-              static_cast<uint8_t*>(received[m].data) + row * received[m].stride,
-              static_cast<const uint8_t*>(sent[m].data) + row * sent[m].stride, sent[m].bytes,
-              cudaMemcpyDeviceToDevice, s));
-      for (const PackRound& round : plan.rounds) {
-        const std::vector<RowCopy> gather = GatherCopies(round, sent, staging.data());
-        Must(CopyRowsBatch(gather.data(), gather.size(), s), "gather");
-        const std::vector<RowCopy> scatter = ScatterCopies(round, received, staging.data());
-        Must(CopyRowsBatch(scatter.data(), scatter.size(), s), "scatter");
-        ++rounds;
-      }
-    }
-  return rounds;
-}
-
-// The byte ranges of whole blocks, per layer, in a pool of `shape` (layer-major).
-LayerRanges WholeBlocks(const KvPoolShape& shape, const std::vector<int32_t>& blocks) {
-  const uint64_t block = shape.rank_layout().block_bytes();
-  LayerRanges out(shape.full.num_layers);
-  for (int l = 0; l < shape.full.num_layers; ++l)
-    for (int32_t b : blocks)
-      out[l].push_back({(uint64_t(l) * shape.num_blocks + b) * block, block});
-  return out;
-}
-
-void CheckStridedCopies(cudaStream_t s) {
-  const KvLayout full{4, 4, 64, 16};
-  const KvPoolShape one{full, 1, 32}, two{full, 2, 32};
-  const LayerRanges remote = WholeBlocks(one, {3, 4, 5, 6, 7, 8, 9, 10, 11, 12});
-  const LayerRanges local = WholeBlocks(two, {20, 21, 22, 23, 24, 7, 8, 9, 10, 11});
-  const std::vector<CopyPiece> pieces = Must(PlanShardedCopies(remote, one, local, two), "plan");
-  const std::vector<StridedCopy> copies = Must(PlanStridedCopies(remote, one, local, two), "plan");
-
-  std::vector<uint8_t> src(one.pool_bytes());
-  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(g_rng());
-  std::vector<std::vector<uint8_t>> want(2, std::vector<uint8_t>(two.pool_bytes(), 0));
-  for (const CopyPiece& p : pieces)
-    std::memcpy(want[p.local_pool].data() + p.local_offset, src.data() + p.remote_offset, p.length);
-  auto differing = [&](const std::vector<DeviceBuffer>& pools) {
-    double bad = 0;
-    for (int r = 0; r < 2; ++r) {
-      const std::vector<uint8_t> got = Download<uint8_t>(pools[r], want[r].size());
-      for (size_t i = 0; i < got.size(); ++i) bad += got[i] != want[r][i];
-    }
-    return bad;
-  };
-  auto zeroed_pools = [&] {
-    std::vector<DeviceBuffer> pools;
-    for (int r = 0; r < 2; ++r) pools.push_back(Upload(std::vector<uint8_t>(two.pool_bytes(), 0)));
-    return pools;
-  };
-  const DeviceBuffer dsrc = Upload(src);
-  const auto* from = dsrc.as<const uint8_t>();
-
-  // cuda_ipc's way.
-  std::vector<DeviceBuffer> pools = zeroed_pools();
-  IpcCopies(copies, from, pools, s);
-  Report("KV re-shard 1->2: " + std::to_string(copies.size()) + " strided copies for " +
-             std::to_string(pieces.size()) + " pieces",
-         differing(pools), 0.0);
-
-  // NcclLink's way: per pair and layer, direct messages copied straight, the packed rounds
-  // through a staging buffer of a few rows (so that layers take several rounds).
-  pools = zeroed_pools();
-  const uint64_t staging_bytes = 3 * 16 * 64 * sizeof(float);  // 3 rows of one head's K
-  DeviceBuffer staging = Must(DeviceBuffer::Allocate(staging_bytes), "cudaMalloc");
-  const size_t rounds = PackedCopies(copies, from, pools, staging, full.num_layers, 2, s);
-  Report("KV re-shard 1->2 packed: " + std::to_string(rounds) + " staging rounds",
-         differing(pools), 0.0);
-}
-
-// What the re-shard's copies cost on the device, at serving size: a 32k-token SmolLM2-shape
-// request (30 layers, 3 KV heads of 64, 16-token blocks in runs of 8, bf16 KV as served)
-// re-sharded 1 -> 3, all pools on this GPU. Timed: one cudaMemcpyAsync of the same bytes (the
-// device's D2D rate), cuda_ipc's strided copies (CopyRowsBatch), and NcclLink's gather into a
-// 16 MiB staging buffer and scatter out of it, round by round (the NCCL send between is left
-// out). Printed as info rows for run.sh's table: the cost of packing against moving the bytes
-// once.
-void TimeStridedCopies(cudaStream_t s) {
-  const KvLayout full{30, 3, 64, 16, KvDType::kBFloat16};
-  const int blocks = 2048, pool_blocks = 2 * blocks;
-  const KvPoolShape one{full, 1, pool_blocks}, three{full, 3, pool_blocks};
-  std::vector<int32_t> from(blocks), to(blocks);
-  for (int i = 0; i < blocks; ++i) {
-    from[i] = (i / 8) * 16 + i % 8;  // runs of 8, with gaps between them
-    to[i] = ((blocks / 8 - 1 - i / 8) * 16) + i % 8;  // the runs in another order
-  }
-  const std::vector<StridedCopy> copies =
-      Must(PlanStridedCopies(WholeBlocks(one, from), one, WholeBlocks(three, to), three), "plan");
-  uint64_t bytes = 0;
-  for (const StridedCopy& c : copies) bytes += c.bytes();
-  DeviceBuffer src = Must(DeviceBuffer::Allocate(one.pool_bytes()), "cudaMalloc");
-  std::vector<DeviceBuffer> pools;
-  for (int r = 0; r < 3; ++r)
-    pools.push_back(Must(DeviceBuffer::Allocate(three.pool_bytes()), "cudaMalloc"));
-  DeviceBuffer flat = Must(DeviceBuffer::Allocate(bytes), "cudaMalloc");
-  DeviceBuffer staging = Must(DeviceBuffer::Allocate(kLinkStagingBytes), "cudaMalloc");
-  const auto* base = src.as<uint8_t>();
-  // Median of 5 runs of `body`, in seconds, by events on the stream.
-  auto time = [&](const std::function<void()>& body) {
-    cudaEvent_t start, stop;
-    TANDEM_CUDA_CHECK(cudaEventCreate(&start));
-    TANDEM_CUDA_CHECK(cudaEventCreate(&stop));
-    body();  // warm
-    std::vector<float> ms;
-    for (int rep = 0; rep < 5; ++rep) {
-      TANDEM_CUDA_CHECK(cudaEventRecord(start, s));
-      body();
-      TANDEM_CUDA_CHECK(cudaEventRecord(stop, s));
-      TANDEM_CUDA_CHECK(cudaEventSynchronize(stop));
-      float t = 0;
-      TANDEM_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
-      ms.push_back(t);
-    }
-    TANDEM_CUDA_CHECK(cudaEventDestroy(start));
-    TANDEM_CUDA_CHECK(cudaEventDestroy(stop));
-    std::sort(ms.begin(), ms.end());
-    return ms[2] / 1e3;
-  };
-  const double flat_s = time([&] {
-    TANDEM_CUDA_CHECK(cudaMemcpyAsync(flat.data(), base, bytes, cudaMemcpyDeviceToDevice, s));
-  });
-  const double ipc_s = time([&] { IpcCopies(copies, base, pools, s); });
-  size_t rounds = 0;
-  const double packed_s = time([&] {
-    rounds = PackedCopies(copies, base, pools, staging, full.num_layers, 3, s);
-  });
-  const double gb = bytes / 1e9;
-  std::printf("ROW|KV re-shard copies: one D2D memcpy|info|%.1f MB in %.2f ms: %.0f GB/s\n",
-              gb * 1e3, flat_s * 1e3, gb / flat_s);
-  std::printf("ROW|KV re-shard copies: cuda_ipc|info|%zu strided copies in %.2f ms: %.0f GB/s "
-              "(%.2fx the memcpy's time)\n",
-              copies.size(), ipc_s * 1e3, gb / ipc_s, ipc_s / flat_s);
-  std::printf("ROW|KV re-shard copies: NCCL packing|info|%zu rounds gathered + scattered in "
-              "%.2f ms: %.0f GB/s each way (%.2fx the memcpy's time, both sides)\n",
-              rounds, packed_s * 1e3, 2 * gb / packed_s, packed_s / flat_s);
-}
 
 int Main() {
   StatusOr<int> devices = DeviceCount();
@@ -729,6 +440,8 @@ int Main() {
   CheckAddRowBias(s);
   CheckStridedCopies(s);
   TimeStridedCopies(s);
+  CheckDrawRows(s);
+  TimeDrawRows(s);
   CheckGemm(cublas, DType::kF32, DType::kF32);
   CheckGemm(cublas, DType::kBF16, DType::kF32);
   CheckGemm(cublas, DType::kBF16, DType::kBF16);

@@ -7,7 +7,8 @@
 #
 # What runs: cuda_kernels_check (every kernel of common/engine/cuda/kernels.h and the cuBLAS
 # GEMM against a CPU reference: max error vs tolerance; the KV re-shard's strided copies and
-# packed rounds against the host, and their time against one D2D memcpy); cuda_forward_check
+# packed rounds against the host, and their time against one D2D memcpy; the device draw against
+# its host reference, and its time against the host Sampler); cuda_forward_check
 # (the CUDA backend vs the CPU backend: greedy tokens of random Llama/Qwen2 models and SmolLM2 in fp32 must be equal,
 # bf16 logit error reported; a mixed batch; CUDA graph vs eager; a decode step vs the HBM
 # roofline and prefill vs the bf16 GEMM peak); `tandem serve` colocated on `device: cuda` with

@@ -212,6 +212,8 @@ Status CudaForward::AllocateWorkspaces() {
     TANDEM_ASSIGN_OR_RETURN(logits_host_, PinnedHostBuffer::Allocate(s * c.vocab_size * 4));
     TANDEM_ASSIGN_OR_RETURN(argmax_, DeviceBuffer::Allocate(s * sizeof(int32_t)));
     TANDEM_ASSIGN_OR_RETURN(argmax_host_, PinnedHostBuffer::Allocate(s * sizeof(int32_t)));
+    TANDEM_ASSIGN_OR_RETURN(draws_, DeviceBuffer::Allocate(s * sizeof(RowDraw)));
+    TANDEM_ASSIGN_OR_RETURN(draws_host_, PinnedHostBuffer::Allocate(s * sizeof(RowDraw)));
   }
 
   // Inputs: the block tables of graph passes span max_model_len; eager passes use less.
@@ -496,6 +498,19 @@ StatusOr<std::span<const float>> CudaForward::Forward(std::span<const SequenceIn
   if (!where_.returns_logits) {
     TANDEM_RETURN_IF_ERROR(SyncStream());
     return std::span<const float>();
+  }
+  if (greedy != nullptr && !greedy->draws.empty()) {
+    bool any_drawn = false;
+    for (size_t i = 0; i < batch.size(); ++i) any_drawn = any_drawn || greedy->drawn(i);
+    if (any_drawn) {  // over the argmax ids of those rows, from the logits still on the device
+      std::copy(greedy->draws.begin(), greedy->draws.end(), draws_host_.as<RowDraw>());
+      TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(draws_.data(), draws_host_.data(),
+                                                  batch.size() * sizeof(RowDraw),
+                                                  cudaMemcpyHostToDevice, stream_.get()));
+      TANDEM_RETURN_IF_ERROR(DrawRows(logits_.as<float>(), static_cast<int32_t>(batch.size()),
+                                      c.vocab_size, draws_.as<RowDraw>(), argmax_.as<int32_t>(),
+                                      stream_.get()));
+    }
   }
   if (greedy != nullptr)
     TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(argmax_host_.data(), argmax_.data(),

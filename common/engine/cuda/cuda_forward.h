@@ -18,16 +18,19 @@
 // - Every last-token pass also takes each row's argmax on the device (ArgmaxRows): rows whose
 //   next token is the plain argmax (GreedyRows) need nothing else, and when all rows are such,
 //   the logits are not copied back at all (the ids are: 4 bytes a row).
-// - Other rows' logits go back to the host (page-locked memory) and the engine samples there:
-//   the host Sampler does every field (penalties, top-k/top-p, seeds, logprobs) and is what
-//   the CPU backend is checked against. The copy is vocab * 4 bytes a row (SmolLM2: 192 KiB;
-//   Llama 3: 500 KiB): 12-32 MiB for a 64-sequence step, 0.5-1.3 ms at PCIe 5 rates.
-//   Measured, the sampling itself costs more (perf/README.md, Host sampling: one thread of a
-//   2-core VM, vocab 49152: greedy 62 us a row, temperature 0.4 ms, top-p 1.4 ms), so at
-//   batch 64 host sampling takes longer than a small model's decode step on an H100: hence the
-//   device argmax above for greedy rows. Non-greedy rows are sampled on S.threads host threads
-//   at once (BatchSampling, common/engine/batch_sampling.h); they remain the known bottleneck
-//   (next: top-k/top-p on the device).
+// - Rows that need nothing but their logits and a few numbers (temperature, top-k, top-p,
+//   min-p: Sampler::NextRowDraw, GreedyRows::draws) are drawn on the device too (DrawRows,
+//   DrawRow's algorithm: the Sampler's token up to rounding at a cut), after the pass and its
+//   graph, over those rows' argmax ids: their logits are not copied back either.
+// - The other rows (penalties, logit_bias, logprobs, a min_tokens mask) have their logits
+//   copied to the host (page-locked memory) and the engine samples them there with the host
+//   Sampler, which does every field and is what the CPU backend is checked against. Why not
+//   all on the host: the copy is vocab * 4 bytes a row (SmolLM2: 192 KiB; Llama 3: 500 KiB),
+//   12-32 MiB for a 64-sequence step, 0.5-1.3 ms at PCIe 5 rates, and the sampling costs more
+//   (perf/README.md, Host sampling: one thread of a 2-core VM, vocab 49152: greedy 62 us a
+//   row, temperature 0.4 ms, top-p 1.4 ms): at batch 64, longer than a small model's decode
+//   step on an H100. Those rows are sampled on S.threads host threads at once (BatchSampling,
+//   common/engine/batch_sampling.h).
 //
 // Tensor parallelism (CudaRank::clique, set by TpCudaForward): the model is one rank's shard
 // (common/engine/tensor_parallel.h); o_proj and down_proj write their partial sums into a
@@ -91,6 +94,7 @@ class CudaForward final : public ForwardBackend {
                                            const ForwardHooks* hooks = nullptr,
                                            GreedyRows* greedy = nullptr) override;
   const Model& model() const override { return model_; }
+  bool draws_rows() const override { return true; }  // cuda::DrawRows
   std::string description() const override { return description_; }
 
   // Whether the last Forward replayed a captured decode graph (for checks and benchmarks).
@@ -175,7 +179,9 @@ class CudaForward final : public ForwardBackend {
   DeviceBuffer x_, xn_, qkv_, attn_, mlp_, act_, lowp_, last_, partials_, logits_;
   PinnedHostBuffer logits_host_;
   DeviceBuffer argmax_;          // [max_batch_sequences] ids: ArgmaxRows of the last-token rows
-  PinnedHostBuffer argmax_host_;
+  PinnedHostBuffer argmax_host_;  // (DrawRows' ids over them for the drawn rows)
+  DeviceBuffer draws_;            // [max_batch_sequences] RowDraw: GreedyRows::draws
+  PinnedHostBuffer draws_host_;
   size_t logits_rows_capacity_ = 0;
 };
 

@@ -21,6 +21,7 @@
 
 #include "common/engine/cuda/cuda_util.h"
 #include "common/engine/row_copy.h"
+#include "common/engine/row_draw.h"
 #include "common/base/status.h"
 
 namespace tandem::cuda {
@@ -168,5 +169,13 @@ Status Gemm(const CublasHandle& handle, DType in_dtype, const void* x, const voi
 // loads and stores where a copy's addresses, pitches and width are multiples of 16.
 inline constexpr size_t kRowCopiesPerLaunch = 64;
 Status CopyRowsBatch(const RowCopy* copies, size_t count, cudaStream_t stream);
+
+// Draws the token of each row whose draws[i].draw is set, from logits [num_rows, vocab], into
+// out_ids[i] (-1 when no logit of the row is usable); the other rows' ids are left alone.
+// DrawRow's algorithm (common/engine/row_draw.h, its host reference), one thread block a row:
+// the Sampler's token for the rows Sampler::NextRowDraw describes, without copying their
+// logits to the host. `draws` [num_rows] in device memory. (draw_rows.cu)
+Status DrawRows(const float* logits, int32_t num_rows, int32_t vocab, const RowDraw* draws,
+                int32_t* out_ids, cudaStream_t stream);
 
 }  // namespace tandem::cuda

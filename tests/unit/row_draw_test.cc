@@ -1,0 +1,169 @@
+// DrawRow (common/engine/row_draw.h): the device draw's algorithm, on the host, against the
+// Sampler it stands in for.
+#include "common/engine/row_draw.h"
+
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "common/engine/sampling.h"
+
+namespace tandem {
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// Sampler::Sample's token and DrawRow's for `params` (seeded) at output position `position`,
+// over `logits`. The prompt is one token.
+std::pair<int32_t, int32_t> BothTokens(const std::vector<float>& logits, SamplingParams params,
+                                       uint64_t seed, size_t position) {
+  params.seed = seed;
+  Sampler sampler(params, static_cast<int32_t>(logits.size()), 1);
+  const std::vector<int32_t> tokens(1 + position, 0);
+  const std::optional<RowDraw> draw = sampler.NextRowDraw(tokens);
+  REQUIRE(draw.has_value());
+  const int32_t drawn = DrawRow(logits, *draw);
+  return {sampler.Sample(logits, tokens).token_id, drawn};
+}
+
+std::string Describe(const SamplingParams& p) {
+  return "temperature " + std::to_string(p.temperature) + ", top_k " + std::to_string(p.top_k) +
+         ", top_p " + std::to_string(p.top_p) + ", min_p " + std::to_string(p.min_p);
+}
+
+TEST_CASE("DrawRow picks the Sampler's token for every warper mix", "[sampling]") {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::uniform_int_distribution<int> small(0, 3);
+  int checked = 0, mismatched = 0;
+  std::string first_mismatches;
+  for (int32_t vocab : {7, 300, 5000}) {
+    for (int shape = 0; shape < 3; ++shape) {
+      // 0: peaked random (a model's), 1: few distinct values (ties everywhere), 2: random with
+      // masked entries (-inf, NaN), as logit_bias or a broken row leaves them.
+      std::vector<float> logits(vocab);
+      for (float& v : logits) v = shape == 1 ? static_cast<float>(small(rng)) : normal(rng);
+      if (shape == 2)
+        for (int32_t i = 0; i < vocab; i += 3) logits[i] = i % 2 ? -kInf : std::nanf("");
+      for (float temperature : {0.3f, 1.0f, 1.7f})
+        for (int32_t top_k : {0, 1, 3, 50, vocab})
+          for (float top_p : {1.0f, 0.95f, 0.5f, 0.05f})
+            for (float min_p : {0.0f, 0.1f}) {
+              SamplingParams p;
+              p.temperature = temperature;
+              p.top_k = top_k;
+              p.top_p = top_p;
+              p.min_p = min_p;
+              for (uint64_t seed = 1; seed <= 4; ++seed) {
+                const auto [sampled, drawn] = BothTokens(logits, p, seed * 977 + vocab, seed);
+                ++checked;
+                if (sampled != drawn) {
+                  if (++mismatched <= 10)
+                    first_mismatches += "vocab " + std::to_string(vocab) + ", shape " +
+                                        std::to_string(shape) + ", " + Describe(p) + ", seed " +
+                                        std::to_string(seed) + ": Sampler " +
+                                        std::to_string(sampled) + ", DrawRow " +
+                                        std::to_string(drawn) + "\n";
+                }
+              }
+            }
+    }
+  }
+  CHECK(checked == 3 * 3 * 3 * 5 * 4 * 2 * 4);
+  INFO(first_mismatches);
+  CHECK(mismatched == 0);
+}
+
+TEST_CASE("DrawRow's draw follows the distribution, in the Sampler's order", "[sampling]") {
+  // Four tokens of probabilities 0.1, 0.2, 0.3, 0.4 (by id): without top-p the walk is by id,
+  // so u in [0, 0.1) is token 0 and u in [0.6, 1) token 3; with top-p the walk is most likely
+  // first, so u in [0, 0.4) is token 3.
+  std::vector<float> logits;
+  for (double p : {0.1, 0.2, 0.3, 0.4}) logits.push_back(static_cast<float>(std::log(p)));
+  RowDraw draw;
+  draw.draw = 1;
+  draw.u = 0.05;
+  CHECK(DrawRow(logits, draw) == 0);
+  draw.u = 0.65;
+  CHECK(DrawRow(logits, draw) == 3);
+  draw.top_p = 0.999f;  // cuts nothing, but walks most likely first
+  draw.u = 0.05;
+  CHECK(DrawRow(logits, draw) == 3);
+  draw.u = 0.65;
+  CHECK(DrawRow(logits, draw) == 2);
+  draw.top_p = 0.5f;  // keeps 0.4 and 0.3 (0.4 < 0.5): renormalised 4/7, 3/7
+  draw.u = 0.56;
+  CHECK(DrawRow(logits, draw) == 3);
+  draw.u = 0.58;
+  CHECK(DrawRow(logits, draw) == 2);
+  draw.top_p = 1.0f;
+  draw.top_k = 1;  // the argmax whatever u
+  draw.u = 0.99;
+  CHECK(DrawRow(logits, draw) == 3);
+  draw.top_k = 0;
+  draw.min_p = 0.7f;  // keeps p >= 0.28: tokens 2, 3, by id
+  draw.u = 0.3;
+  CHECK(DrawRow(logits, draw) == 2);
+  draw.u = 0.5;
+  CHECK(DrawRow(logits, draw) == 3);
+  // Nothing usable: -1 (the engine's "no finite logit").
+  const std::vector<float> masked = {-kInf, std::nanf(""), -kInf};
+  CHECK(DrawRow(masked, draw) == -1);
+}
+
+TEST_CASE("NextRowDraw describes only rows that need nothing but the logits", "[sampling]") {
+  const std::vector<int32_t> tokens = {5, 6, 7};  // a prompt of 2, one token out
+  SamplingParams p;
+  p.temperature = 0.7f;
+  p.top_k = 40;
+  p.top_p = 0.9f;
+  p.min_p = 0.05f;
+  p.seed = 11;
+  const std::optional<RowDraw> draw = Sampler(p, 100, 2).NextRowDraw(tokens);
+  REQUIRE(draw.has_value());
+  CHECK(draw->draw == 1);
+  CHECK(draw->temperature == 0.7f);
+  CHECK(draw->top_k == 40);
+  CHECK(draw->top_p == 0.9f);
+  CHECK(draw->min_p == 0.05f);
+  CHECK(draw->u >= 0.0);
+  CHECK(draw->u < 1.0);
+  // The uniform is the position's: the next position draws another.
+  const std::vector<int32_t> longer = {5, 6, 7, 8};
+  CHECK(Sampler(p, 100, 2).NextRowDraw(longer)->u != draw->u);
+  CHECK(Sampler(p, 100, 2).NextRowDraw(tokens)->u == draw->u);
+
+  auto none = [&](SamplingParams q) { return !Sampler(q, 100, 2).NextRowDraw(tokens); };
+  SamplingParams q = p;
+  q.temperature = 0;
+  CHECK(none(q));  // greedy: the argmax path
+  q = p;
+  q.logit_bias = {{3, 1.0f}};
+  CHECK(none(q));
+  q = p;
+  q.repetition_penalty = 1.1f;
+  CHECK(none(q));
+  q = p;
+  q.presence_penalty = 0.5f;
+  CHECK(none(q));
+  q = p;
+  q.frequency_penalty = -0.5f;
+  CHECK(none(q));
+  q = p;
+  q.logprobs = true;
+  CHECK(none(q));
+  // min_tokens masks eos until then: the Sampler's own; after it, a draw again.
+  q = p;
+  q.min_tokens = 2;
+  const std::vector<int32_t> eos = {9};
+  CHECK(!Sampler(q, 100, 2, eos).NextRowDraw(tokens));
+  CHECK(Sampler(q, 100, 2, eos).NextRowDraw(longer).has_value());
+}
+
+}  // namespace
+}  // namespace tandem
