@@ -7,6 +7,11 @@
 
 namespace tandem {
 
+bool IsPacked(const OrderedLink::Message& msg, uint64_t staging_bytes) {
+  if (msg.bytes == 0 || msg.rows == 0 || msg.bytes > staging_bytes) return false;
+  return msg.rows > 1 || msg.bytes < kSmallMessageBytes;
+}
+
 LayerSends PlanLayerSends(std::span<const OrderedLink::Message> layer, uint64_t staging_bytes) {
   TANDEM_CHECK(staging_bytes > 0, "a staging buffer of no bytes");
   LayerSends plan;
@@ -14,7 +19,7 @@ LayerSends PlanLayerSends(std::span<const OrderedLink::Message> layer, uint64_t 
   for (size_t m = 0; m < layer.size(); ++m) {
     const OrderedLink::Message& msg = layer[m];
     if (msg.bytes == 0 || msg.rows == 0) continue;  // nothing to move
-    if (msg.rows == 1 || msg.bytes > staging_bytes) {
+    if (!IsPacked(msg, staging_bytes)) {
       plan.direct.push_back(m);
       continue;
     }
@@ -39,7 +44,7 @@ LayerSends PlanLayerSends(std::span<const OrderedLink::Message> layer, uint64_t 
 uint16_t MessageLayoutOf(std::span<const OrderedLink::Message> messages,
                          uint64_t staging_bytes) {
   for (const OrderedLink::Message& msg : messages)
-    if (msg.bytes > 0 && msg.rows > 1 && msg.bytes <= staging_bytes) return kNcclLayoutPacked;
+    if (IsPacked(msg, staging_bytes)) return kNcclLayoutPacked;
   return kNcclLayoutPerRow;
 }
 

@@ -53,9 +53,19 @@ struct LayerSends {
   std::vector<PackRound> rounds;  // then one send each; the first in the same group as `direct`
 };
 
-// The plan for one layer's messages, in their order: a message of one row, or with rows longer
-// than `staging_bytes`, is direct; the others are packed, in order, filling each round up to
-// `staging_bytes` (a message may span rounds). staging_bytes > 0.
+// A one-row message shorter than this is packed too: a send costs a few microseconds whatever
+// its size, and a fragmented block table (runs of one block) makes a one-row message per head
+// slice and block when re-sharding (2 KiB for SmolLM2 in bf16). Whole blocks of a layer (12 KiB
+// and up for real models) still go straight.
+inline constexpr uint64_t kSmallMessageBytes = 8192;
+
+// Whether PlanLayerSends packs `msg`: several rows, or one short row, each row within
+// `staging_bytes`. The others (and empty ones, which move nothing) go straight.
+bool IsPacked(const OrderedLink::Message& msg, uint64_t staging_bytes);
+
+// The plan for one layer's messages, in their order: the packed ones (IsPacked) fill rounds of
+// up to `staging_bytes`, in order (a message may span rounds); the others are direct, sent row
+// by row. staging_bytes > 0.
 LayerSends PlanLayerSends(std::span<const OrderedLink::Message> layer, uint64_t staging_bytes);
 
 // A round's rows between a layer's messages (the span PlanLayerSends planned) and `staging`,
@@ -69,9 +79,8 @@ std::vector<RowCopy> ScatterCopies(const PackRound& round,
                                    const void* staging);
 
 // The message layout of a transfer's messages (the NCCL header's, kvtransfer/nccl_protocol.h):
-// 2 when PlanLayerSends packs any of them (a message of several rows, each within
-// staging_bytes), else 1: then every message goes row by row, as a Tandem before packing cut
-// them, and the two interoperate.
+// 2 when PlanLayerSends packs any of them (IsPacked), else 1: then every message goes row by
+// row, as a Tandem before packing cut them, and the two interoperate.
 uint16_t MessageLayoutOf(std::span<const OrderedLink::Message> messages, uint64_t staging_bytes);
 
 // The sends (receives) a layer costs on one rank: a row of each direct message, a round each.

@@ -24,7 +24,7 @@ struct RowView {
 
   float Score(size_t i) const { return logits[i] / d.temperature; }
   static bool Usable(float s) { return s > kNegInf; }  // NaN is not
-  double Weight(float s) const { return std::exp(static_cast<double>(s) - max_score); }
+  double Weight(float s) const { return RowWeight(s, max_score); }
   uint64_t Mass(float s) const { return FixedMass(Weight(s)); }
   // Kept by top-k (and usable): what top-p weighs.
   bool KeptTopK(float s) const { return Usable(s) && (!top_k_on || ~ScoreKey(s) <= kth_desc); }

@@ -13,9 +13,9 @@
 //   1. scores s = logit / temperature (float, as the Sampler), max over the usable ones
 //      (NaN and -inf are not);
 //   2. top-k: the k-th largest score (a descent by counts over the score's bits); kept: s >= it;
-//   3. weights w = exp(s - max) in double, summed as integers of 2^-40 (FixedMass): exact in
-//      any order, so the device's sums (atomics, in no fixed order) equal the host's bit for bit
-//      and a row draws the same token on every run and every batch;
+//   3. weights w = exp(s - max) in double (RowWeight), summed as integers of 2^-40
+//      (FixedMass): exact in any order, so the device's sums (atomics, in no fixed order) do not
+//      depend on the order either, and a row draws the same token on every run and batch;
 //   4. top-p: the last kept token in score order (higher first, lower id on ties) is where the
 //      mass from the top first reaches top_p * (mass of what top-k kept): kept are the tokens
 //      whose mass before them is below that, as the Sampler's ascending cut (HF's) keeps;
@@ -27,8 +27,11 @@
 // reductions and shared-memory histograms.
 // Equal to Sampler::Sample's token except where a cut or the draw's u falls within about 2^-40
 // of the total mass of a boundary (the Sampler sums doubles): never seen in the tests' rows.
+// The device's token is the host's except where its exp (within 1 ulp) rounds a weight to
+// another 2^-40 unit than glibc's and the draw lands in that unit (odds ~1e-14 a row).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <optional>
@@ -74,9 +77,17 @@ TANDEM_HOST_DEVICE inline uint64_t ScoreOrderKey(float score, int32_t id) {
   return (static_cast<uint64_t>(~ScoreKey(score)) << 32) | static_cast<uint32_t>(id);
 }
 
+// A token's weight exp(s - max) in double; where the largest score is +inf (an overflowed row),
+// the +inf tokens share the row and the rest weigh nothing (not inf - inf = NaN).
+TANDEM_HOST_DEVICE inline double RowWeight(float s, float max_score) {
+  if (max_score == static_cast<float>(INFINITY)) return s == max_score ? 1.0 : 0.0;
+  return exp(static_cast<double>(s) - static_cast<double>(max_score));
+}
+
 // A weight in [0, 1] as an integer of 2^-40: a row's total (at most 2^18 tokens) fits 58 bits.
 TANDEM_HOST_DEVICE inline uint64_t FixedMass(double w) {
-  return static_cast<uint64_t>(w * 0x1p40 + 0.5);
+  if (!(w > 0)) return 0;  // NaN too
+  return static_cast<uint64_t>((w < 1 ? w : 1) * 0x1p40 + 0.5);
 }
 
 // The top-p target: the least integer mass >= top_p * total.

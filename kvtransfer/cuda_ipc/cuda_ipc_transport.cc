@@ -142,6 +142,10 @@ struct MappedPeer {
   }
 };
 
+// Contiguous copies shorter than this join the strided ones in CopyRowsBatch launches (a head's
+// slice of one block when the table is fragmented: 2 KiB for SmolLM2 in bf16).
+constexpr uint64_t kBatchedCopyBelow = 8192;
+
 class CudaIpcPuller final : public KvPuller {
  public:
   // `pools`: this instance's, pool r on device r, of `shape`; `direct[r]`: device 0 may
@@ -344,10 +348,11 @@ class CudaIpcPuller final : public KvPuller {
     for (const LayerBatch& batch : batches) {
       // A run at equal degrees is one contiguous range: one cudaMemcpyAsync (the copy engine;
       // between GPUs through unified addressing and peer access). A re-sharded head's slices
-      // of a run of blocks are a strided copy: those of the layer go as a few launches of one
-      // thread block per copy (cuda::CopyRowsBatch), reading the peer's pool in place; into a
-      // pool device 0 cannot write in place (no peer access), one cudaMemcpy2DAsync each,
-      // which CUDA stages through host memory.
+      // of a run of blocks are a strided copy, and a short contiguous one (a head's slice of a
+      // lone block) costs a memcpy call's host time for little: those of the layer go as a few
+      // launches of one thread block per copy (cuda::CopyRowsBatch), reading the peer's pool
+      // in place; into a pool device 0 cannot write in place (no peer access), one
+      // cudaMemcpy2DAsync or cudaMemcpyAsync each, which CUDA stages through host memory.
       std::vector<RowCopy> strided;
       for (size_t i = batch.first; i < batch.last && status.ok(); ++i) {
         const StridedCopy& c = pull.queue.pieces()[i];
@@ -355,7 +360,7 @@ class CudaIpcPuller final : public KvPuller {
         const std::byte* from =
             static_cast<const std::byte*>(pull.peer->bases[c.remote_pool]) + c.remote_offset;
         cudaError_t err = cudaSuccess;
-        if (c.rows > 1 && direct_[c.local_pool])
+        if ((c.rows > 1 || c.length < kBatchedCopyBelow) && direct_[c.local_pool])
           strided.push_back({from, to, c.remote_stride, c.local_stride, c.length, c.rows});
         else if (c.rows > 1)
           err = cudaMemcpy2DAsync(to, c.local_stride, from, c.remote_stride, c.length, c.rows,

@@ -267,6 +267,22 @@ void CheckMixedAndGraph(const Model& model) {
   Row("decode step: argmax on the device (greedy rows)", ids_ok,
       Fmt("%.0f ids equal the host argmax of the eager logits; logits copied: %.0f", ids_ok ? step.size() : 0,
           none.empty() ? 0 : 1));
+
+  // A drawn row (top-p on the device, after the graph) beside a row that needs its logits: the
+  // pass returns every row's logits, so the draw is checked against DrawRow on the same logits.
+  std::vector<RowDraw> draws(step.size());
+  draws[0] = {0.8f, 0, 0.9f, 0.0f, 0.3, 1};
+  const std::vector<uint8_t> drawn_wanted = {1, 0};
+  std::vector<int32_t> drawn_ids(step.size(), -1);
+  GreedyRows drawn{drawn_wanted, drawn_ids, draws};
+  std::span<const float> with_draw = Must(
+      gpu.backend->Forward(step, *gpu.cache, LogitsMode::kLastToken, nullptr, &drawn), "drawn");
+  const int32_t host_draw = with_draw.size() == step.size() * vocab
+                                ? DrawRow(with_draw.subspan(0, vocab), draws[0])
+                                : -2;
+  Row("decode step: a row drawn on the device (top-p 0.9)",
+      drawn_ids[0] == host_draw && drawn_ids[1] == -1,
+      Fmt("device %.0f, DrawRow on the same logits %.0f", drawn_ids[0], host_draw));
 }
 
 double Seconds(const std::function<void()>& f, int reps) {

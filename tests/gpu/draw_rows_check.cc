@@ -31,14 +31,15 @@ RowDraw MixFor(int row, double u) {
 }  // namespace
 
 // Rows of random logits (a model's spread, sd 3), rows of few distinct values (ties), rows
-// with masked entries, one with nothing usable (-1) and one not drawn (left alone), at two
-// vocabularies; every warper mix. The error is the count of rows whose token differs.
+// with masked entries, one with +inf scores, one with nothing usable (-1) and one not drawn
+// (left alone), at three vocabularies (Qwen2's 151,936 the largest); every warper mix. The
+// error is the count of rows whose token differs.
 void CheckDrawRows(cudaStream_t s) {
   const float inf = std::numeric_limits<float>::infinity();
   std::uniform_real_distribution<double> uniform(0.0, 1.0);
   std::uniform_int_distribution<int> small(0, 3);
-  for (int32_t vocab : {1000, 49152}) {
-    const int rows = 96;
+  for (int32_t vocab : {1000, 49152, 151936}) {
+    const int rows = vocab > 100000 ? 24 : 96;
     std::vector<float> logits;
     std::vector<RowDraw> draws;
     for (int r = 0; r < rows; ++r) {
@@ -48,6 +49,7 @@ void CheckDrawRows(cudaStream_t s) {
       if (r % 3 == 2)
         for (int32_t i = 0; i < vocab; i += 3) row[i] = i % 2 ? -inf : std::nanf("");
       if (r == rows - 2) std::fill(row.begin(), row.end(), -inf);
+      if (r == rows - 3) row[r] = row[vocab - 1] = inf;  // overflowed: the two share it
       logits.insert(logits.end(), row.begin(), row.end());
       draws.push_back(MixFor(r, uniform(g_rng)));
     }

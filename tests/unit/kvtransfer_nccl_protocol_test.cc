@@ -212,6 +212,17 @@ TEST_CASE("nccl packing: strided messages fill staging rounds, the rest go strai
   CHECK(MessageLayoutOf(std::span(layer).subspan(3), 40) == kNcclLayoutPerRow);
   CHECK(MessageLayoutOf(std::vector<Message>{layer[0], layer[4]}, 40) == kNcclLayoutPerRow);
   CHECK(MessageLayoutOf({}, 40) == kNcclLayoutPerRow);
+  // One row: packed while shorter than kSmallMessageBytes (a fragmented re-shard's head slices),
+  // straight from there up (whole blocks of a layer).
+  std::vector<char> big(2 * kSmallMessageBytes);
+  const std::vector<Message> one_row = {{0, big.data(), kSmallMessageBytes - 1, 1, 0},
+                                        {0, big.data(), kSmallMessageBytes, 1, 0}};
+  const LayerSends one_row_plan = PlanLayerSends(one_row, 1 << 20);
+  CHECK(one_row_plan.direct == std::vector<size_t>{1});
+  REQUIRE(one_row_plan.rounds.size() == 1);
+  CHECK(one_row_plan.rounds[0].parts == std::vector<PackedRows>{{0, 0, 1, 0}});
+  CHECK(MessageLayoutOf(std::span(one_row).subspan(1), 1 << 20) == kNcclLayoutPerRow);
+  CHECK(MessageLayoutOf(one_row, 1 << 20) == kNcclLayoutPacked);
 
   // Through the rounds, rows land at the receiver's strides: gather on one side, scatter on
   // the other (another layout of the same rows), as NcclLink does on the GPU.
@@ -266,7 +277,8 @@ TEST_CASE("nccl packing: strided messages fill staging rounds, the rest go strai
     }
     for (size_t m = 0; m < msgs.size(); ++m) {
       const bool direct = std::find(p.direct.begin(), p.direct.end(), m) != p.direct.end();
-      CHECK(direct == (msgs[m].rows == 1 || msgs[m].bytes > staging));
+      CHECK(direct == (msgs[m].bytes > staging ||
+                       (msgs[m].rows == 1 && msgs[m].bytes >= kSmallMessageBytes)));
       CHECK(next_row[m] == (direct ? 0 : msgs[m].rows));
     }
   }

@@ -111,6 +111,17 @@ TEST_CASE("DrawRow's draw follows the distribution, in the Sampler's order", "[s
   CHECK(DrawRow(logits, draw) == 2);
   draw.u = 0.5;
   CHECK(DrawRow(logits, draw) == 3);
+  // An overflowed row (+inf scores): the +inf tokens share it, the others weigh nothing.
+  const std::vector<float> overflowed = {1.0f, kInf, 3.0f, kInf};
+  RowDraw plain;
+  plain.draw = 1;
+  plain.u = 0.2;
+  CHECK(DrawRow(overflowed, plain) == 1);
+  plain.u = 0.7;
+  CHECK(DrawRow(overflowed, plain) == 3);
+  plain.top_p = 0.9f;
+  plain.min_p = 0.5f;
+  CHECK(DrawRow(overflowed, plain) == 3);
   // Nothing usable: -1 (the engine's "no finite logit").
   const std::vector<float> masked = {-kInf, std::nanf(""), -kInf};
   CHECK(DrawRow(masked, draw) == -1);

@@ -4,7 +4,7 @@
 // (the lanes of a warp that fall in one bin add theirs first: the top digits of a row's keys
 // crowd into a few bins) and read by thread 0 (row_draw::ChooseDigit, shared with the host);
 // every sum is a block reduction. Integer sums do not depend on their order, so the token is
-// DrawRow's exactly. Block-uniform control flow throughout: every thread takes the same
+// DrawRow's (up to the device's exp, row_draw.h). Block-uniform control flow throughout: every thread takes the same
 // branches and every warp the same loop trips, so the __syncthreads() and the warp-wide
 // shuffles inside are reached by all.
 #include <cuda_runtime.h>
@@ -44,9 +44,7 @@ struct DeviceRow {
 
   __device__ float Score(int32_t i) const { return logits[i] / d.temperature; }
   __device__ static bool Usable(float s) { return s > -INFINITY; }
-  __device__ double Weight(float s) const {
-    return exp(static_cast<double>(s) - static_cast<double>(max_score));
-  }
+  __device__ double Weight(float s) const { return RowWeight(s, max_score); }
   __device__ uint64_t Mass(float s) const { return FixedMass(Weight(s)); }
   __device__ bool KeptTopK(float s) const {
     return Usable(s) && (!top_k_on || ~ScoreKey(s) <= kth_desc);
@@ -131,7 +129,8 @@ __device__ bool Descend(DrawShared& sh, int32_t n, int bits, KeyFn key, MassFn m
         const uint64_t k = m > 0 ? key(i) : 0;
         if (m > 0 && (k & high_mask) == (prefix & high_mask)) bin = (k >> shift) & 0xff;
       }
-      WarpAddToBin(sh.hist, bin, bin >= 0 ? m : 0);
+      if (__ballot_sync(0xffffffffu, bin >= 0) != 0)  // (the whole warp: same ballot)
+        WarpAddToBin(sh.hist, bin, bin >= 0 ? m : 0);
     }
     __syncthreads();
     if (threadIdx.x == 0) {
