@@ -378,6 +378,7 @@ std::span<const float> BatchEngine::RunForward(StepShape* shape) {
   greedy_wanted_.assign(batch_.size(), 1);
   greedy_argmax_.assign(batch_.size(), -1);
   greedy_draws_.assign(batch_.size(), RowDraw{});
+  greedy_logprobs_.resize(batch_.size());
   for (size_t i = 0; i < batch_.size(); ++i) {
     const Request& r = *batch_[i];
     if (r.num_computed + inputs_[i].tokens.size() < r.tokens.size()) continue;
@@ -387,7 +388,7 @@ std::span<const float> BatchEngine::RunForward(StepShape* shape) {
     greedy_wanted_[i] = draw.has_value() ? 1 : 0;
     if (draw) greedy_draws_[i] = *draw;
   }
-  GreedyRows greedy{greedy_wanted_, greedy_argmax_, greedy_draws_};
+  GreedyRows greedy{greedy_wanted_, greedy_argmax_, greedy_draws_, greedy_logprobs_};
   const auto forward_start = Clock::now();
   StatusOr<std::span<const float>> logits = forward_->Forward(
       inputs_, *cache_, LogitsMode::kLastToken, arriving ? &hooks : nullptr, &greedy);
@@ -427,7 +428,7 @@ void BatchEngine::SampleBatch(std::span<const float> logits, EngineSink& sink) {
     SampleResult sample;
     if (greedy_wanted_[i]) {  // the argmax or the draw, taken where the logits are
       TANDEM_CHECK(greedy_argmax_[i] >= 0, "no finite logit to sample from");
-      sample.token_id = greedy_argmax_[i];
+      sample = DrawnSample(greedy_argmax_[i], greedy_draws_[i], greedy_logprobs_[i]);
     } else {
       TANDEM_CHECK(sample_of_row_[i] >= 0, "a sampled row without its sample");
       sample = sample_results_[sample_of_row_[i]];

@@ -203,6 +203,7 @@ class BatchEngine {
   std::vector<uint8_t> greedy_wanted_;
   std::vector<int32_t> greedy_argmax_;
   std::vector<RowDraw> greedy_draws_;
+  std::vector<RowLogprobs> greedy_logprobs_;
   // The step's host sampling (options.threads threads), its jobs and, per batch entry, the
   // result (of the rows that sample on the host).
   std::unique_ptr<BatchSampling> sampling_;

@@ -195,6 +195,7 @@ bool PrefillEngine::Step(PrefillObserver& observer) {
   std::vector<uint8_t> greedy_wanted(batch.size(), 1);
   std::vector<int32_t> greedy_argmax(batch.size(), -1);
   std::vector<RowDraw> draws(batch.size());
+  std::vector<RowLogprobs> drawn_logprobs(batch.size());
   std::vector<std::unique_ptr<Sampler>> samplers(batch.size());  // last chunks not greedy
   for (size_t i = 0; i < batch.size(); ++i) {
     const PrefillRequest& r = *queue_[batch[i].index];
@@ -207,7 +208,7 @@ bool PrefillEngine::Step(PrefillObserver& observer) {
     greedy_wanted[i] = draw.has_value() ? 1 : 0;
     if (draw) draws[i] = *draw;
   }
-  GreedyRows greedy{greedy_wanted, greedy_argmax, draws};
+  GreedyRows greedy{greedy_wanted, greedy_argmax, draws, drawn_logprobs};
   StatusOr<std::span<const float>> logits = forward_->Forward(
       inputs_, *cache_, LogitsMode::kLastToken, observe_layers ? &hooks : nullptr, &greedy);
   TANDEM_CHECK(logits.ok(), "forward of a scheduled batch failed: " + logits.status().ToString());
@@ -233,7 +234,7 @@ bool PrefillEngine::Step(PrefillObserver& observer) {
     SampleResult sample;
     if (greedy_wanted[i]) {  // the argmax or the draw, taken where the logits are
       TANDEM_CHECK(greedy_argmax[i] >= 0, "no finite logit to sample from");
-      sample.token_id = greedy_argmax[i];
+      sample = DrawnSample(greedy_argmax[i], draws[i], drawn_logprobs[i]);
     } else {
       sample = sampled[job_of_row[i]];
     }

@@ -544,7 +544,10 @@ StatusOr<std::span<const float>> CpuForward::Forward(std::span<const SequenceInp
     for (size_t i = 0; i < batch.size(); ++i) {
       if (!greedy->wanted[i]) continue;
       const std::span<const float> row = logits.subspan(i * c.vocab_size, c.vocab_size);
-      greedy->argmax[i] = greedy->drawn(i) ? DrawRow(row, greedy->draws[i]) : ArgmaxRow(row);
+      greedy->argmax[i] =
+          greedy->drawn(i) ? DrawRow(row, greedy->draws[i],
+                                     greedy->wants_logprobs(i) ? &greedy->logprobs[i] : nullptr)
+                           : ArgmaxRow(row);
     }
   return logits;
 }

@@ -100,13 +100,21 @@ bool GreedyRows::all_wanted() const {
   return true;
 }
 
+bool GreedyRows::wants_logprobs(size_t i) const {
+  return drawn(i) && draws[i].top_logprobs >= 0;
+}
+
 Status ValidateGreedyRows(const GreedyRows* greedy, size_t batch_size, LogitsMode mode) {
   if (greedy == nullptr) return Status::Ok();
   if (mode != LogitsMode::kLastToken)
     return InvalidArgument("forward: greedy rows need LogitsMode::kLastToken");
   if (greedy->wanted.size() != batch_size || greedy->argmax.size() != batch_size ||
-      (!greedy->draws.empty() && greedy->draws.size() != batch_size))
+      (!greedy->draws.empty() && greedy->draws.size() != batch_size) ||
+      (!greedy->logprobs.empty() && greedy->logprobs.size() != batch_size))
     return InvalidArgument("forward: greedy rows do not match the batch");
+  for (size_t i = 0; i < greedy->draws.size(); ++i)
+    if (greedy->wants_logprobs(i) && greedy->logprobs.empty())
+      return InvalidArgument("forward: a drawn row wants logprobs and GreedyRows has none");
   return Status::Ok();
 }
 

@@ -84,23 +84,25 @@ struct ForwardHooks {
   std::function<void(float* data, size_t count)> all_reduce;
 };
 
-// The rows of a kLastToken pass whose next token the backend can pick itself (optional): the
-// rows whose next token is the plain argmax of their logits (Sampler::IsPlainArgmax), whose
-// logits nobody reads (a prompt chunk that is not the last), and, on a backend that
-// draws_rows(), the rows Sampler::NextRowDraw describes (draws[i].draw set). The backend writes
-// each wanted row's token to argmax[i]: DrawRow's draw (common/engine/row_draw.h) where
-// draws[i].draw, else the argmax (ArgmaxRow, common/engine/sampling.h: lowest id on ties; NaN
-// and -inf never win); it leaves the other entries alone. On a device this is computed there,
-// and when every row is wanted the logits stay there too: Forward then returns an empty span,
-// and a step copies batch * 4 bytes back instead of batch * vocab * 4, with no pass over the
-// vocabulary on the host.
+// The rows of a kLastToken pass whose next token the backend can pick itself (optional): the rows
+// whose next token is the plain argmax of their logits (Sampler::IsPlainArgmax), whose logits
+// nobody reads (a prompt chunk that is not the last), and, on a backend that draws_rows(), the rows
+// Sampler::NextRowDraw describes (draws[i].draw set). The backend writes each wanted row's token to
+// argmax[i]: DrawRow's draw (common/engine/row_draw.h) where draws[i].draw, else the argmax
+// (ArgmaxRow, common/engine/sampling.h: lowest id on ties; NaN and -inf never win); it leaves the
+// other entries alone. A drawn row that asks for logprobs (draws[i].top_logprobs >= 0) gets them in
+// logprobs[i] (DrawRow's). On a device this is computed there, and when every row is wanted the
+// logits stay there too: Forward then returns an empty span, and a step copies batch * 4 bytes back
+// instead of batch * vocab * 4, with no pass over the vocabulary on the host.
 struct GreedyRows {
   std::span<const uint8_t> wanted;  // [batch.size()]; 1 = the backend's token is enough
   std::span<int32_t> argmax;        // [batch.size()]; written where wanted
   std::span<const RowDraw> draws;   // empty, or [batch.size()]: the rows to draw
+  std::span<RowLogprobs> logprobs;  // empty, or [batch.size()] (with draws): written as above
   bool all_wanted() const;
-  // Whether row i is wanted as a draw (else as its argmax).
+  // Whether row i is wanted as a draw (else as its argmax), and with logprobs.
   bool drawn(size_t i) const { return !draws.empty() && draws[i].draw != 0; }
+  bool wants_logprobs(size_t i) const;
 };
 
 class ForwardBackend {

@@ -4,6 +4,7 @@
 #include <array>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 namespace tandem {
 namespace {
@@ -61,9 +62,34 @@ std::optional<uint64_t> Descend(size_t n, int bits, KeyFn key, MassFn mass, uint
   return prefix;
 }
 
-}  // namespace
+// Sampler::FillLogprobs in its raw mode: log-softmax of the logits as given (usable ones; the
+// rest -inf), the token's and the top `top` by (logit, lower id), most likely first.
+void RawLogprobs(std::span<const float> logits, int32_t token, int32_t top, RowLogprobs* out) {
+  float max_value = kNegInf;
+  for (float v : logits)
+    if (RowView::Usable(v)) max_value = std::max(max_value, v);
+  double sum = 0.0;
+  for (float v : logits)
+    if (RowView::Usable(v)) sum += std::exp(static_cast<double>(v) - max_value);
+  const double log_z = max_value + std::log(sum);
+  auto logprob = [&](size_t t) {
+    return RowView::Usable(logits[t]) ? static_cast<float>(logits[t] - log_z) : kNegInf;
+  };
+  out->logprob = logprob(static_cast<size_t>(token));
+  const size_t n = std::min<size_t>(static_cast<size_t>(std::max(top, 0)), logits.size());
+  std::vector<uint64_t> keys(logits.size());
+  for (size_t i = 0; i < logits.size(); ++i)
+    keys[i] = ScoreOrderKey(RowView::Usable(logits[i]) ? logits[i] : kNegInf, int32_t(i));
+  std::partial_sort(keys.begin(), keys.begin() + n, keys.end());
+  out->num_top = static_cast<int32_t>(n);
+  for (size_t j = 0; j < n; ++j) {
+    out->top_ids[j] = static_cast<int32_t>(keys[j] & 0xffffffffu);
+    out->top_logprobs[j] = logprob(keys[j] & 0xffffffffu);
+  }
+}
 
-int32_t DrawRow(std::span<const float> logits, const RowDraw& draw) {
+// The draw itself (DrawRow without the logprobs).
+int32_t DrawToken(std::span<const float> logits, const RowDraw& draw) {
   RowView row{logits, draw};
   const size_t n = logits.size();
   size_t usable = 0;
@@ -134,6 +160,15 @@ int32_t DrawRow(std::span<const float> logits, const RowDraw& draw) {
     }
   }
   return last;
+}
+
+}  // namespace
+
+int32_t DrawRow(std::span<const float> logits, const RowDraw& draw, RowLogprobs* logprobs) {
+  const int32_t token = DrawToken(logits, draw);
+  if (token >= 0 && logprobs != nullptr && draw.top_logprobs >= 0)
+    RawLogprobs(logits, token, draw.top_logprobs, logprobs);
+  return token;
 }
 
 }  // namespace tandem

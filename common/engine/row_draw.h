@@ -37,6 +37,8 @@
 #include <optional>
 #include <span>
 
+#include "common/engine/sampling_params.h"
+
 #if defined(__CUDACC__)
 #define TANDEM_HOST_DEVICE __host__ __device__
 #else
@@ -54,10 +56,25 @@ struct RowDraw {
   float min_p = 0.0f;        // [0, 1]
   double u = 0.0;            // the position's uniform in [0, 1) (Sampler::Uniform)
   int32_t draw = 0;          // 1 = draw this row
+  // -1: no logprobs; else the drawn token's logprob and this many top ones (<=
+  // kMaxTopLogprobs), of the raw distribution (log-softmax of the logits as given: the
+  // Sampler's default LogprobsMode::kRaw).
+  int32_t top_logprobs = -1;
 };
 
-// The token DrawRow picks, -1 when no logit is usable.
-int32_t DrawRow(std::span<const float> logits, const RowDraw& draw);
+// A drawn row's logprobs (RowDraw::top_logprobs >= 0), as Sampler::Sample reports them: the
+// token's, and the top ones most likely first (ties: lower id first; masked: -inf).
+struct RowLogprobs {
+  float logprob = 0.0f;
+  int32_t num_top = 0;
+  int32_t top_ids[kMaxTopLogprobs] = {};
+  float top_logprobs[kMaxTopLogprobs] = {};
+};
+
+// The token DrawRow picks, -1 when no logit is usable. With draw.top_logprobs >= 0 and
+// `logprobs` given, also its logprobs.
+int32_t DrawRow(std::span<const float> logits, const RowDraw& draw,
+                RowLogprobs* logprobs = nullptr);
 
 namespace row_draw {
 

@@ -378,7 +378,8 @@ std::optional<RowDraw> Sampler::NextRowDraw(
   const size_t num_output = prompt_and_output_tokens.size() - num_prompt_tokens_;
   const SamplingParams& p = params_;
   if (p.greedy() || !p.logit_bias.empty() || p.repetition_penalty != 1.0f ||
-      p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f || p.logprobs ||
+      p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f ||
+      (p.logprobs && p.logprobs_mode != LogprobsMode::kRaw) ||
       (!min_tokens_masked_.empty() && num_output < static_cast<size_t>(p.min_tokens)))
     return std::nullopt;
   RowDraw draw;
@@ -388,6 +389,7 @@ std::optional<RowDraw> Sampler::NextRowDraw(
   draw.min_p = p.min_p;
   draw.u = Uniform(num_output);
   draw.draw = 1;
+  draw.top_logprobs = p.logprobs ? p.top_logprobs : -1;
   return draw;
 }
 
@@ -478,6 +480,17 @@ void Sampler::FillLogprobs(std::span<const float> logits, SampleResult* result) 
   });
   for (int32_t j = 0; j < n; ++j) result->top_logprobs[j] = {order[j], logprob(order[j])};
   result->num_top_logprobs = n;
+}
+
+SampleResult DrawnSample(int32_t token_id, const RowDraw& draw, const RowLogprobs& logprobs) {
+  SampleResult result;
+  result.token_id = token_id;
+  if (draw.top_logprobs < 0) return result;
+  result.logprob = logprobs.logprob;
+  result.num_top_logprobs = std::min(logprobs.num_top, kMaxTopLogprobs);
+  for (int32_t j = 0; j < result.num_top_logprobs; ++j)
+    result.top_logprobs[j] = {logprobs.top_ids[j], logprobs.top_logprobs[j]};
+  return result;
 }
 
 // ---- StopChecker ---------------------------------------------------------------------------

@@ -108,9 +108,10 @@ class Sampler {
   }
 
   // The next Sample()'s draw as RowDraw's few numbers (common/engine/row_draw.h), when that
-  // is all it needs: not greedy, no logit_bias, penalties, logprobs or min_tokens mask at this
-  // position. Then a device backend may draw the token where the logits are (GreedyRows'
-  // draws) and DrawRow(logits, *draw) is Sample()'s token (up to rounding at a cut).
+  // is all it needs: not greedy, no logit_bias, penalties or min_tokens mask at this position,
+  // logprobs (if any) of the raw distribution. Then a device backend may draw the token where
+  // the logits are (GreedyRows' draws) and DrawRow(logits, *draw, &logprobs) is Sample()'s
+  // token (up to rounding at a cut) with its logprobs (up to summation order).
   std::optional<RowDraw> NextRowDraw(std::span<const int32_t> prompt_and_output_tokens) const;
 
   // Samples the next token from logits[vocab_size] given every token so far (prompt first,
@@ -162,6 +163,10 @@ class Sampler {
   size_t num_candidates_ = 0;
   double kept_weight_ = 0;
 };
+
+// What Sample() returns for a row drawn where its logits are (GreedyRows::draws): the token
+// and, when the draw asked for them, its logprobs.
+SampleResult DrawnSample(int32_t token_id, const RowDraw& draw, const RowLogprobs& logprobs);
 
 enum class FinishReason {
   kNone,    // still generating

@@ -258,7 +258,7 @@ void CheckMixedAndGraph(const Model& model) {
   // Greedy rows: every row wanted, so the ids come from the device and no logits come back.
   const std::vector<uint8_t> wanted(step.size(), 1);
   std::vector<int32_t> ids(step.size(), -1);
-  GreedyRows greedy{wanted, ids, {}};
+  GreedyRows greedy{wanted, ids, {}, {}};
   std::span<const float> none =
       Must(gpu.backend->Forward(step, *gpu.cache, LogitsMode::kLastToken, nullptr, &greedy), "greedy");
   bool ids_ok = none.empty();
@@ -274,7 +274,7 @@ void CheckMixedAndGraph(const Model& model) {
   draws[0] = {0.8f, 0, 0.9f, 0.0f, 0.3, 1};
   const std::vector<uint8_t> drawn_wanted = {1, 0};
   std::vector<int32_t> drawn_ids(step.size(), -1);
-  GreedyRows drawn{drawn_wanted, drawn_ids, draws};
+  GreedyRows drawn{drawn_wanted, drawn_ids, draws, {}};
   std::span<const float> with_draw = Must(
       gpu.backend->Forward(step, *gpu.cache, LogitsMode::kLastToken, nullptr, &drawn), "drawn");
   const int32_t host_draw = with_draw.size() == step.size() * vocab

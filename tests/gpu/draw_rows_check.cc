@@ -25,6 +25,8 @@ RowDraw MixFor(int row, double u) {
   d.min_p = kMinP[row % 3];
   d.u = u;
   d.draw = 1;
+  static const int32_t kTopLogprobs[] = {-1, 0, 5, kMaxTopLogprobs};
+  d.top_logprobs = kTopLogprobs[row % 4];
   return d;
 }
 
@@ -32,8 +34,9 @@ RowDraw MixFor(int row, double u) {
 
 // Rows of random logits (a model's spread, sd 3), rows of few distinct values (ties), rows
 // with masked entries, one with +inf scores, one with nothing usable (-1) and one not drawn
-// (left alone), at three vocabularies (Qwen2's 151,936 the largest); every warper mix. The
-// error is the count of rows whose token differs.
+// (left alone), at three vocabularies (Qwen2's 151,936 the largest); every warper mix, with
+// and without logprobs. Errors: rows whose token differs, top-logprob ids that differ, and
+// the largest logprob difference (the normaliser is summed in another order).
 void CheckDrawRows(cudaStream_t s) {
   const float inf = std::numeric_limits<float>::infinity();
   std::uniform_real_distribution<double> uniform(0.0, 1.0);
@@ -55,18 +58,38 @@ void CheckDrawRows(cudaStream_t s) {
     }
     draws.back().draw = 0;  // not drawn: its id stays as it was
     std::vector<int32_t> want(rows);
+    std::vector<RowLogprobs> want_logprobs(rows);
     for (int r = 0; r < rows; ++r)
       want[r] = draws[r].draw ? DrawRow({logits.data() + size_t(r) * vocab, size_t(vocab)},
-                                        draws[r])
+                                        draws[r], &want_logprobs[r])
                               : -7;
     DeviceBuffer dl = Upload(logits), dd = Upload(draws);
     DeviceBuffer dids = Upload(std::vector<int32_t>(rows, -7));
-    Must(DrawRows(dl.as<float>(), rows, vocab, dd.as<RowDraw>(), dids.as<int32_t>(), s),
+    DeviceBuffer dlp = Upload(std::vector<RowLogprobs>(rows));
+    Must(DrawRows(dl.as<float>(), rows, vocab, dd.as<RowDraw>(), dids.as<int32_t>(),
+                  dlp.as<RowLogprobs>(), s),
          "DrawRows");
     const std::vector<int32_t> got = Download<int32_t>(dids, rows);
-    int wrong = 0;
-    for (int r = 0; r < rows; ++r) wrong += got[r] != want[r];
-    Report("DrawRows vs DrawRow, vocab " + std::to_string(vocab) + ": wrong rows", wrong, 0);
+    const std::vector<RowLogprobs> got_logprobs = Download<RowLogprobs>(dlp, rows);
+    int wrong = 0, wrong_top = 0;
+    double logprob_err = 0;
+    for (int r = 0; r < rows; ++r) {
+      wrong += got[r] != want[r];
+      if (!draws[r].draw || draws[r].top_logprobs < 0 || want[r] < 0) continue;
+      const RowLogprobs& a = got_logprobs[r];
+      const RowLogprobs& b = want_logprobs[r];
+      auto diff = [](float x, float y) { return x == y ? 0.0 : std::abs(double(x) - y); };
+      logprob_err = std::max(logprob_err, diff(a.logprob, b.logprob));
+      wrong_top += a.num_top != b.num_top;
+      for (int j = 0; j < std::min(a.num_top, b.num_top); ++j) {
+        wrong_top += a.top_ids[j] != b.top_ids[j];
+        logprob_err = std::max(logprob_err, diff(a.top_logprobs[j], b.top_logprobs[j]));
+      }
+    }
+    const std::string at = ", vocab " + std::to_string(vocab);
+    Report("DrawRows vs DrawRow" + at + ": wrong rows", wrong, 0);
+    Report("DrawRows logprobs" + at + ": wrong top ids", wrong_top, 0);
+    Report("DrawRows logprobs" + at + ": max |diff|", logprob_err, 1e-5);
   }
 }
 
@@ -106,7 +129,8 @@ void TimeDrawRows(cudaStream_t s) {
     std::vector<float> ms;
     for (int rep = 0; rep < 6; ++rep) {  // the first warms up
       TANDEM_CUDA_CHECK(cudaEventRecord(start, s));
-      Must(DrawRows(dl.as<float>(), rows, vocab, dd.as<RowDraw>(), dids.as<int32_t>(), s),
+      Must(DrawRows(dl.as<float>(), rows, vocab, dd.as<RowDraw>(), dids.as<int32_t>(), nullptr,
+                    s),
            "DrawRows");
       TANDEM_CUDA_CHECK(cudaEventRecord(stop, s));
       TANDEM_CUDA_CHECK(cudaEventSynchronize(stop));

@@ -202,7 +202,7 @@ TEST_CASE("greedy rows: the CPU backend fills the wanted rows' argmax and return
   const std::vector<SequenceInput> batch = {{a, 0, ta}, {b, 0, tb}};
   const std::vector<uint8_t> wanted = {1, 0};
   std::vector<int32_t> argmax = {-7, -7};
-  GreedyRows greedy{wanted, argmax, {}};
+  GreedyRows greedy{wanted, argmax, {}, {}};
   StatusOr<std::span<const float>> logits =
       (*cpu)->Forward(batch, **cache, LogitsMode::kLastToken, nullptr, &greedy);
   REQUIRE(logits.ok());
@@ -218,20 +218,34 @@ TEST_CASE("greedy rows: the CPU backend fills the wanted rows' argmax and return
   std::vector<RowDraw> draws(2);
   draws[1] = {0.8f, 20, 0.9f, 0.0f, 0.37, 1};
   const std::vector<uint8_t> both = {1, 1};
-  GreedyRows drawn{both, argmax, draws};
+  GreedyRows drawn{both, argmax, draws, {}};
   logits = (*cpu)->Forward(batch, **cache, LogitsMode::kLastToken, nullptr, &drawn);
   REQUIRE(logits.ok());
   CHECK(argmax[0] == ArgmaxRow(logits->subspan(0, vocab)));
   CHECK(argmax[1] == DrawRow(logits->subspan(vocab, vocab), draws[1]));
   CHECK(argmax[1] >= 0);
+  // With logprobs: the draw's logprobs come back beside it; without a span for them, refused.
+  draws[1].top_logprobs = 3;
+  std::vector<RowLogprobs> logprobs(2);
+  GreedyRows with_logprobs{both, argmax, draws, logprobs};
+  logits = (*cpu)->Forward(batch, **cache, LogitsMode::kLastToken, nullptr, &with_logprobs);
+  REQUIRE(logits.ok());
+  RowLogprobs want;
+  CHECK(argmax[1] == DrawRow(logits->subspan(vocab, vocab), draws[1], &want));
+  CHECK(logprobs[1].num_top == 3);
+  CHECK(logprobs[1].logprob == want.logprob);
+  CHECK(logprobs[1].top_ids[0] == ArgmaxRow(logits->subspan(vocab, vocab)));
+  CHECK((*cpu)->Forward(batch, **cache, LogitsMode::kLastToken, nullptr, &drawn)
+            .status()
+            .message() == "forward: a drawn row wants logprobs and GreedyRows has none");
   const std::vector<RowDraw> one_draw(1);
-  GreedyRows short_draws{both, argmax, one_draw};
+  GreedyRows short_draws{both, argmax, one_draw, {}};
   CHECK((*cpu)->Forward(batch, **cache, LogitsMode::kLastToken, nullptr, &short_draws)
             .status()
             .message() == "forward: greedy rows do not match the batch");
 
   std::vector<int32_t> short_argmax(1);
-  GreedyRows bad{wanted, short_argmax, {}};
+  GreedyRows bad{wanted, short_argmax, {}, {}};
   CHECK((*cpu)->Forward(batch, **cache, LogitsMode::kLastToken, nullptr, &bad).status().message() ==
         "forward: greedy rows do not match the batch");
   CHECK((*cpu)->Forward(batch, **cache, LogitsMode::kAllTokens, nullptr, &greedy)

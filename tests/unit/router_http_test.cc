@@ -577,14 +577,17 @@ TEST_CASE("HTTP: latency histograms are by SLO class, default without the header
   for (const std::string& h : histograms) CHECK(count(h, "default") == 0);  // from the start
   std::string body =
       json{{"model", "tiny"}, {"prompt", "x"}, {"max_tokens", 4}, {"ignore_eos", true}}.dump();
+  // The histograms are observed when the request finishes, which may be just after its last
+  // bytes reach the client: wait for them (bounded).
   REQUIRE(f.Curl("POST", "/v1/completions", body, "-H 'x-tandem-slo-class: batch'").status ==
           200);
   for (const std::string& h : histograms) {
-    CHECK(count(h, "batch") == 1);
+    CHECK(WaitFor([&] { return count(h, "batch") == 1; }, 2s));
     CHECK(count(h, "default") == 0);
   }
   REQUIRE(f.Curl("POST", "/v1/completions", body).status == 200);
-  for (const std::string& h : histograms) CHECK(count(h, "default") == 1);
+  for (const std::string& h : histograms)
+    CHECK(WaitFor([&] { return count(h, "default") == 1; }, 2s));
 }
 
 TEST_CASE("HTTP: an unknown x-tandem-slo-class gets 400 naming the header", "[router]") {

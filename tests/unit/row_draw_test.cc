@@ -79,6 +79,48 @@ TEST_CASE("DrawRow picks the Sampler's token for every warper mix", "[sampling]"
   CHECK(mismatched == 0);
 }
 
+TEST_CASE("DrawRow's logprobs are the Sampler's raw logprobs", "[sampling]") {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  for (int32_t vocab : {5, 3000}) {
+    std::vector<float> logits(vocab);
+    for (float& v : logits) v = normal(rng);
+    logits[vocab / 2] = -kInf;  // masked: -inf logprob, last in the top list
+    logits[1] = logits[2];      // a tie: the lower id first
+    for (int32_t top : {0, 1, 5, 20}) {
+      SamplingParams p;
+      p.temperature = 0.7f;
+      p.top_p = 0.9f;
+      p.logprobs = true;
+      p.top_logprobs = top;
+      p.seed = 100 + top;
+      Sampler sampler(p, vocab, 1);
+      const std::vector<int32_t> tokens = {0};
+      const std::optional<RowDraw> draw = sampler.NextRowDraw(tokens);
+      REQUIRE(draw.has_value());
+      CHECK(draw->top_logprobs == top);
+      RowLogprobs got;
+      const int32_t token = DrawRow(logits, *draw, &got);
+      const SampleResult want = sampler.Sample(logits, tokens);
+      const SampleResult drawn = DrawnSample(token, *draw, got);
+      INFO("vocab " << vocab << ", top " << top);
+      CHECK(drawn.token_id == want.token_id);
+      CHECK(drawn.logprob == Approx(want.logprob).margin(1e-6));
+      REQUIRE(drawn.num_top_logprobs == want.num_top_logprobs);
+      CHECK(drawn.num_top_logprobs == std::min(top, vocab));
+      for (int32_t j = 0; j < want.num_top_logprobs; ++j) {
+        CHECK(drawn.top_logprobs[j].token_id == want.top_logprobs[j].token_id);
+        CHECK(drawn.top_logprobs[j].logprob == Approx(want.top_logprobs[j].logprob).margin(1e-6));
+      }
+    }
+  }
+  // The processed distribution's logprobs stay on the host.
+  SamplingParams processed;
+  processed.logprobs = true;
+  processed.logprobs_mode = LogprobsMode::kProcessed;
+  CHECK_FALSE(Sampler(processed, 10, 1).NextRowDraw(std::vector<int32_t>{0}).has_value());
+}
+
 TEST_CASE("DrawRow's draw follows the distribution, in the Sampler's order", "[sampling]") {
   // Four tokens of probabilities 0.1, 0.2, 0.3, 0.4 (by id): without top-p the walk is by id,
   // so u in [0, 0.1) is token 0 and u in [0.6, 1) token 3; with top-p the walk is most likely
@@ -166,8 +208,9 @@ TEST_CASE("NextRowDraw describes only rows that need nothing but the logits", "[
   q.frequency_penalty = -0.5f;
   CHECK(none(q));
   q = p;
-  q.logprobs = true;
-  CHECK(none(q));
+  q.logprobs = true;  // raw logprobs: drawn with them
+  CHECK(Sampler(q, 100, 2).NextRowDraw(tokens)->top_logprobs == 0);
+  CHECK(draw->top_logprobs == -1);
   // min_tokens masks eos until then: the Sampler's own; after it, a draw again.
   q = p;
   q.min_tokens = 2;

@@ -54,7 +54,7 @@ TEST_CASE("a tensor-parallel backend serves through the backend seam", "[tensor_
   SECTION("greedy rows come from rank 0, as the logits' argmax") {
     std::vector<uint8_t> wanted{1, 1};
     std::vector<int32_t> ids{-1, -1};
-    GreedyRows greedy{wanted, ids, {}};
+    GreedyRows greedy{wanted, ids, {}, {}};
     std::vector<SequenceInput> batch{{script.prompt_a, 0, script.table_a},
                                      {script.prompt_b, 0, script.table_b}};
     auto out = backend->Forward(batch, **cache, LogitsMode::kLastToken, nullptr, &greedy);
@@ -117,7 +117,7 @@ TEST_CASE("a tensor-parallel backend serves through the backend seam", "[tensor_
   SECTION("greedy rows that do not fit the batch are refused before any rank runs") {
     std::vector<uint8_t> wanted{1};  // one row for a batch of two
     std::vector<int32_t> ids{-1};
-    GreedyRows greedy{wanted, ids, {}};
+    GreedyRows greedy{wanted, ids, {}, {}};
     std::vector<SequenceInput> batch{{script.prompt_a, 0, script.table_a},
                                      {script.prompt_b, 0, script.table_b}};
     CHECK(backend->Forward(batch, **cache, LogitsMode::kLastToken, nullptr, &greedy)

@@ -214,6 +214,8 @@ Status CudaForward::AllocateWorkspaces() {
     TANDEM_ASSIGN_OR_RETURN(argmax_host_, PinnedHostBuffer::Allocate(s * sizeof(int32_t)));
     TANDEM_ASSIGN_OR_RETURN(draws_, DeviceBuffer::Allocate(s * sizeof(RowDraw)));
     TANDEM_ASSIGN_OR_RETURN(draws_host_, PinnedHostBuffer::Allocate(s * sizeof(RowDraw)));
+    TANDEM_ASSIGN_OR_RETURN(logprobs_, DeviceBuffer::Allocate(s * sizeof(RowLogprobs)));
+    TANDEM_ASSIGN_OR_RETURN(logprobs_host_, PinnedHostBuffer::Allocate(s * sizeof(RowLogprobs)));
   }
 
   // Inputs: the block tables of graph passes span max_model_len; eager passes use less.
@@ -499,19 +501,24 @@ StatusOr<std::span<const float>> CudaForward::Forward(std::span<const SequenceIn
     TANDEM_RETURN_IF_ERROR(SyncStream());
     return std::span<const float>();
   }
-  if (greedy != nullptr && !greedy->draws.empty()) {
-    bool any_drawn = false;
-    for (size_t i = 0; i < batch.size(); ++i) any_drawn = any_drawn || greedy->drawn(i);
-    if (any_drawn) {  // over the argmax ids of those rows, from the logits still on the device
-      std::copy(greedy->draws.begin(), greedy->draws.end(), draws_host_.as<RowDraw>());
-      TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(draws_.data(), draws_host_.data(),
-                                                  batch.size() * sizeof(RowDraw),
-                                                  cudaMemcpyHostToDevice, stream_.get()));
-      TANDEM_RETURN_IF_ERROR(DrawRows(logits_.as<float>(), static_cast<int32_t>(batch.size()),
-                                      c.vocab_size, draws_.as<RowDraw>(), argmax_.as<int32_t>(),
-                                      stream_.get()));
-    }
+  bool any_drawn = false, any_logprobs = false;
+  for (size_t i = 0; greedy != nullptr && i < batch.size(); ++i) {
+    any_drawn = any_drawn || greedy->drawn(i);
+    any_logprobs = any_logprobs || greedy->wants_logprobs(i);
   }
+  if (any_drawn) {  // over the argmax ids of those rows, from the logits still on the device
+    std::copy(greedy->draws.begin(), greedy->draws.end(), draws_host_.as<RowDraw>());
+    TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(draws_.data(), draws_host_.data(),
+                                                batch.size() * sizeof(RowDraw),
+                                                cudaMemcpyHostToDevice, stream_.get()));
+    TANDEM_RETURN_IF_ERROR(DrawRows(logits_.as<float>(), static_cast<int32_t>(batch.size()),
+                                    c.vocab_size, draws_.as<RowDraw>(), argmax_.as<int32_t>(),
+                                    logprobs_.as<RowLogprobs>(), stream_.get()));
+  }
+  if (any_logprobs)
+    TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(logprobs_host_.data(), logprobs_.data(),
+                                                batch.size() * sizeof(RowLogprobs),
+                                                cudaMemcpyDeviceToHost, stream_.get()));
   if (greedy != nullptr)
     TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(argmax_host_.data(), argmax_.data(),
                                                 batch.size() * sizeof(int32_t),
@@ -523,8 +530,10 @@ StatusOr<std::span<const float>> CudaForward::Forward(std::span<const SequenceIn
                                                 cudaMemcpyDeviceToHost, stream_.get()));
   TANDEM_RETURN_IF_ERROR(SyncStream());
   if (greedy != nullptr)
-    for (size_t i = 0; i < batch.size(); ++i)
+    for (size_t i = 0; i < batch.size(); ++i) {
       if (greedy->wanted[i]) greedy->argmax[i] = argmax_host_.as<int32_t>()[i];
+      if (greedy->wants_logprobs(i)) greedy->logprobs[i] = logprobs_host_.as<RowLogprobs>()[i];
+    }
   return std::span<const float>(logits_host_.as<float>(), bytes / sizeof(float));
 }
 

@@ -21,8 +21,10 @@
 // - Rows that need nothing but their logits and a few numbers (temperature, top-k, top-p,
 //   min-p: Sampler::NextRowDraw, GreedyRows::draws) are drawn on the device too (DrawRows,
 //   DrawRow's algorithm: the Sampler's token up to rounding at a cut), after the pass and its
-//   graph, over those rows' argmax ids: their logits are not copied back either.
-// - The other rows (penalties, logit_bias, logprobs, a min_tokens mask) have their logits
+//   graph, over those rows' argmax ids: their logits are not copied back either. Raw logprobs
+//   (the default mode) come with the draw.
+// - The other rows (penalties, logit_bias, processed logprobs, a min_tokens mask) have their
+//   logits
 //   copied to the host (page-locked memory) and the engine samples them there with the host
 //   Sampler, which does every field and is what the CPU backend is checked against. Why not
 //   all on the host: the copy is vocab * 4 bytes a row (SmolLM2: 192 KiB; Llama 3: 500 KiB),
@@ -182,6 +184,8 @@ class CudaForward final : public ForwardBackend {
   PinnedHostBuffer argmax_host_;  // (DrawRows' ids over them for the drawn rows)
   DeviceBuffer draws_;            // [max_batch_sequences] RowDraw: GreedyRows::draws
   PinnedHostBuffer draws_host_;
+  DeviceBuffer logprobs_;         // [max_batch_sequences] RowLogprobs of the drawn rows
+  PinnedHostBuffer logprobs_host_;
   size_t logits_rows_capacity_ = 0;
 };
 

@@ -1,12 +1,12 @@
-// cuda::DrawRows (kernels.h): DrawRow (common/engine/row_draw.h) on the device, one thread block
-// a row. The same stages and the same radix descents as the host function, on the same integer
-// masses (row_draw::FixedMass): a pass's histogram is built with shared-memory integer atomics
-// (the lanes of a warp that fall in one bin add theirs first: the top digits of a row's keys
-// crowd into a few bins) and read by thread 0 (row_draw::ChooseDigit, shared with the host);
-// every sum is a block reduction. Integer sums do not depend on their order, so the token is
-// DrawRow's (up to the device's exp, row_draw.h). Block-uniform control flow throughout: every thread takes the same
-// branches and every warp the same loop trips, so the __syncthreads() and the warp-wide
-// shuffles inside are reached by all.
+// cuda::DrawRows (kernels.h): DrawRow (common/engine/row_draw.h) on the device, one thread block a
+// row. The same stages and the same radix descents as the host function, on the same integer masses
+// (row_draw::FixedMass): a pass's histogram is built with shared-memory integer atomics (the lanes
+// of a warp that fall in one bin add theirs first: the top digits of a row's keys crowd into a few
+// bins) and read by thread 0 (row_draw::ChooseDigit, shared with the host); every sum is a block
+// reduction. Integer sums do not depend on their order, so the token is DrawRow's (up to the
+// device's exp, row_draw.h). Block-uniform control flow throughout: every thread takes the same
+// branches and every warp the same loop trips, so the __syncthreads() and the warp-wide shuffles
+// inside are reached by all.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -26,10 +26,13 @@ constexpr int kDrawWarps = kDrawThreads / 32;
 struct DrawShared {
   unsigned long long hist[kDigits];
   unsigned long long partial[kDrawWarps];
+  double partial_sum[kDrawWarps];
   float partial_max[kDrawWarps];
   uint64_t below;
   uint64_t prefix;
   int digit;
+  uint64_t top_keys[kMaxTopLogprobs];  // the logprobs' top tokens, unordered
+  int num_top_keys;
 };
 
 // The row as each thread reads it (row_draw.cc's RowView).
@@ -64,6 +67,18 @@ __device__ uint64_t BlockSum(uint64_t v, DrawShared& sh) {
   __syncthreads();
   uint64_t total = 0;
   for (int w = 0; w < kDrawWarps; ++w) total += sh.partial[w];
+  return total;
+}
+
+// The block's sum of doubles (the logprobs' normaliser: not part of the draw, so its order
+// matters only in the last bits of a reported logprob).
+__device__ double BlockSumDouble(double v, DrawShared& sh) {
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  __syncthreads();
+  if (threadIdx.x % 32 == 0) sh.partial_sum[threadIdx.x / 32] = v;
+  __syncthreads();
+  double total = 0;
+  for (int w = 0; w < kDrawWarps; ++w) total += sh.partial_sum[w];
   return total;
 }
 
@@ -146,8 +161,57 @@ __device__ bool Descend(DrawShared& sh, int32_t n, int bits, KeyFn key, MassFn m
   return true;
 }
 
+// row_draw.cc's RawLogprobs: the raw log-softmax's value at `token` and its top `top` tokens.
+__device__ void RawLogprobs(const float* logits, int32_t n, int32_t token, int32_t top,
+                            DrawShared& sh, RowLogprobs* out) {
+  auto usable_logit = [&](int32_t i) {
+    const float v = logits[i];
+    return DeviceRow::Usable(v) ? v : -INFINITY;
+  };
+  float local_max = -INFINITY;
+  for (int32_t i = threadIdx.x; i < n; i += blockDim.x) local_max = fmaxf(local_max, logits[i]);
+  const float max_value = BlockMax(local_max, sh);  // fmaxf skips NaN; -inf never wins
+  double local_sum = 0;
+  for (int32_t i = threadIdx.x; i < n; i += blockDim.x)
+    if (DeviceRow::Usable(logits[i]))
+      local_sum += exp(static_cast<double>(logits[i]) - static_cast<double>(max_value));
+  const double log_z = max_value + log(BlockSumDouble(local_sum, sh));
+  auto logprob = [&](int32_t t) {
+    return DeviceRow::Usable(logits[t]) ? static_cast<float>(logits[t] - log_z) : -INFINITY;
+  };
+  const int32_t count = top < n ? top : n;
+  uint64_t last = 0;  // the count-th key: the top ones are the keys up to it
+  const bool any = count > 0 && Descend(
+                                    sh, n, 64,
+                                    [&](int32_t i) { return ScoreOrderKey(usable_logit(i), i); },
+                                    [](int32_t) { return uint64_t{1}; },
+                                    static_cast<uint64_t>(count), true, &last);
+  if (threadIdx.x == 0) sh.num_top_keys = 0;
+  __syncthreads();
+  if (any)
+    for (int32_t i = threadIdx.x; i < n; i += blockDim.x) {
+      const uint64_t k = ScoreOrderKey(usable_logit(i), i);
+      if (k <= last) sh.top_keys[atomicAdd(&sh.num_top_keys, 1)] = k;
+    }
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  const int found = any ? sh.num_top_keys : 0;
+  for (int a = 1; a < found; ++a)  // at most kMaxTopLogprobs: insertion sort
+    for (int b = a; b > 0 && sh.top_keys[b] < sh.top_keys[b - 1]; --b) {
+      const uint64_t t = sh.top_keys[b];
+      sh.top_keys[b] = sh.top_keys[b - 1];
+      sh.top_keys[b - 1] = t;
+    }
+  out->logprob = logprob(token);
+  out->num_top = found;
+  for (int j = 0; j < found; ++j) {
+    out->top_ids[j] = static_cast<int32_t>(sh.top_keys[j] & 0xffffffffu);
+    out->top_logprobs[j] = logprob(out->top_ids[j]);
+  }
+}
+
 __global__ void DrawRowsKernel(const float* logits, int32_t vocab, const RowDraw* draws,
-                               int32_t* out_ids) {
+                               int32_t* out_ids, RowLogprobs* out_logprobs) {
   __shared__ DrawShared sh;
   const RowDraw d = draws[blockIdx.x];
   if (d.draw == 0) return;  // the whole block: d is the row's
@@ -228,16 +292,20 @@ __global__ void DrawRowsKernel(const float* logits, int32_t vocab, const RowDraw
     }
     chosen = BlockMaxKey(local_last, sh);
   }
-  if (threadIdx.x == 0) out_ids[blockIdx.x] = static_cast<int32_t>(chosen & 0xffffffffu);
+  const int32_t token = static_cast<int32_t>(chosen & 0xffffffffu);
+  if (threadIdx.x == 0) out_ids[blockIdx.x] = token;
+  if (d.top_logprobs >= 0 && out_logprobs != nullptr)
+    RawLogprobs(row.logits, n, token, d.top_logprobs, sh, &out_logprobs[blockIdx.x]);
 }
 
 }  // namespace
 
 Status DrawRows(const float* logits, int32_t num_rows, int32_t vocab, const RowDraw* draws,
-                int32_t* out_ids, cudaStream_t stream) {
+                int32_t* out_ids, RowLogprobs* out_logprobs, cudaStream_t stream) {
   TANDEM_CHECK(num_rows >= 0 && vocab > 0, "bad sizes");
   if (num_rows == 0) return Status::Ok();
-  DrawRowsKernel<<<num_rows, kDrawThreads, 0, stream>>>(logits, vocab, draws, out_ids);
+  DrawRowsKernel<<<num_rows, kDrawThreads, 0, stream>>>(logits, vocab, draws, out_ids,
+                                                        out_logprobs);
   TANDEM_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return Status::Ok();
 }

@@ -161,21 +161,23 @@ Status ArgmaxRows(const float* logits, int32_t num_rows, int32_t vocab, int32_t*
 Status Gemm(const CublasHandle& handle, DType in_dtype, const void* x, const void* w,
             DType out_dtype, void* y, int32_t m, int32_t n, int32_t k, float beta = 0.0f);
 
-// Runs `count` strided copies given in HOST memory (common/engine/row_copy.h), one thread
-// block per copy, kRowCopiesPerLaunch copies per launch passed as the launch's parameters (no
-// upload): a re-shard's thousands of small strided copies as a few launches instead of one
-// cudaMemcpy2DAsync (a few microseconds of host time each). Pointers are any memory this device can address (its own, or a
-// peer's mapped through CUDA IPC with peer access). Destinations must not overlap. 16-byte
-// loads and stores where a copy's addresses, pitches and width are multiples of 16.
+// Runs `count` strided copies given in HOST memory (common/engine/row_copy.h), one thread block per
+// copy, kRowCopiesPerLaunch copies per launch passed as the launch's parameters (no upload): a re-
+// shard's thousands of small strided copies as a few launches instead of one cudaMemcpy2DAsync (a
+// few microseconds of host time each). Pointers are any memory this device can address (its own, or
+// a peer's mapped through CUDA IPC with peer access). Destinations must not overlap. 16-byte loads
+// and stores where a copy's addresses, pitches and width are multiples of 16.
 inline constexpr size_t kRowCopiesPerLaunch = 64;
 Status CopyRowsBatch(const RowCopy* copies, size_t count, cudaStream_t stream);
 
 // Draws the token of each row whose draws[i].draw is set, from logits [num_rows, vocab], into
-// out_ids[i] (-1 when no logit of the row is usable); the other rows' ids are left alone.
-// DrawRow's algorithm (common/engine/row_draw.h, its host reference), one thread block a row:
-// the Sampler's token for the rows Sampler::NextRowDraw describes, without copying their
-// logits to the host. `draws` [num_rows] in device memory. (draw_rows.cu)
+// out_ids[i] (-1 when no logit of the row is usable), and for a drawn row with
+// draws[i].top_logprobs >= 0 its logprobs into out_logprobs[i] (when not null); the other
+// rows' entries are left alone. DrawRow's algorithm (common/engine/row_draw.h, its host
+// reference), one thread block a row: the Sampler's token and raw logprobs for the rows
+// Sampler::NextRowDraw describes, without copying their logits to the host. `draws`,
+// `out_ids` and `out_logprobs` [num_rows] in device memory. (draw_rows.cu)
 Status DrawRows(const float* logits, int32_t num_rows, int32_t vocab, const RowDraw* draws,
-                int32_t* out_ids, cudaStream_t stream);
+                int32_t* out_ids, RowLogprobs* out_logprobs, cudaStream_t stream);
 
 }  // namespace tandem::cuda
