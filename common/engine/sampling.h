@@ -9,8 +9,8 @@
 //      logit is divided by the penalty and a negative one multiplied by it)
 //   2. presence and frequency penalties (OpenAI semantics, output tokens only:
 //      logit -= presence_penalty * [count > 0] + frequency_penalty * count)
-//   3. temperature (logit / temperature); temperature == 0 means greedy: argmax after 1-2,
-//      steps 3-6 are skipped, lowest token id wins a tie (as torch.argmax)
+//   3. temperature (logit / temperature); temperature 0 (or below 1e-5, as vLLM) means greedy:
+//      argmax after 1-2, steps 3-6 are skipped, lowest token id wins a tie (as torch.argmax)
 //   4. top-k (keeps every token whose logit is >= the k-th largest, so ties at the edge stay)
 //   5. top-p (HF: drop the tokens whose ascending cumulative probability is <= 1 - top_p;
 //      the most likely token always stays)

@@ -36,7 +36,7 @@ enum class LogprobsMode {
 // Per-request sampling parameters, named as in the OpenAI API (plus vLLM's extensions).
 // Neutral defaults: a default-constructed value samples from the plain softmax.
 struct SamplingParams {
-  float temperature = 1.0f;          // [0, 2]; 0 = greedy
+  float temperature = 1.0f;          // [0, 2]; below kGreedyTemperature (0 too) = greedy
   int32_t top_k = 0;                 // 0 or -1 = off; else >= 1
   float top_p = 1.0f;                // (0, 1]; 1 = off
   float min_p = 0.0f;                // [0, 1]; 0 = off
@@ -61,7 +61,11 @@ struct SamplingParams {
   int32_t top_logprobs = 0;          // [0, kMaxTopLogprobs]; needs logprobs
   LogprobsMode logprobs_mode = LogprobsMode::kRaw;
 
-  bool greedy() const { return temperature == 0.0f; }
+  // Temperatures below this sample greedily, as vLLM's do: the distribution is the argmax's
+  // anyway, and logit / temperature would overflow float for tiny ones (every logit -inf, or
+  // NaN weights, where a model's logits are all negative or some positive).
+  static constexpr float kGreedyTemperature = 1e-5f;
+  bool greedy() const { return temperature < kGreedyTemperature; }
 
   // InvalidArgument naming the first bad field, e.g. "temperature must be in [0, 2], got 3".
   Status Validate() const;

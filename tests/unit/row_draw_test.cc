@@ -169,6 +169,23 @@ TEST_CASE("DrawRow's draw follows the distribution, in the Sampler's order", "[s
   CHECK(DrawRow(masked, draw) == -1);
 }
 
+TEST_CASE("a tiny temperature samples greedily instead of overflowing", "[sampling]") {
+  // logit / 1e-30 is -inf for every negative logit: the Sampler would find nothing to sample
+  // (and abort the engine); below 1e-5 it is the argmax, as vLLM does.
+  const std::vector<float> negative = {-3.0f, -0.5f, -2.0f, -0.5f};
+  SamplingParams p;
+  p.temperature = 1e-30f;
+  p.seed = 1;
+  CHECK(p.greedy());
+  Sampler sampler(p, 4, 1);
+  const std::vector<int32_t> tokens = {0};
+  CHECK(sampler.Sample(negative, tokens).token_id == 1);  // the argmax, lowest id on the tie
+  CHECK_FALSE(sampler.NextRowDraw(tokens).has_value());    // the argmax path, not a draw
+  CHECK(Sampler::IsPlainArgmax(p, 0));
+  p.temperature = 1e-5f;
+  CHECK_FALSE(p.greedy());
+}
+
 TEST_CASE("NextRowDraw describes only rows that need nothing but the logits", "[sampling]") {
   const std::vector<int32_t> tokens = {5, 6, 7};  // a prompt of 2, one token out
   SamplingParams p;
