@@ -129,41 +129,34 @@ TEST_CASE("DrawRow's draw follows the distribution, in the Sampler's order", "[s
   for (double p : {0.1, 0.2, 0.3, 0.4}) logits.push_back(static_cast<float>(std::log(p)));
   RowDraw draw;
   draw.draw = 1;
-  draw.u = 0.05;
-  CHECK(DrawRow(logits, draw) == 0);
-  draw.u = 0.65;
-  CHECK(DrawRow(logits, draw) == 3);
+  auto at = [&](const std::vector<float>& row, double u) {
+    draw.u = u;
+    return DrawRow(row, draw);
+  };
+  CHECK(at(logits, 0.05) == 0);
+  CHECK(at(logits, 0.65) == 3);
   draw.top_p = 0.999f;  // cuts nothing, but walks most likely first
-  draw.u = 0.05;
-  CHECK(DrawRow(logits, draw) == 3);
-  draw.u = 0.65;
-  CHECK(DrawRow(logits, draw) == 2);
+  CHECK(at(logits, 0.05) == 3);
+  CHECK(at(logits, 0.65) == 2);
   draw.top_p = 0.5f;  // keeps 0.4 and 0.3 (0.4 < 0.5): renormalised 4/7, 3/7
-  draw.u = 0.56;
-  CHECK(DrawRow(logits, draw) == 3);
-  draw.u = 0.58;
-  CHECK(DrawRow(logits, draw) == 2);
+  CHECK(at(logits, 0.56) == 3);
+  CHECK(at(logits, 0.58) == 2);
   draw.top_p = 1.0f;
   draw.top_k = 1;  // the argmax whatever u
-  draw.u = 0.99;
-  CHECK(DrawRow(logits, draw) == 3);
+  CHECK(at(logits, 0.99) == 3);
   draw.top_k = 0;
   draw.min_p = 0.7f;  // keeps p >= 0.28: tokens 2, 3, by id
-  draw.u = 0.3;
-  CHECK(DrawRow(logits, draw) == 2);
-  draw.u = 0.5;
-  CHECK(DrawRow(logits, draw) == 3);
+  CHECK(at(logits, 0.3) == 2);
+  CHECK(at(logits, 0.5) == 3);
   // An overflowed row (+inf scores): the +inf tokens share it, the others weigh nothing.
   const std::vector<float> overflowed = {1.0f, kInf, 3.0f, kInf};
-  RowDraw plain;
-  plain.draw = 1;
-  plain.u = 0.2;
-  CHECK(DrawRow(overflowed, plain) == 1);
-  plain.u = 0.7;
-  CHECK(DrawRow(overflowed, plain) == 3);
-  plain.top_p = 0.9f;
-  plain.min_p = 0.5f;
-  CHECK(DrawRow(overflowed, plain) == 3);
+  draw = RowDraw{};
+  draw.draw = 1;
+  CHECK(at(overflowed, 0.2) == 1);
+  CHECK(at(overflowed, 0.7) == 3);
+  draw.top_p = 0.9f;
+  draw.min_p = 0.5f;
+  CHECK(at(overflowed, 0.7) == 3);
   // Nothing usable: -1 (the engine's "no finite logit").
   const std::vector<float> masked = {-kInf, std::nanf(""), -kInf};
   CHECK(DrawRow(masked, draw) == -1);

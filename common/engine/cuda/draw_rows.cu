@@ -59,26 +59,17 @@ struct DeviceRow {
   }
 };
 
-// The block's sum of v; every thread gets it.
-__device__ uint64_t BlockSum(uint64_t v, DrawShared& sh) {
+// The block's sum of v, in `partial` (one slot a warp); every thread gets it. Integers for the
+// draw (exact in any order); doubles for the logprobs' normaliser (not part of the draw: its
+// order shows only in the last bits of a reported logprob).
+template <typename T, typename Slot>
+__device__ T BlockSum(T v, Slot* partial) {
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
   __syncthreads();  // partial[] free from its last use
-  if (threadIdx.x % 32 == 0) sh.partial[threadIdx.x / 32] = v;
+  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = v;
   __syncthreads();
-  uint64_t total = 0;
-  for (int w = 0; w < kDrawWarps; ++w) total += sh.partial[w];
-  return total;
-}
-
-// The block's sum of doubles (the logprobs' normaliser: not part of the draw, so its order
-// matters only in the last bits of a reported logprob).
-__device__ double BlockSumDouble(double v, DrawShared& sh) {
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  __syncthreads();
-  if (threadIdx.x % 32 == 0) sh.partial_sum[threadIdx.x / 32] = v;
-  __syncthreads();
-  double total = 0;
-  for (int w = 0; w < kDrawWarps; ++w) total += sh.partial_sum[w];
+  T total = 0;
+  for (int w = 0; w < kDrawWarps; ++w) total += partial[w];
   return total;
 }
 
@@ -175,7 +166,7 @@ __device__ void RawLogprobs(const float* logits, int32_t n, int32_t token, int32
   for (int32_t i = threadIdx.x; i < n; i += blockDim.x)
     if (DeviceRow::Usable(logits[i]))
       local_sum += exp(static_cast<double>(logits[i]) - static_cast<double>(max_value));
-  const double log_z = max_value + log(BlockSumDouble(local_sum, sh));
+  const double log_z = max_value + log(BlockSum(local_sum, sh.partial_sum));
   auto logprob = [&](int32_t t) {
     return DeviceRow::Usable(logits[t]) ? static_cast<float>(logits[t] - log_z) : -INFINITY;
   };
@@ -227,7 +218,7 @@ __global__ void DrawRowsKernel(const float* logits, int32_t vocab, const RowDraw
     local_max = fmaxf(local_max, s);
   }
   row.max_score = BlockMax(local_max, sh);
-  const uint64_t usable = BlockSum(local_usable, sh);
+  const uint64_t usable = BlockSum(local_usable, sh.partial);
   if (usable == 0) {
     if (threadIdx.x == 0) out_ids[blockIdx.x] = -1;
     return;
@@ -251,7 +242,7 @@ __global__ void DrawRowsKernel(const float* logits, int32_t vocab, const RowDraw
       const float s = row.Score(i);
       if (row.KeptTopK(s)) local_total += row.Mass(s);
     }
-    const uint64_t total = BlockSum(local_total, sh);
+    const uint64_t total = BlockSum(local_total, sh.partial);
     uint64_t cut = 0;
     row.cut_on = Descend(
         sh, n, 64, score_order,
@@ -269,7 +260,7 @@ __global__ void DrawRowsKernel(const float* logits, int32_t vocab, const RowDraw
     const float s = row.Score(i);
     if (row.Kept(s, i)) local_kept += row.Mass(s);
   }
-  const uint64_t kept_mass = BlockSum(local_kept, sh);
+  const uint64_t kept_mass = BlockSum(local_kept, sh.partial);
   auto kept_weight = [&](int32_t i) -> uint64_t {
     const float s = row.Score(i);
     return row.Kept(s, i) ? row.Mass(s) : 0;
