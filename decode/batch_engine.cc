@@ -382,11 +382,8 @@ std::span<const float> BatchEngine::RunForward(StepShape* shape) {
   for (size_t i = 0; i < batch_.size(); ++i) {
     const Request& r = *batch_[i];
     if (r.num_computed + inputs_[i].tokens.size() < r.tokens.size()) continue;
-    if (r.sampler->NextIsPlainArgmax(r.tokens)) continue;
-    const std::optional<RowDraw> draw =
-        forward_->draws_rows() ? r.sampler->NextRowDraw(r.tokens) : std::nullopt;
-    greedy_wanted_[i] = draw.has_value() ? 1 : 0;
-    if (draw) greedy_draws_[i] = *draw;
+    greedy_wanted_[i] =
+        r.sampler->NextPickedByBackend(r.tokens, forward_->draws_rows(), &greedy_draws_[i]);
   }
   GreedyRows greedy{greedy_wanted_, greedy_argmax_, greedy_draws_, greedy_logprobs_};
   const auto forward_start = Clock::now();

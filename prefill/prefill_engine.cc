@@ -196,17 +196,14 @@ bool PrefillEngine::Step(PrefillObserver& observer) {
   std::vector<int32_t> greedy_argmax(batch.size(), -1);
   std::vector<RowDraw> draws(batch.size());
   std::vector<RowLogprobs> drawn_logprobs(batch.size());
-  std::vector<std::unique_ptr<Sampler>> samplers(batch.size());  // last chunks not greedy
+  std::vector<std::unique_ptr<Sampler>> samplers(batch.size());  // of the last chunks
   for (size_t i = 0; i < batch.size(); ++i) {
     const PrefillRequest& r = *queue_[batch[i].index];
     if (r.num_computed + batch[i].num_tokens != static_cast<int32_t>(r.prompt.size())) continue;
-    if (Sampler::IsPlainArgmax(r.sampling, 0)) continue;
     samplers[i] = std::make_unique<Sampler>(r.sampling, workspace_.get(), r.prompt.size(),
                                             eos_ids_);
-    const std::optional<RowDraw> draw =
-        forward_->draws_rows() ? samplers[i]->NextRowDraw(r.prompt) : std::nullopt;
-    greedy_wanted[i] = draw.has_value() ? 1 : 0;
-    if (draw) draws[i] = *draw;
+    greedy_wanted[i] =
+        samplers[i]->NextPickedByBackend(r.prompt, forward_->draws_rows(), &draws[i]);
   }
   GreedyRows greedy{greedy_wanted, greedy_argmax, draws, drawn_logprobs};
   StatusOr<std::span<const float>> logits = forward_->Forward(

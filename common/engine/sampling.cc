@@ -377,8 +377,7 @@ std::optional<RowDraw> Sampler::NextRowDraw(
     std::span<const int32_t> prompt_and_output_tokens) const {
   const size_t num_output = prompt_and_output_tokens.size() - num_prompt_tokens_;
   const SamplingParams& p = params_;
-  if (p.greedy() || !p.logit_bias.empty() || p.repetition_penalty != 1.0f ||
-      p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f ||
+  if (p.greedy() || !ScoresAreLogits(p) ||
       (p.logprobs && p.logprobs_mode != LogprobsMode::kRaw) ||
       (!min_tokens_masked_.empty() && num_output < static_cast<size_t>(p.min_tokens)))
     return std::nullopt;
@@ -393,10 +392,23 @@ std::optional<RowDraw> Sampler::NextRowDraw(
   return draw;
 }
 
+bool Sampler::NextPickedByBackend(std::span<const int32_t> prompt_and_output_tokens,
+                                  bool backend_draws_rows, RowDraw* draw) const {
+  if (NextIsPlainArgmax(prompt_and_output_tokens)) return true;
+  if (!backend_draws_rows) return false;
+  const std::optional<RowDraw> next = NextRowDraw(prompt_and_output_tokens);
+  if (next) *draw = *next;
+  return next.has_value();
+}
+
+bool Sampler::ScoresAreLogits(const SamplingParams& params) {
+  return params.logit_bias.empty() && params.repetition_penalty == 1.0f &&
+         params.presence_penalty == 0.0f && params.frequency_penalty == 0.0f;
+}
+
 bool Sampler::IsPlainArgmax(const SamplingParams& params, size_t num_output_tokens) {
-  return params.greedy() && params.logit_bias.empty() && params.repetition_penalty == 1.0f &&
-         params.presence_penalty == 0.0f && params.frequency_penalty == 0.0f &&
-         !params.logprobs && num_output_tokens >= static_cast<size_t>(params.min_tokens);
+  return params.greedy() && ScoresAreLogits(params) && !params.logprobs &&
+         num_output_tokens >= static_cast<size_t>(params.min_tokens);
 }
 
 SampleResult Sampler::Sample(std::span<const float> logits,

@@ -114,6 +114,12 @@ class Sampler {
   // token (up to rounding at a cut) with its logprobs (up to summation order).
   std::optional<RowDraw> NextRowDraw(std::span<const int32_t> prompt_and_output_tokens) const;
 
+  // Whether a backend may pick the next token where the logits are (GreedyRows): the plain
+  // argmax, or, where the backend draws rows (ForwardBackend::draws_rows), a draw, which then
+  // goes to *draw. The engines' one question per row.
+  bool NextPickedByBackend(std::span<const int32_t> prompt_and_output_tokens,
+                           bool backend_draws_rows, RowDraw* draw) const;
+
   // Samples the next token from logits[vocab_size] given every token so far (prompt first,
   // then output; at least num_prompt_tokens of them). The draw depends only on the seed and
   // prompt_and_output_tokens.size(), so calling twice with the same inputs gives the same
@@ -141,6 +147,8 @@ class Sampler {
   const SamplingParams& params() const { return params_; }
 
  private:
+  // No logit_bias and no penalties: the scores are the logits (before temperature).
+  static bool ScoresAreLogits(const SamplingParams& params);
   // Copies logits into scores_ and applies logit_bias, the min_tokens mask and the penalties
   // (steps 0-2).
   void ApplyPenalties(std::span<const float> logits, std::span<const int32_t> tokens);

@@ -4,11 +4,13 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -116,6 +118,28 @@ inline double MaxAbsDiff(const std::vector<float>& a, const std::vector<double>&
 }
 
 inline const char* Name(DType d) { return d == DType::kF32 ? "f32" : "bf16"; }
+
+// The median time of 5 runs of `body` (after one to warm up), in seconds, by events on `s`.
+inline double MedianSeconds(cudaStream_t s, const std::function<void()>& body) {
+  cudaEvent_t start, stop;
+  TANDEM_CUDA_CHECK(cudaEventCreate(&start));
+  TANDEM_CUDA_CHECK(cudaEventCreate(&stop));
+  body();
+  std::vector<float> ms;
+  for (int rep = 0; rep < 5; ++rep) {
+    TANDEM_CUDA_CHECK(cudaEventRecord(start, s));
+    body();
+    TANDEM_CUDA_CHECK(cudaEventRecord(stop, s));
+    TANDEM_CUDA_CHECK(cudaEventSynchronize(stop));
+    float t = 0;
+    TANDEM_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
+    ms.push_back(t);
+  }
+  TANDEM_CUDA_CHECK(cudaEventDestroy(start));
+  TANDEM_CUDA_CHECK(cudaEventDestroy(stop));
+  std::sort(ms.begin(), ms.end());
+  return ms[2] / 1e3;
+}
 
 // The checks of the other files (each prints its rows through Report).
 void CheckStridedCopies(cudaStream_t s);  // kv_copies_check.cc

@@ -123,25 +123,11 @@ void TimeDrawRows(cudaStream_t s) {
       draws.push_back(*samplers.back().NextRowDraw(tokens));
     }
     DeviceBuffer dd = Upload(draws);
-    cudaEvent_t start, stop;
-    TANDEM_CUDA_CHECK(cudaEventCreate(&start));
-    TANDEM_CUDA_CHECK(cudaEventCreate(&stop));
-    std::vector<float> ms;
-    for (int rep = 0; rep < 6; ++rep) {  // the first warms up
-      TANDEM_CUDA_CHECK(cudaEventRecord(start, s));
+    const double device_ms = 1e3 * MedianSeconds(s, [&] {
       Must(DrawRows(dl.as<float>(), rows, vocab, dd.as<RowDraw>(), dids.as<int32_t>(), nullptr,
                     s),
            "DrawRows");
-      TANDEM_CUDA_CHECK(cudaEventRecord(stop, s));
-      TANDEM_CUDA_CHECK(cudaEventSynchronize(stop));
-      float t = 0;
-      TANDEM_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
-      if (rep > 0) ms.push_back(t);
-    }
-    TANDEM_CUDA_CHECK(cudaEventDestroy(start));
-    TANDEM_CUDA_CHECK(cudaEventDestroy(stop));
-    std::sort(ms.begin(), ms.end());
-    const double device_ms = ms[ms.size() / 2];
+    });
     const std::vector<int32_t> got = Download<int32_t>(dids, rows);
     int differ = 0;
     const auto host_start = std::chrono::steady_clock::now();

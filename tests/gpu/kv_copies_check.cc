@@ -152,33 +152,12 @@ void TimeStridedCopies(cudaStream_t s) {
   DeviceBuffer flat = Must(DeviceBuffer::Allocate(bytes), "cudaMalloc");
   DeviceBuffer staging = Must(DeviceBuffer::Allocate(kLinkStagingBytes), "cudaMalloc");
   const auto* base = src.as<uint8_t>();
-  // Median of 5 runs of `body`, in seconds, by events on the stream.
-  auto time = [&](const std::function<void()>& body) {
-    cudaEvent_t start, stop;
-    TANDEM_CUDA_CHECK(cudaEventCreate(&start));
-    TANDEM_CUDA_CHECK(cudaEventCreate(&stop));
-    body();  // warm
-    std::vector<float> ms;
-    for (int rep = 0; rep < 5; ++rep) {
-      TANDEM_CUDA_CHECK(cudaEventRecord(start, s));
-      body();
-      TANDEM_CUDA_CHECK(cudaEventRecord(stop, s));
-      TANDEM_CUDA_CHECK(cudaEventSynchronize(stop));
-      float t = 0;
-      TANDEM_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
-      ms.push_back(t);
-    }
-    TANDEM_CUDA_CHECK(cudaEventDestroy(start));
-    TANDEM_CUDA_CHECK(cudaEventDestroy(stop));
-    std::sort(ms.begin(), ms.end());
-    return ms[2] / 1e3;
-  };
-  const double flat_s = time([&] {
+  const double flat_s = MedianSeconds(s, [&] {
     TANDEM_CUDA_CHECK(cudaMemcpyAsync(flat.data(), base, bytes, cudaMemcpyDeviceToDevice, s));
   });
-  const double ipc_s = time([&] { IpcCopies(copies, base, pools, s); });
+  const double ipc_s = MedianSeconds(s, [&] { IpcCopies(copies, base, pools, s); });
   size_t rounds = 0;
-  const double packed_s = time([&] {
+  const double packed_s = MedianSeconds(s, [&] {
     rounds = PackedCopies(copies, base, pools, staging, full.num_layers, 3, s);
   });
   const double gb = bytes / 1e9;
