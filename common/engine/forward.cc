@@ -456,7 +456,8 @@ StatusOr<std::span<const float>> CpuForward::Forward(std::span<const SequenceInp
                                                      GreedyRows* greedy) {
   TANDEM_RETURN_IF_ERROR(ValidateForwardBatch(model_.config(), options_, batch, cache.layout(),
                                                cache.num_blocks()));
-  TANDEM_RETURN_IF_ERROR(ValidateGreedyRows(greedy, batch.size(), mode));
+  TANDEM_RETURN_IF_ERROR(
+      ValidateGreedyRows(greedy, batch.size(), mode, model_.config().vocab_size));
   if (cache.memory_kind() != KvMemoryKind::kHost)
     return InvalidArgument("forward (cpu): the KV pool is in device memory");
   const ModelConfig& c = model_.config();
@@ -543,7 +544,8 @@ StatusOr<std::span<const float>> CpuForward::Forward(std::span<const SequenceInp
   if (greedy != nullptr)  // the token here, as the engine would: the logits are on the host
     for (size_t i = 0; i < batch.size(); ++i) {
       if (!greedy->wanted[i]) continue;
-      const std::span<const float> row = logits.subspan(i * c.vocab_size, c.vocab_size);
+      const std::span<float> row(logits_.get() + i * c.vocab_size, c.vocab_size);
+      TANDEM_RETURN_IF_ERROR(ApplyScoreEdits(row, greedy->edits_of(i)));  // ids checked above
       greedy->argmax[i] =
           greedy->drawn(i) ? DrawRow(row, greedy->draws[i],
                                      greedy->wants_logprobs(i) ? &greedy->logprobs[i] : nullptr)

@@ -104,7 +104,13 @@ bool GreedyRows::wants_logprobs(size_t i) const {
   return drawn(i) && draws[i].top_logprobs >= 0;
 }
 
-Status ValidateGreedyRows(const GreedyRows* greedy, size_t batch_size, LogitsMode mode) {
+std::span<const ScoreEdit> GreedyRows::edits_of(size_t i) const {
+  if (edit_begin.empty()) return {};
+  return edits.subspan(edit_begin[i], edit_begin[i + 1] - edit_begin[i]);
+}
+
+Status ValidateGreedyRows(const GreedyRows* greedy, size_t batch_size, LogitsMode mode,
+                          int32_t vocab_size) {
   if (greedy == nullptr) return Status::Ok();
   if (mode != LogitsMode::kLastToken)
     return InvalidArgument("forward: greedy rows need LogitsMode::kLastToken");
@@ -115,6 +121,16 @@ Status ValidateGreedyRows(const GreedyRows* greedy, size_t batch_size, LogitsMod
   for (size_t i = 0; i < greedy->draws.size(); ++i)
     if (greedy->wants_logprobs(i) && greedy->logprobs.empty())
       return InvalidArgument("forward: a drawn row wants logprobs and GreedyRows has none");
+  TANDEM_RETURN_IF_ERROR(
+      ValidateScoreEdits(greedy->edits, greedy->edit_begin, batch_size, vocab_size));
+  for (size_t i = 0; i + 1 < greedy->edit_begin.size(); ++i) {
+    if (greedy->edits_of(i).empty()) continue;
+    if (!greedy->wanted[i])
+      return InvalidArgument("forward: score edits for a row that is not wanted");
+    if (greedy->wants_logprobs(i))
+      return InvalidArgument("forward: score edits for a row that wants logprobs (of the "
+                             "unedited logits: sample it on the host)");
+  }
   return Status::Ok();
 }
 

@@ -28,6 +28,7 @@
 #include "common/base/status.h"
 #include "common/engine/kv_cache.h"
 #include "common/engine/row_draw.h"
+#include "common/engine/score_edits.h"
 #include "common/model/model.h"
 
 namespace tandem {
@@ -87,22 +88,32 @@ struct ForwardHooks {
 // The rows of a kLastToken pass whose next token the backend can pick itself (optional): the rows
 // whose next token is the plain argmax of their logits (Sampler::IsPlainArgmax), whose logits
 // nobody reads (a prompt chunk that is not the last), and, on a backend that draws_rows(), the rows
-// Sampler::NextRowDraw describes (draws[i].draw set). The backend writes each wanted row's token to
-// argmax[i]: DrawRow's draw (common/engine/row_draw.h) where draws[i].draw, else the argmax
-// (ArgmaxRow, common/engine/sampling.h: lowest id on ties; NaN and -inf never win); it leaves the
-// other entries alone. A drawn row that asks for logprobs (draws[i].top_logprobs >= 0) gets them in
-// logprobs[i] (DrawRow's). On a device this is computed there, and when every row is wanted the
-// logits stay there too: Forward then returns an empty span, and a step copies batch * 4 bytes back
-// instead of batch * vocab * 4, with no pass over the vocabulary on the host.
+// Sampler::NextPickedByBackend hands it: draws (draws[i].draw set), and rows with score edits
+// (logit_bias, penalties, a min_tokens mask: Sampler::AppendScoreEdits), which the backend
+// applies to the row's logits first, in place (its returned logits are the edited scores). The
+// backend writes each wanted row's token to argmax[i]: DrawRow's draw (common/engine/row_draw.h)
+// where draws[i].draw, else the argmax (ArgmaxRow, common/engine/sampling.h: lowest id on ties;
+// NaN and -inf never win); it leaves the other entries alone. A drawn row that asks for logprobs
+// (draws[i].top_logprobs >= 0) gets them in logprobs[i] (DrawRow's). On a device this is computed
+// there, and when every row is wanted the logits stay there too: Forward then returns an empty
+// span, and a step copies batch * 4 bytes back instead of batch * vocab * 4, with no pass over the
+// vocabulary on the host.
 struct GreedyRows {
   std::span<const uint8_t> wanted;  // [batch.size()]; 1 = the backend's token is enough
   std::span<int32_t> argmax;        // [batch.size()]; written where wanted
   std::span<const RowDraw> draws;   // empty, or [batch.size()]: the rows to draw
   std::span<RowLogprobs> logprobs;  // empty, or [batch.size()] (with draws): written as above
+  // Score edits (common/engine/score_edits.h), applied to a wanted row's logits before its
+  // argmax or draw: row i's are edits[edit_begin[i], edit_begin[i + 1]). edit_begin empty
+  // (no edits) or [batch.size() + 1]. A row with edits must be wanted and want no logprobs.
+  std::span<const ScoreEdit> edits = {};
+  std::span<const int32_t> edit_begin = {};
   bool all_wanted() const;
   // Whether row i is wanted as a draw (else as its argmax), and with logprobs.
   bool drawn(size_t i) const { return !draws.empty() && draws[i].draw != 0; }
   bool wants_logprobs(size_t i) const;
+  // Row i's score edits (empty when it has none).
+  std::span<const ScoreEdit> edits_of(size_t i) const;
 };
 
 class ForwardBackend {
@@ -136,9 +147,10 @@ class ForwardBackend {
                                                    GreedyRows* greedy = nullptr) = 0;
 
   virtual const Model& model() const = 0;
-  // Whether the engines should hand this backend the rows it can draw (GreedyRows::draws):
-  // where the logits are on a device, a draw there saves copying them back and sampling on the
-  // host. The CPU backend draws such rows correctly too (DrawRow) but slower than the Sampler,
+  // Whether the engines should hand this backend the rows it can draw (GreedyRows::draws) and
+  // the rows' score edits (GreedyRows::edits): where the logits are on a device, a draw there
+  // saves copying them back and sampling on the host. The CPU backend draws such rows and
+  // applies their edits correctly too (DrawRow, ApplyScoreEdits) but slower than the Sampler,
   // so it says false.
   virtual bool draws_rows() const { return false; }
   // "cpu" or "cuda:<ordinal> (<device name>)", for logs and `tandem --version`.
@@ -182,7 +194,8 @@ Status ValidateForwardBatch(const ModelConfig& config, const ForwardOptions& opt
                             std::span<const SequenceInput> batch, const KvLayout& layout,
                             int num_blocks);
 // InvalidArgument when `greedy` does not fit a pass of `batch_size` rows in `mode`.
-Status ValidateGreedyRows(const GreedyRows* greedy, size_t batch_size, LogitsMode mode);
+Status ValidateGreedyRows(const GreedyRows* greedy, size_t batch_size, LogitsMode mode,
+                          int32_t vocab_size);
 
 // RoPE inverse frequencies [head_dim / 2] computed in fp32 the way HF's rope init functions do,
 // with the config's scaling (linear, llama3) applied.

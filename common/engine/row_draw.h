@@ -2,8 +2,11 @@
 // for the rows that need nothing but the logits and a few numbers (temperature, top-k, top-p,
 // min-p and the position's uniform), so that a device backend can sample them without copying
 // the logits back (cuda::DrawRows, common/engine/cuda/kernels.h). The host function here,
-// DrawRow, is that kernel's algorithm step for step and its reference: the CPU tests check it
-// against the Sampler, cuda_kernels_check checks the kernel against it.
+// DrawRow, is that kernel's algorithm and its reference: the CPU tests check it against the
+// Sampler, cuda_kernels_check checks the kernel against it. The draw's steps are the same on
+// both; the top logprobs' ids are found by a sort on the host and by a count descent on the
+// device (the same ids: the key order is total). Rows with logit_bias, penalties or a
+// min_tokens mask get their score edits first (common/engine/score_edits.h).
 //
 // The algorithm needs no sort, so that one thread block can do a row of any vocabulary: every
 // question about the row is a "radix descent" over 8-bit digits of a unique 64-bit key per

@@ -210,8 +210,9 @@ SamplerWorkspace::SamplerWorkspace(int32_t vocab_size)
       probs(vocab_size),
       keys(vocab_size),
       counts(vocab_size, 0),
-      seen(vocab_size, 0) {
+      edit_of(vocab_size, -1) {
   TANDEM_CHECK(vocab_size > 0, "vocab_size must be positive");
+  edits.reserve(vocab_size);  // a row lists a token at most once
 }
 
 Sampler::Sampler(const SamplingParams& params, int32_t vocab_size, size_t num_prompt_tokens,
@@ -253,61 +254,59 @@ double Sampler::Uniform(uint64_t step) const {
 void Sampler::ApplyPenalties(std::span<const float> logits, std::span<const int32_t> tokens) {
   float* scores = ws_->scores.data();
   std::copy(logits.begin(), logits.end(), scores);
-
-  for (const TokenBias& b : params_.logit_bias) {
-    TANDEM_CHECK(b.token_id < vocab_size_,
-                 "logit_bias id out of range: " + std::to_string(b.token_id));
-    scores[b.token_id] += b.bias;
-  }
-  if (!min_tokens_masked_.empty() &&
-      tokens.size() - num_prompt_tokens_ < static_cast<size_t>(params_.min_tokens)) {
-    MaskStopTokens(scores);
-  }
-
-  const float rep = params_.repetition_penalty;
-  if (rep != 1.0f) {
-    // Once per distinct token, as HF's gather/scatter does.
-    for (int32_t t : tokens) {
-      TANDEM_CHECK(t >= 0 && t < vocab_size_, "token id out of range: " + std::to_string(t));
-      if (ws_->seen[t]) continue;
-      ws_->seen[t] = 1;
-      scores[t] = scores[t] < 0.0f ? scores[t] * rep : scores[t] / rep;
-    }
-    for (int32_t t : tokens) ws_->seen[t] = 0;
-  }
-
-  const float presence = params_.presence_penalty;
-  const float frequency = params_.frequency_penalty;
-  if (presence != 0.0f || frequency != 0.0f) {
-    std::span<const int32_t> output = tokens.subspan(num_prompt_tokens_);
-    for (int32_t t : output) {
-      TANDEM_CHECK(t >= 0 && t < vocab_size_, "token id out of range: " + std::to_string(t));
-      ++ws_->counts[t];
-    }
-    for (int32_t t : output) {
-      int32_t count = ws_->counts[t];
-      if (count == 0) continue;  // already applied
-      scores[t] -= frequency * static_cast<float>(count) + presence;
-      ws_->counts[t] = 0;
-    }
-  }
+  ws_->edits.clear();
+  AppendScoreEdits(tokens, &ws_->edits);
+  const Status applied =
+      ApplyScoreEdits({scores, static_cast<size_t>(vocab_size_)}, ws_->edits);
+  TANDEM_CHECK(applied.ok(), applied.message());  // AppendScoreEdits checked every id
 }
 
-void Sampler::MaskStopTokens(float* scores) {
-  // Masks only while another token stays usable: a request whose stop ids cover every usable
-  // token must still get a token, not abort the engine.
-  for (int32_t t : min_tokens_masked_) {
-    if (t < vocab_size_) ws_->seen[t] = 1;
+void Sampler::AppendScoreEdits(std::span<const int32_t> prompt_and_output_tokens,
+                               std::vector<ScoreEdit>* edits) const {
+  const size_t first = edits->size();
+  int32_t* edit_of = ws_->edit_of.data();  // token -> its edit's index from `first`; else -1
+  auto edit_for = [&](int32_t t) -> ScoreEdit& {
+    TANDEM_CHECK(t >= 0 && t < vocab_size_, "token id out of range: " + std::to_string(t));
+    if (edit_of[t] < 0) {
+      edit_of[t] = static_cast<int32_t>(edits->size() - first);
+      edits->push_back(ScoreEdit{.token_id = t});
+    }
+    return (*edits)[first + edit_of[t]];
+  };
+
+  for (const TokenBias& b : params_.logit_bias) {
+    ScoreEdit& e = edit_for(b.token_id);
+    e.flags |= kEditBias;
+    e.bias = b.bias;
   }
-  bool other_usable = false;
-  for (int32_t i = 0; i < vocab_size_ && !other_usable; ++i) {
-    other_usable = !ws_->seen[i] && Usable(scores[i]);
+  const std::span<const int32_t> output = prompt_and_output_tokens.subspan(num_prompt_tokens_);
+  if (output.size() < static_cast<size_t>(params_.min_tokens)) {
+    for (int32_t t : min_tokens_masked_)
+      if (t >= 0 && t < vocab_size_) edit_for(t).flags |= kEditMask;
   }
-  for (int32_t t : min_tokens_masked_) {
-    if (t >= vocab_size_) continue;
-    ws_->seen[t] = 0;
-    if (other_usable) scores[t] = kNegInf;
+  const float rep = params_.repetition_penalty;
+  if (rep != 1.0f) {  // once per distinct token of prompt and output, as HF's gather/scatter
+    for (int32_t t : prompt_and_output_tokens) {
+      ScoreEdit& e = edit_for(t);
+      e.flags |= kEditRepetition;
+      e.repetition = rep;
+    }
   }
+  const float presence = params_.presence_penalty;
+  const float frequency = params_.frequency_penalty;
+  if (presence != 0.0f || frequency != 0.0f) {  // output tokens only
+    int32_t* counts = ws_->counts.data();
+    for (int32_t t : output) {
+      edit_for(t).flags |= kEditSubtract;
+      ++counts[t];
+    }
+    for (int32_t t : output) {
+      if (counts[t] == 0) continue;  // already set
+      edit_for(t).subtract = frequency * static_cast<float>(counts[t]) + presence;
+      counts[t] = 0;
+    }
+  }
+  for (size_t i = first; i < edits->size(); ++i) edit_of[(*edits)[i].token_id] = -1;
 }
 
 void Sampler::Warp() {
@@ -373,6 +372,18 @@ Sampler::Distribution Sampler::Process(std::span<const float> logits,
           std::span<const double>(probs, num_candidates_)};
 }
 
+RowDraw Sampler::DrawNumbers(size_t num_output) const {
+  RowDraw draw;
+  draw.temperature = params_.temperature;
+  draw.top_k = params_.top_k;
+  draw.top_p = params_.top_p;
+  draw.min_p = params_.min_p;
+  draw.u = Uniform(num_output);
+  draw.draw = 1;
+  draw.top_logprobs = params_.logprobs ? params_.top_logprobs : -1;
+  return draw;
+}
+
 std::optional<RowDraw> Sampler::NextRowDraw(
     std::span<const int32_t> prompt_and_output_tokens) const {
   const size_t num_output = prompt_and_output_tokens.size() - num_prompt_tokens_;
@@ -381,24 +392,24 @@ std::optional<RowDraw> Sampler::NextRowDraw(
       (p.logprobs && p.logprobs_mode != LogprobsMode::kRaw) ||
       (!min_tokens_masked_.empty() && num_output < static_cast<size_t>(p.min_tokens)))
     return std::nullopt;
-  RowDraw draw;
-  draw.temperature = p.temperature;
-  draw.top_k = p.top_k;
-  draw.top_p = p.top_p;
-  draw.min_p = p.min_p;
-  draw.u = Uniform(num_output);
-  draw.draw = 1;
-  draw.top_logprobs = p.logprobs ? p.top_logprobs : -1;
-  return draw;
+  return DrawNumbers(num_output);
 }
 
 bool Sampler::NextPickedByBackend(std::span<const int32_t> prompt_and_output_tokens,
-                                  bool backend_draws_rows, RowDraw* draw) const {
+                                  bool backend_draws_rows, RowDraw* draw,
+                                  std::vector<ScoreEdit>* edits) const {
   if (NextIsPlainArgmax(prompt_and_output_tokens)) return true;
   if (!backend_draws_rows) return false;
-  const std::optional<RowDraw> next = NextRowDraw(prompt_and_output_tokens);
-  if (next) *draw = *next;
-  return next.has_value();
+  if (const std::optional<RowDraw> next = NextRowDraw(prompt_and_output_tokens)) {
+    *draw = *next;
+    return true;
+  }
+  // What is left needs score edits (or logprobs under greedy, or processed logprobs).
+  if (params_.logprobs || edits == nullptr) return false;
+  if (!params_.greedy())
+    *draw = DrawNumbers(prompt_and_output_tokens.size() - num_prompt_tokens_);
+  AppendScoreEdits(prompt_and_output_tokens, edits);
+  return true;
 }
 
 bool Sampler::ScoresAreLogits(const SamplingParams& params) {

@@ -43,6 +43,7 @@
 #include "common/base/status.h"
 #include "common/engine/row_draw.h"
 #include "common/engine/sampling_params.h"
+#include "common/engine/score_edits.h"
 
 namespace tandem {
 
@@ -59,7 +60,7 @@ struct SampleResult {
   }
 };
 
-// Scratch memory sized to the vocabulary (about 25 bytes per vocab entry). Samplers that run
+// Scratch memory sized to the vocabulary (about 60 bytes per vocab entry). Samplers that run
 // on the same thread one after another may share one, so that a batch of many requests does not
 // hold one each. Its contents mean nothing between calls.
 class SamplerWorkspace {
@@ -76,7 +77,8 @@ class SamplerWorkspace {
   std::vector<double> probs;        // probabilities of candidates[0..n)
   std::vector<uint64_t> keys;       // top-p: candidates as packed sort keys
   std::vector<int32_t> counts;      // output-token counts; all zero between calls
-  std::vector<uint8_t> seen;        // seen in prompt/output; all zero between calls
+  std::vector<int32_t> edit_of;     // token -> index of its score edit; all -1 between calls
+  std::vector<ScoreEdit> edits;     // this call's score edits (capacity: the vocabulary)
 };
 
 // The plain argmax of one row, the token greedy sampling picks: the lowest id among the
@@ -114,11 +116,23 @@ class Sampler {
   // token (up to rounding at a cut) with its logprobs (up to summation order).
   std::optional<RowDraw> NextRowDraw(std::span<const int32_t> prompt_and_output_tokens) const;
 
+  // Steps 0-2 of the next Sample() (logit_bias, the min_tokens mask, the penalties) as score
+  // edits (common/engine/score_edits.h), appended to *edits: ApplyScoreEdits(logits, them) is
+  // the scores Sample() warps or takes the argmax of. None when ScoresAreLogits and no mask.
+  // Costs a pass over the tokens when the repetition penalty is on (as Sample() does).
+  void AppendScoreEdits(std::span<const int32_t> prompt_and_output_tokens,
+                        std::vector<ScoreEdit>* edits) const;
+
   // Whether a backend may pick the next token where the logits are (GreedyRows): the plain
-  // argmax, or, where the backend draws rows (ForwardBackend::draws_rows), a draw, which then
-  // goes to *draw. The engines' one question per row.
+  // argmax; or, where the backend draws rows (ForwardBackend::draws_rows), a draw (into
+  // *draw), and for a row with logit_bias, penalties or a min_tokens mask and no logprobs,
+  // its score edits (appended to *edits), then its argmax (greedy) or its draw. Rows with
+  // logprobs and edits, and rows with processed logprobs, stay on the host (raw logprobs need
+  // the unedited logits; processed ones the warped distribution). The engines' one question
+  // per row.
   bool NextPickedByBackend(std::span<const int32_t> prompt_and_output_tokens,
-                           bool backend_draws_rows, RowDraw* draw) const;
+                           bool backend_draws_rows, RowDraw* draw,
+                           std::vector<ScoreEdit>* edits) const;
 
   // Samples the next token from logits[vocab_size] given every token so far (prompt first,
   // then output; at least num_prompt_tokens of them). The draw depends only on the seed and
@@ -150,10 +164,10 @@ class Sampler {
   // No logit_bias and no penalties: the scores are the logits (before temperature).
   static bool ScoresAreLogits(const SamplingParams& params);
   // Copies logits into scores_ and applies logit_bias, the min_tokens mask and the penalties
-  // (steps 0-2).
+  // (steps 0-2) through AppendScoreEdits and ApplyScoreEdits.
   void ApplyPenalties(std::span<const float> logits, std::span<const int32_t> tokens);
-  // Sets the min_tokens_masked_ scores to -inf unless no other token is usable.
-  void MaskStopTokens(float* scores);
+  // RowDraw's numbers for output position `num_output` (not greedy).
+  RowDraw DrawNumbers(size_t num_output) const;
   // Steps 3-6 on scores_; fills the workspace's candidates and their weights exp(s - max)
   // (probs, unnormalised), num_candidates_ and kept_weight_ (the weights' sum).
   void Warp();

@@ -201,7 +201,8 @@ StatusOr<std::span<const float>> TpForward::ForwardRanks(std::span<const Sequenc
   if (hooks != nullptr && hooks->all_reduce)
     return InvalidArgument("tensor-parallel forward: the all_reduce hook is the ranks' own");
   // Only rank 0 is given `greedy`: checked here, so that it cannot refuse alone.
-  TANDEM_RETURN_IF_ERROR(ValidateGreedyRows(greedy, batch.size(), mode));
+  TANDEM_RETURN_IF_ERROR(ValidateGreedyRows(greedy, batch.size(), mode,
+                                            ranks_[0].shard->config().vocab_size));
   if (broken())
     return FailedPrecondition("tensor-parallel forward: a rank failed in an earlier call (the "
                               "collective was aborted)");

@@ -146,5 +146,6 @@ void CheckStridedCopies(cudaStream_t s);  // kv_copies_check.cc
 void TimeStridedCopies(cudaStream_t s);   // kv_copies_check.cc
 void CheckDrawRows(cudaStream_t s);       // draw_rows_check.cc
 void TimeDrawRows(cudaStream_t s);        // draw_rows_check.cc
+void CheckScoreEdits(cudaStream_t s);     // draw_rows_check.cc
 
 }  // namespace tandem::cuda

@@ -441,6 +441,7 @@ int Main() {
   CheckStridedCopies(s);
   TimeStridedCopies(s);
   CheckDrawRows(s);
+  CheckScoreEdits(s);
   TimeDrawRows(s);
   CheckGemm(cublas, DType::kF32, DType::kF32);
   CheckGemm(cublas, DType::kBF16, DType::kF32);

@@ -1,12 +1,17 @@
 // cuda_kernels_check's device draw rows: cuda::DrawRows against DrawRow (common/engine/row_draw.h,
 // its host reference, itself checked against the Sampler by tests/unit/row_draw_test.cc), and
-// its time against the host Sampler on the same rows.
+// its time against the host Sampler on the same rows; cuda::ApplyScoreEdits against the host's
+// ApplyScoreEdits (common/engine/score_edits.h), and the tokens of edited rows picked on the
+// device against the Sampler's.
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <limits>
+#include <span>
 
 #include "common/engine/row_draw.h"
 #include "common/engine/sampling.h"
+#include "common/engine/score_edits.h"
 #include "tests/gpu/check_util.h"
 
 namespace tandem::cuda {
@@ -93,41 +98,143 @@ void CheckDrawRows(cudaStream_t s) {
   }
 }
 
-// A decode step's sampling at batch 64, SmolLM2's vocabulary: DrawRows on the device (one
-// launch, median of 5 by events) against the host Sampler on the same rows (one thread, what
-// the engine would otherwise run on S.threads threads after copying the logits back).
+// Rows with the edits real requests make (Sampler::AppendScoreEdits: logit_bias, penalties,
+// a min_tokens mask, from random prompts and outputs with repeats), a row whose mask covers its
+// only usable token (kept), and rows without edits (untouched), at two vocabularies. Errors:
+// rows whose edited logits differ from the host's in any bit; rows whose token, picked on the
+// device as CudaForward does (ApplyScoreEdits, ArgmaxRows, DrawRows), is not the Sampler's.
+void CheckScoreEdits(cudaStream_t s) {
+  const float inf = std::numeric_limits<float>::infinity();
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+  for (int32_t vocab : {1000, 49152}) {
+    const int rows = 64;
+    std::uniform_int_distribution<int32_t> token(0, vocab - 1);
+    std::vector<float> logits;
+    std::vector<ScoreEdit> edits;
+    std::vector<int32_t> edit_begin = {0};
+    std::vector<RowDraw> draws(rows);
+    std::vector<int32_t> want(rows, -7);
+    for (int r = 0; r < rows; ++r) {
+      std::vector<float> row = Random(vocab, 3.0f);
+      SamplingParams p;
+      p.seed = 100 + r;
+      p.temperature = r % 4 == 0 ? 0.0f : 0.5f + unit(g_rng);
+      p.top_p = r % 3 == 0 ? 0.9f : 1.0f;
+      p.top_k = r % 5 == 0 ? 40 : 0;
+      if (r % 2 == 0) p.repetition_penalty = 0.6f + 1.2f * unit(g_rng);
+      if (r % 3 != 2) p.presence_penalty = -2.0f + 4.0f * unit(g_rng);
+      if (r % 5 != 4) p.frequency_penalty = -2.0f + 4.0f * unit(g_rng);
+      if (r % 4 == 1) p.logit_bias = {{token(g_rng), 100.0f * unit(g_rng) - 50.0f}};
+      if (r % 6 == 3) {
+        p.min_tokens = 4;
+        p.stop_token_ids = {token(g_rng), 2};
+      }
+      if (r == rows - 2) {  // the mask would leave nothing: it is not applied
+        std::fill(row.begin(), row.end(), -inf);
+        row[2] = 1.0f;
+        p = SamplingParams{};
+        p.temperature = 0.0f;
+        p.min_tokens = 4;
+        p.stop_token_ids = {2};
+      }
+      if (r == rows - 1) p = SamplingParams{};  // greedy, no edits: untouched
+      std::vector<int32_t> tokens(1 + r % 9 + r % 3);
+      for (int32_t& t : tokens) t = r % 2 ? token(g_rng) : token(g_rng) % 16;  // repeats
+      Sampler sampler(p, vocab, 1 + r % 9, std::vector<int32_t>{vocab - 1});
+      const bool picked = sampler.NextPickedByBackend(tokens, true, &draws[r], &edits);
+      if (picked) want[r] = sampler.Sample(row, tokens).token_id;
+      edit_begin.push_back(static_cast<int32_t>(edits.size()));
+      logits.insert(logits.end(), row.begin(), row.end());
+    }
+    std::vector<float> host = logits;
+    for (int r = 0; r < rows; ++r)
+      Must(ApplyScoreEdits({host.data() + size_t(r) * vocab, size_t(vocab)},
+                           std::span(edits).subspan(edit_begin[r],
+                                                    edit_begin[r + 1] - edit_begin[r])),
+           "ApplyScoreEdits (host)");
+    DeviceBuffer dl = Upload(logits), de = Upload(edits), db = Upload(edit_begin);
+    DeviceBuffer dd = Upload(draws), dids = Scratch(rows * sizeof(int32_t));
+    Must(ApplyScoreEdits(dl.as<float>(), rows, vocab, de.as<ScoreEdit>(), db.as<int32_t>(), s),
+         "ApplyScoreEdits");
+    const std::vector<float> device = Download<float>(dl, logits.size());
+    Must(ArgmaxRows(dl.as<float>(), rows, vocab, dids.as<int32_t>(), s), "ArgmaxRows");
+    Must(DrawRows(dl.as<float>(), rows, vocab, dd.as<RowDraw>(), dids.as<int32_t>(), nullptr, s),
+         "DrawRows");
+    const std::vector<int32_t> got = Download<int32_t>(dids, rows);
+    int wrong_rows = 0, wrong_tokens = 0, picked = 0;
+    for (int r = 0; r < rows; ++r) {
+      wrong_rows += std::memcmp(host.data() + size_t(r) * vocab,
+                                device.data() + size_t(r) * vocab, sizeof(float) * vocab) != 0;
+      if (want[r] == -7) continue;  // stays on the host (none here: no logprobs)
+      ++picked;
+      wrong_tokens += got[r] != want[r];
+    }
+    const std::string at = ", vocab " + std::to_string(vocab);
+    Report("ApplyScoreEdits vs host" + at + ": rows not bit-equal", wrong_rows, 0);
+    Report("edited rows picked on device vs Sampler" + at + ": wrong tokens", wrong_tokens, 0);
+    Report("edited rows picked on device" + at + ": rows not picked", rows - picked, 0);
+  }
+}
+
+// A decode step's sampling at batch 64, SmolLM2's vocabulary: on the device (score edits
+// where the rows have them, then DrawRows; one pass each, median of 5 by events) against the
+// host Sampler on the same rows (one thread, what the engine would otherwise run on S.threads
+// threads after copying the logits back). The penalised setting's rows have a 200-token prompt
+// and 50 output tokens.
 void TimeDrawRows(cudaStream_t s) {
   const int rows = 64;
   const int32_t vocab = 49152;
   const std::vector<float> logits = Random(size_t(rows) * vocab, 3.0f);
-  DeviceBuffer dl = Upload(logits), dids = Scratch(rows * sizeof(int32_t));
+  DeviceBuffer pristine = Upload(logits), dl = Upload(logits);
+  DeviceBuffer dids = Scratch(rows * sizeof(int32_t));
   struct Setting {
     const char* name;
     SamplingParams params;
+    size_t num_prompt = 1, num_output = 0;
   };
-  std::vector<Setting> settings(3);
+  std::vector<Setting> settings(4);
   settings[0] = {"temperature 0.8", {}};
   settings[0].params.temperature = 0.8f;
   settings[1] = {"top-k 50", settings[0].params};
   settings[1].params.top_k = 50;
   settings[2] = {"top-p 0.9", settings[0].params};
   settings[2].params.top_p = 0.9f;
+  settings[3] = {"top-p 0.9 + penalties", settings[2].params, 200, 50};
+  settings[3].params.repetition_penalty = 1.1f;
+  settings[3].params.presence_penalty = 0.5f;
+  settings[3].params.frequency_penalty = 0.3f;
+  std::uniform_int_distribution<int32_t> token(0, vocab - 1);
   for (Setting& setting : settings) {
     setting.params.seed = 5;
-    const std::vector<int32_t> tokens = {1};  // a prompt of one token
-    std::vector<RowDraw> draws;
+    std::vector<int32_t> tokens(setting.num_prompt + setting.num_output);
+    for (int32_t& t : tokens) t = token(g_rng);
+    std::vector<RowDraw> draws(rows);
+    std::vector<ScoreEdit> edits;
+    std::vector<int32_t> edit_begin = {0};
     std::vector<Sampler> samplers;
     samplers.reserve(rows);
     for (int r = 0; r < rows; ++r) {
-      samplers.emplace_back(setting.params, vocab, 1);
-      draws.push_back(*samplers.back().NextRowDraw(tokens));
+      samplers.emplace_back(setting.params, vocab, setting.num_prompt);
+      if (!samplers.back().NextPickedByBackend(tokens, true, &draws[r], &edits))
+        Must(Internal("a row the device does not pick"), "NextPickedByBackend");
+      edit_begin.push_back(static_cast<int32_t>(edits.size()));
     }
     DeviceBuffer dd = Upload(draws);
-    const double device_ms = 1e3 * MedianSeconds(s, [&] {
+    DeviceBuffer de = Upload(edits.empty() ? std::vector<ScoreEdit>(1) : edits);
+    DeviceBuffer db = Upload(edit_begin);
+    auto pick = [&] {
+      if (!edits.empty())
+        Must(ApplyScoreEdits(dl.as<float>(), rows, vocab, de.as<ScoreEdit>(), db.as<int32_t>(),
+                             s),
+             "ApplyScoreEdits");
       Must(DrawRows(dl.as<float>(), rows, vocab, dd.as<RowDraw>(), dids.as<int32_t>(), nullptr,
                     s),
            "DrawRows");
-    });
+    };
+    const double device_ms = 1e3 * MedianSeconds(s, pick);  // edits compound here: timing only
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(dl.data(), pristine.data(), logits.size() * sizeof(float),
+                                      cudaMemcpyDeviceToDevice, s));  // the logits as drawn
+    pick();
     const std::vector<int32_t> got = Download<int32_t>(dids, rows);
     int differ = 0;
     const auto host_start = std::chrono::steady_clock::now();

@@ -72,7 +72,7 @@ fi
 failed=0
 timeout "$(budget 60)" "$build/tests/gpu/cuda_kernels_check" >"$logs/cuda_kernels.log" 2>&1
 rc=$?
-rows_from "$logs/cuda_kernels.log"  # timings of the KV re-shard's device copies (info)
+rows_from "$logs/cuda_kernels.log"  # timings (info): the re-shard's copies, device sampling
 pass=$(grep -c ' PASS$' "$logs/cuda_kernels.log")
 fail=$(grep -c ' FAIL$' "$logs/cuda_kernels.log")
 if ((rc == 0)); then

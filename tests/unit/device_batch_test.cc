@@ -244,6 +244,40 @@ TEST_CASE("greedy rows: the CPU backend fills the wanted rows' argmax and return
             .status()
             .message() == "forward: greedy rows do not match the batch");
 
+  // Score edits (logit_bias, penalties, a min_tokens mask) are applied to a wanted row before
+  // its argmax or draw: a +100 bias makes row 0's argmax the biased token, and row 1's draw is
+  // DrawRow's over its edited logits.
+  draws[1].top_logprobs = -1;
+  const std::vector<ScoreEdit> edits = {
+      {.token_id = 3, .flags = kEditBias, .bias = 100.0f},
+      {.token_id = 1, .flags = kEditBias, .bias = 100.0f},
+      {.token_id = 2, .flags = kEditBias, .bias = 99.0f}};
+  const std::vector<int32_t> edit_begin = {0, 1, 3};
+  GreedyRows edited{both, argmax, draws, {}, edits, edit_begin};
+  logits = (*cpu)->Forward(batch, **cache, LogitsMode::kLastToken, nullptr, &edited);
+  REQUIRE(logits.ok());
+  CHECK(argmax[0] == 3);
+  CHECK((*logits)[3] > 90.0f);  // the returned row is the edited one
+  CHECK(argmax[1] == DrawRow(logits->subspan(vocab, vocab), draws[1]));
+  CHECK((argmax[1] == 1 || argmax[1] == 2));  // what the biases left in play
+  GreedyRows edits_unwanted{wanted, argmax, draws, {}, edits, edit_begin};
+  CHECK((*cpu)->Forward(batch, **cache, LogitsMode::kLastToken, nullptr, &edits_unwanted)
+            .status()
+            .message() == "forward: score edits for a row that is not wanted");
+  draws[1].top_logprobs = 2;
+  GreedyRows edits_logprobs{both, argmax, draws, logprobs, edits, edit_begin};
+  CHECK((*cpu)->Forward(batch, **cache, LogitsMode::kLastToken, nullptr, &edits_logprobs)
+            .status()
+            .message() == "forward: score edits for a row that wants logprobs (of the unedited "
+                          "logits: sample it on the host)");
+  const std::vector<ScoreEdit> outside = {{.token_id = static_cast<int32_t>(vocab)}};
+  const std::vector<int32_t> one_edit = {0, 1, 1};
+  GreedyRows edit_outside{both, argmax, {}, {}, outside, one_edit};
+  CHECK((*cpu)->Forward(batch, **cache, LogitsMode::kLastToken, nullptr, &edit_outside)
+            .status()
+            .message() == "score edit for token " + std::to_string(vocab) +
+                              " outside the vocabulary of " + std::to_string(vocab));
+
   std::vector<int32_t> short_argmax(1);
   GreedyRows bad{wanted, short_argmax, {}, {}};
   CHECK((*cpu)->Forward(batch, **cache, LogitsMode::kLastToken, nullptr, &bad).status().message() ==

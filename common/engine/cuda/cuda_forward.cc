@@ -216,6 +216,9 @@ Status CudaForward::AllocateWorkspaces() {
     TANDEM_ASSIGN_OR_RETURN(draws_host_, PinnedHostBuffer::Allocate(s * sizeof(RowDraw)));
     TANDEM_ASSIGN_OR_RETURN(logprobs_, DeviceBuffer::Allocate(s * sizeof(RowLogprobs)));
     TANDEM_ASSIGN_OR_RETURN(logprobs_host_, PinnedHostBuffer::Allocate(s * sizeof(RowLogprobs)));
+    TANDEM_ASSIGN_OR_RETURN(edit_begin_, DeviceBuffer::Allocate((s + 1) * sizeof(int32_t)));
+    TANDEM_ASSIGN_OR_RETURN(edit_begin_host_,
+                            PinnedHostBuffer::Allocate((s + 1) * sizeof(int32_t)));
   }
 
   // Inputs: the block tables of graph passes span max_model_len; eager passes use less.
@@ -420,6 +423,29 @@ Status CudaForward::AddProjection(const void* in, const void* w, int32_t k, int3
   return Add(DType::kF32, x, partial, x, n, stream_.get());
 }
 
+Status CudaForward::EnqueueScoreEdits(const GreedyRows& greedy, int32_t rows) {
+  const int32_t vocab = model_.config().vocab_size;
+  const size_t count = greedy.edits.size();
+  if (count > edits_capacity_) {  // the last reader of the old buffers finished (SyncStream)
+    const size_t capacity = std::max(count, 2 * edits_capacity_);
+    TANDEM_ASSIGN_OR_RETURN(edits_, DeviceBuffer::Allocate(capacity * sizeof(ScoreEdit)));
+    TANDEM_ASSIGN_OR_RETURN(edits_host_, PinnedHostBuffer::Allocate(capacity * sizeof(ScoreEdit)));
+    edits_capacity_ = capacity;
+  }
+  std::copy(greedy.edits.begin(), greedy.edits.end(), edits_host_.as<ScoreEdit>());
+  std::copy(greedy.edit_begin.begin(), greedy.edit_begin.end(), edit_begin_host_.as<int32_t>());
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(edits_.data(), edits_host_.data(),
+                                              count * sizeof(ScoreEdit), cudaMemcpyHostToDevice,
+                                              stream_.get()));
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(edit_begin_.data(), edit_begin_host_.data(),
+                                              (rows + 1) * sizeof(int32_t),
+                                              cudaMemcpyHostToDevice, stream_.get()));
+  TANDEM_RETURN_IF_ERROR(ApplyScoreEdits(logits_.as<float>(), rows, vocab, edits_.as<ScoreEdit>(),
+                                         edit_begin_.as<int32_t>(), stream_.get()));
+  // The pass took every row's argmax before the edits; the edited greedy rows need it after.
+  return ArgmaxRows(logits_.as<float>(), rows, vocab, argmax_.as<int32_t>(), stream_.get());
+}
+
 Status CudaForward::RunGraph(int32_t graph_size, KvCache& cache) {
   const size_t index =
       std::find(graph_sizes_.begin(), graph_sizes_.end(), graph_size) - graph_sizes_.begin();
@@ -444,7 +470,8 @@ StatusOr<std::span<const float>> CudaForward::Forward(std::span<const SequenceIn
                                                       GreedyRows* greedy) {
   TANDEM_RETURN_IF_ERROR(ValidateForwardBatch(model_.config(), options_, batch, cache.layout(),
                                               cache.num_blocks()));
-  TANDEM_RETURN_IF_ERROR(ValidateGreedyRows(greedy, batch.size(), mode));
+  TANDEM_RETURN_IF_ERROR(
+      ValidateGreedyRows(greedy, batch.size(), mode, model_.config().vocab_size));
   if (cache.memory_kind() != KvMemoryKind::kCudaDevice)
     return InvalidArgument("forward (cuda): the KV pool is in host memory (allocate it with "
                            "AllocateKvPool)");
@@ -501,6 +528,8 @@ StatusOr<std::span<const float>> CudaForward::Forward(std::span<const SequenceIn
     TANDEM_RETURN_IF_ERROR(SyncStream());
     return std::span<const float>();
   }
+  if (greedy != nullptr && !greedy->edits.empty())  // before the argmax and draws read them
+    TANDEM_RETURN_IF_ERROR(EnqueueScoreEdits(*greedy, static_cast<int32_t>(batch.size())));
   bool any_drawn = false, any_logprobs = false;
   for (size_t i = 0; greedy != nullptr && i < batch.size(); ++i) {
     any_drawn = any_drawn || greedy->drawn(i);

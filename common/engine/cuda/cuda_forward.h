@@ -23,11 +23,14 @@
 //   DrawRow's algorithm: the Sampler's token up to rounding at a cut), after the pass and its
 //   graph, over those rows' argmax ids: their logits are not copied back either. Raw logprobs
 //   (the default mode) come with the draw.
-// - The other rows (penalties, logit_bias, processed logprobs, a min_tokens mask) have their
-//   logits
-//   copied to the host (page-locked memory) and the engine samples them there with the host
-//   Sampler, which does every field and is what the CPU backend is checked against. Why not
-//   all on the host: the copy is vocab * 4 bytes a row (SmolLM2: 192 KiB; Llama 3: 500 KiB),
+// - Rows with logit_bias, penalties or a min_tokens mask and no logprobs get their score edits
+//   (GreedyRows::edits: a few entries a row, uploaded) applied on the device first
+//   (ApplyScoreEdits, bit for bit the host's), then the argmax of every row is taken again and
+//   the draws made: those rows stay on the device too.
+// - The other rows (logprobs with edits, processed logprobs, greedy with logprobs) have their
+//   logits copied to the host (page-locked memory) and the engine samples them there with the
+//   host Sampler, which does every field and is what the CPU backend is checked against. Why
+//   not all on the host: the copy is vocab * 4 bytes a row (SmolLM2: 192 KiB; Llama 3: 500 KiB),
 //   12-32 MiB for a 64-sequence step, 0.5-1.3 ms at PCIe 5 rates, and the sampling costs more
 //   (perf/README.md, Host sampling: one thread of a 2-core VM, vocab 49152: greedy 62 us a
 //   row, temperature 0.4 ms, top-p 1.4 ms): at batch 64, longer than a small model's decode
@@ -133,6 +136,9 @@ class CudaForward final : public ForwardBackend {
   Status AllocateWorkspaces();
   // Copies batch_'s arrays into inputs_ (through the page-locked mirror) on stream_.
   Status UploadInputs();
+  // Queues the rows' score edits (GreedyRows::edits) on logits_ and the argmax of every row
+  // after them (edits_ grows to hold them: a cudaMalloc, rare).
+  Status EnqueueScoreEdits(const GreedyRows& greedy, int32_t rows);
   // Queues the pass over batch_ on stream_: embeddings, every layer, the final norm and the LM
   // head into logits_ (rows: `logits_rows` last tokens, or every token). No host
   // synchronisation unless hooks->after_layer is set; none at all when hooks is null.
@@ -186,6 +192,11 @@ class CudaForward final : public ForwardBackend {
   PinnedHostBuffer draws_host_;
   DeviceBuffer logprobs_;         // [max_batch_sequences] RowLogprobs of the drawn rows
   PinnedHostBuffer logprobs_host_;
+  DeviceBuffer edit_begin_;       // [max_batch_sequences + 1]: GreedyRows::edit_begin
+  PinnedHostBuffer edit_begin_host_;
+  DeviceBuffer edits_;            // [edits_capacity_] ScoreEdit: GreedyRows::edits
+  PinnedHostBuffer edits_host_;
+  size_t edits_capacity_ = 0;
   size_t logits_rows_capacity_ = 0;
 };
 

@@ -22,6 +22,7 @@
 #include "common/engine/cuda/cuda_util.h"
 #include "common/engine/row_copy.h"
 #include "common/engine/row_draw.h"
+#include "common/engine/score_edits.h"
 #include "common/base/status.h"
 
 namespace tandem::cuda {
@@ -179,5 +180,13 @@ Status CopyRowsBatch(const RowCopy* copies, size_t count, cudaStream_t stream);
 // `out_ids` and `out_logprobs` [num_rows] in device memory. (draw_rows.cu)
 Status DrawRows(const float* logits, int32_t num_rows, int32_t vocab, const RowDraw* draws,
                 int32_t* out_ids, RowLogprobs* out_logprobs, cudaStream_t stream);
+
+// Applies each row's score edits (common/engine/score_edits.h: logit_bias, the min_tokens mask,
+// the penalties) to logits [num_rows, vocab] in place: row r's are edits[edit_begin[r],
+// edit_begin[r + 1]), token ids checked by the caller (ValidateScoreEdits). The host's
+// ApplyScoreEdits bit for bit, so that ArgmaxRows or DrawRows after it pick the Sampler's
+// token. `edits` and `edit_begin` [num_rows + 1] in device memory. (score_edits.cu)
+Status ApplyScoreEdits(float* logits, int32_t num_rows, int32_t vocab, const ScoreEdit* edits,
+                       const int32_t* edit_begin, cudaStream_t stream);
 
 }  // namespace tandem::cuda
