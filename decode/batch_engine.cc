@@ -93,7 +93,10 @@ StatusOr<std::unique_ptr<BatchEngine>> BatchEngine::Create(const Model& model,
   fo.max_model_len = options.max_model_len;
   fo.tensor_parallel = options.tensor_parallel;
   fo.kv_dtype = options.kv_dtype;
-  TANDEM_ASSIGN_OR_RETURN(engine->forward_, CreateForwardBackend(model, fo, options.device));
+  TANDEM_ASSIGN_OR_RETURN(engine->forward_,
+                          options.make_backend
+                              ? options.make_backend(model, fo)
+                              : CreateForwardBackend(model, fo, options.device));
   engine->sampling_ =
       std::make_unique<BatchSampling>(std::max(options.threads, 1), model.config().vocab_size);
   TANDEM_ASSIGN_OR_RETURN(engine->cache_,

@@ -72,6 +72,7 @@ class EngineSink {
 
 struct BatchEngineOptions {
   std::string device = "cpu";  // S.device: the forward backend (common/engine/forward_backend.h)
+  ForwardBackendFactory make_backend;  // unset: CreateForwardBackend's for `device` (tests set it)
   int threads = 1;  // S.threads: of the forward pass (cpu) and of host sampling (BatchSampling)
   int tensor_parallel = 1;  // S.tensor_parallel: GPUs of the instance (cuda; ForwardOptions)
   int kv_blocks = 0;  // resolved (> 0), per rank with tensor_parallel

@@ -34,7 +34,9 @@ StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(const Model& mode
   fo.max_model_len = o.max_model_len;
   fo.tensor_parallel = o.tensor_parallel;
   fo.kv_dtype = o.kv_dtype;
-  TANDEM_ASSIGN_OR_RETURN(engine->forward_, CreateForwardBackend(model, fo, o.device));
+  TANDEM_ASSIGN_OR_RETURN(engine->forward_, o.make_backend
+                                                ? o.make_backend(model, fo)
+                                                : CreateForwardBackend(model, fo, o.device));
   engine->sampling_ =
       std::make_unique<BatchSampling>(std::max(o.threads, 1), model.config().vocab_size);
   TANDEM_ASSIGN_OR_RETURN(engine->cache_, CreateKvCacheFor(*engine->forward_, o.block_size,

@@ -170,6 +170,12 @@ StatusOr<std::unique_ptr<ForwardBackend>> CreateForwardBackend(const Model& mode
                                                                const ForwardOptions& options,
                                                                std::string_view device);
 
+// Makes the forward backend of an engine that was given one (PrefillEngineOptions,
+// BatchEngineOptions::make_backend) instead of CreateForwardBackend's for its device: tests run
+// the engines on a backend of their own this way.
+using ForwardBackendFactory = std::function<StatusOr<std::unique_ptr<ForwardBackend>>(
+    const Model& model, const ForwardOptions& options)>;
+
 // The memory a KV pool on `device` takes its share (kv_cache.memory_fraction) of: the machine's
 // (cpu, MachineMemoryBytes) or the device's total less `weight_bytes` (cuda: the weights live
 // there too). Errors as CreateForwardBackend's for the device.
