@@ -6,6 +6,8 @@
 #include <limits>
 #include <vector>
 
+#include "common/engine/sampling.h"  // ArgmaxRow
+
 namespace tandem {
 namespace {
 
@@ -165,7 +167,8 @@ int32_t DrawToken(std::span<const float> logits, const RowDraw& draw) {
 }  // namespace
 
 int32_t DrawRow(std::span<const float> logits, const RowDraw& draw, RowLogprobs* logprobs) {
-  const int32_t token = DrawToken(logits, draw);
+  const int32_t token =
+      draw.draw == kRowArgmax ? ArgmaxRow(logits) : DrawToken(logits, draw);
   if (token >= 0 && logprobs != nullptr && draw.top_logprobs >= 0)
     RawLogprobs(logits, token, draw.top_logprobs, logprobs);
   return token;

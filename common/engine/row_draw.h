@@ -50,15 +50,21 @@
 
 namespace tandem {
 
-// What a row's draw needs (Sampler::NextRowDraw). `draw` 0: the row is not drawn here (its
-// logits go to the host, or it is greedy); the other fields are then ignored.
+// RowDraw::draw: what the backend does with the row.
+inline constexpr int32_t kRowNotDrawn = 0;  // its logits go to the host, or it is plain greedy
+inline constexpr int32_t kRowDrawn = 1;     // the draw below
+inline constexpr int32_t kRowArgmax = 2;    // greedy with logprobs: its argmax (ArgmaxRow's:
+                                            // lowest id among the largest) and its logprobs
+
+// What a row's draw needs (Sampler::NextRowDraw). `draw` kRowNotDrawn: the row is not drawn
+// here; kRowArgmax: only top_logprobs counts (temperature 1, no warpers).
 struct RowDraw {
   float temperature = 1.0f;  // > 0
   int32_t top_k = 0;         // <= 0: off
   float top_p = 1.0f;        // (0, 1]
   float min_p = 0.0f;        // [0, 1]
   double u = 0.0;            // the position's uniform in [0, 1) (Sampler::Uniform)
-  int32_t draw = 0;          // 1 = draw this row
+  int32_t draw = kRowNotDrawn;
   // -1: no logprobs; else the drawn token's logprob and this many top ones (<=
   // kMaxTopLogprobs), of the raw distribution (log-softmax of the logits as given: the
   // Sampler's default LogprobsMode::kRaw).
@@ -74,8 +80,8 @@ struct RowLogprobs {
   float top_logprobs[kMaxTopLogprobs] = {};
 };
 
-// The token DrawRow picks, -1 when no logit is usable. With draw.top_logprobs >= 0 and
-// `logprobs` given, also its logprobs.
+// The token DrawRow picks (kRowDrawn: the draw; kRowArgmax: the argmax), -1 when no logit is
+// usable. With draw.top_logprobs >= 0 and `logprobs` given, also its logprobs.
 int32_t DrawRow(std::span<const float> logits, const RowDraw& draw,
                 RowLogprobs* logprobs = nullptr);
 

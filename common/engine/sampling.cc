@@ -374,13 +374,17 @@ Sampler::Distribution Sampler::Process(std::span<const float> logits,
 
 RowDraw Sampler::DrawNumbers(size_t num_output) const {
   RowDraw draw;
+  draw.top_logprobs = params_.logprobs ? params_.top_logprobs : -1;
+  if (params_.greedy()) {  // the argmax, drawn only for its logprobs
+    draw.draw = kRowArgmax;
+    return draw;
+  }
   draw.temperature = params_.temperature;
   draw.top_k = params_.top_k;
   draw.top_p = params_.top_p;
   draw.min_p = params_.min_p;
   draw.u = Uniform(num_output);
-  draw.draw = 1;
-  draw.top_logprobs = params_.logprobs ? params_.top_logprobs : -1;
+  draw.draw = kRowDrawn;
   return draw;
 }
 
@@ -388,7 +392,7 @@ std::optional<RowDraw> Sampler::NextRowDraw(
     std::span<const int32_t> prompt_and_output_tokens) const {
   const size_t num_output = prompt_and_output_tokens.size() - num_prompt_tokens_;
   const SamplingParams& p = params_;
-  if (p.greedy() || !ScoresAreLogits(p) ||
+  if ((p.greedy() && !p.logprobs) || !ScoresAreLogits(p) ||
       (p.logprobs && p.logprobs_mode != LogprobsMode::kRaw) ||
       (!min_tokens_masked_.empty() && num_output < static_cast<size_t>(p.min_tokens)))
     return std::nullopt;
@@ -404,9 +408,9 @@ bool Sampler::NextPickedByBackend(std::span<const int32_t> prompt_and_output_tok
     *draw = *next;
     return true;
   }
-  // What is left needs score edits (or logprobs under greedy, or processed logprobs).
+  // What is left needs score edits (or processed logprobs).
   if (params_.logprobs || edits == nullptr) return false;
-  if (!params_.greedy())
+  if (!params_.greedy())  // greedy: the edited row's argmax (draw stays kRowNotDrawn)
     *draw = DrawNumbers(prompt_and_output_tokens.size() - num_prompt_tokens_);
   AppendScoreEdits(prompt_and_output_tokens, edits);
   return true;

@@ -110,10 +110,11 @@ class Sampler {
   }
 
   // The next Sample()'s draw as RowDraw's few numbers (common/engine/row_draw.h), when that
-  // is all it needs: not greedy, no logit_bias, penalties or min_tokens mask at this position,
-  // logprobs (if any) of the raw distribution. Then a device backend may draw the token where
-  // the logits are (GreedyRows' draws) and DrawRow(logits, *draw, &logprobs) is Sample()'s
-  // token (up to rounding at a cut) with its logprobs (up to summation order).
+  // is all it needs: no logit_bias, penalties or min_tokens mask at this position, logprobs
+  // (if any) of the raw distribution; not greedy, or greedy with logprobs (kRowArgmax). Then
+  // a device backend may draw the token where the logits are (GreedyRows' draws) and
+  // DrawRow(logits, *draw, &logprobs) is Sample()'s token (up to rounding at a cut) with its
+  // logprobs (up to summation order).
   std::optional<RowDraw> NextRowDraw(std::span<const int32_t> prompt_and_output_tokens) const;
 
   // Steps 0-2 of the next Sample() (logit_bias, the min_tokens mask, the penalties) as score
@@ -166,7 +167,7 @@ class Sampler {
   // Copies logits into scores_ and applies logit_bias, the min_tokens mask and the penalties
   // (steps 0-2) through AppendScoreEdits and ApplyScoreEdits.
   void ApplyPenalties(std::span<const float> logits, std::span<const int32_t> tokens);
-  // RowDraw's numbers for output position `num_output` (not greedy).
+  // RowDraw's numbers for output position `num_output` (kRowArgmax for greedy params).
   RowDraw DrawNumbers(size_t num_output) const;
   // Steps 3-6 on scores_; fills the workspace's candidates and their weights exp(s - max)
   // (probs, unnormalised), num_candidates_ and kept_weight_ (the weights' sum).

@@ -17,7 +17,8 @@
 namespace tandem::cuda {
 namespace {
 
-// A row's draw parameters, cycling through the warper mixes the Sampler supports.
+// A row's draw parameters, cycling through the warper mixes the Sampler supports; every 7th row
+// greedy with logprobs (kRowArgmax).
 RowDraw MixFor(int row, double u) {
   static const float kTemperatures[] = {0.3f, 0.8f, 1.0f, 1.7f};
   static const int32_t kTopK[] = {0, 1, 20, 50, 1000};
@@ -29,9 +30,14 @@ RowDraw MixFor(int row, double u) {
   d.top_p = kTopP[row % 6];
   d.min_p = kMinP[row % 3];
   d.u = u;
-  d.draw = 1;
+  d.draw = kRowDrawn;
   static const int32_t kTopLogprobs[] = {-1, 0, 5, kMaxTopLogprobs};
   d.top_logprobs = kTopLogprobs[row % 4];
+  if (row % 7 == 6) {  // greedy with logprobs: the argmax and its logprobs
+    d = RowDraw{};
+    d.draw = kRowArgmax;
+    d.top_logprobs = kTopLogprobs[(row / 7) % 4];
+  }
   return d;
 }
 

@@ -114,6 +114,29 @@ TEST_CASE("DrawRow's logprobs are the Sampler's raw logprobs", "[sampling]") {
       }
     }
   }
+  // Greedy with logprobs: the argmax (ArgmaxRow's tie rule) and the same logprobs.
+  std::vector<float> tied = {1.0f, 3.0f, -kInf, 3.0f, std::nanf(""), 2.0f};
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  greedy.logprobs = true;
+  greedy.top_logprobs = 3;
+  Sampler greedy_sampler(greedy, 6, 1);
+  const std::vector<int32_t> one = {0};
+  const std::optional<RowDraw> argmax = greedy_sampler.NextRowDraw(one);
+  REQUIRE(argmax.has_value());
+  RowLogprobs got;
+  const int32_t token = DrawRow(tied, *argmax, &got);
+  CHECK(token == 1);
+  const SampleResult want = greedy_sampler.Sample(tied, one);
+  const SampleResult drawn = DrawnSample(token, *argmax, got);
+  CHECK(drawn.token_id == want.token_id);
+  CHECK(drawn.logprob == Approx(want.logprob).margin(1e-6));
+  REQUIRE(drawn.num_top_logprobs == 3);
+  for (int32_t j = 0; j < 3; ++j)
+    CHECK(drawn.top_logprobs[j].token_id == want.top_logprobs[j].token_id);
+  std::vector<float> nothing = {-kInf, std::nanf("")};
+  CHECK(DrawRow(nothing, *argmax, &got) == -1);
+
   // The processed distribution's logprobs stay on the host.
   SamplingParams processed;
   processed.logprobs = true;
@@ -221,6 +244,14 @@ TEST_CASE("NextRowDraw describes only rows that need nothing but the logits", "[
   q.logprobs = true;  // raw logprobs: drawn with them
   CHECK(Sampler(q, 100, 2).NextRowDraw(tokens)->top_logprobs == 0);
   CHECK(draw->top_logprobs == -1);
+  q.temperature = 0;  // greedy with raw logprobs: the argmax, with its logprobs
+  q.top_logprobs = 4;
+  const std::optional<RowDraw> argmax = Sampler(q, 100, 2).NextRowDraw(tokens);
+  REQUIRE(argmax.has_value());
+  CHECK(argmax->draw == kRowArgmax);
+  CHECK(argmax->top_logprobs == 4);
+  q.repetition_penalty = 1.1f;  // and edits: the host's (raw logprobs need unedited logits)
+  CHECK(none(q));
   // min_tokens masks eos until then: the Sampler's own; after it, a draw again.
   q = p;
   q.min_tokens = 2;

@@ -22,15 +22,15 @@
 //   min-p: Sampler::NextRowDraw, GreedyRows::draws) are drawn on the device too (DrawRows,
 //   DrawRow's algorithm: the Sampler's token up to rounding at a cut), after the pass and its
 //   graph, over those rows' argmax ids: their logits are not copied back either. Raw logprobs
-//   (the default mode) come with the draw.
+//   (the default mode) come with the draw; greedy rows that want them are "drawn" as their
+//   argmax (kRowArgmax) for them.
 // - Rows with logit_bias, penalties or a min_tokens mask and no logprobs get their score edits
 //   (GreedyRows::edits: a few entries a row, uploaded) applied on the device first
 //   (ApplyScoreEdits, bit for bit the host's), then the argmax of every row is taken again and
 //   the draws made: those rows stay on the device too.
-// - The other rows (logprobs with edits, processed logprobs, greedy with logprobs) have their
-//   logits copied to the host (page-locked memory) and the engine samples them there with the
-//   host Sampler, which does every field and is what the CPU backend is checked against. Why
-//   not all on the host: the copy is vocab * 4 bytes a row (SmolLM2: 192 KiB; Llama 3: 500 KiB),
+// - The other rows (logprobs with edits, processed logprobs) have their logits copied to the
+//   host (page-locked memory) and the engine samples them there with the host Sampler, which
+//   does every field and is what the CPU backend is checked against. Why not all on the host: the copy is vocab * 4 bytes a row (SmolLM2: 192 KiB; Llama 3: 500 KiB),
 //   12-32 MiB for a 64-sequence step, 0.5-1.3 ms at PCIe 5 rates, and the sampling costs more
 //   (perf/README.md, Host sampling: one thread of a 2-core VM, vocab 49152: greedy 62 us a
 //   row, temperature 0.4 ms, top-p 1.4 ms): at batch 64, longer than a small model's decode

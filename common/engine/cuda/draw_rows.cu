@@ -205,9 +205,26 @@ __global__ void DrawRowsKernel(const float* logits, int32_t vocab, const RowDraw
                                int32_t* out_ids, RowLogprobs* out_logprobs) {
   __shared__ DrawShared sh;
   const RowDraw d = draws[blockIdx.x];
-  if (d.draw == 0) return;  // the whole block: d is the row's
+  if (d.draw == kRowNotDrawn) return;  // the whole block: d is the row's
   DeviceRow row{logits + int64_t{blockIdx.x} * vocab, d};
   const int32_t n = vocab;
+  if (d.draw == kRowArgmax) {  // the first usable token in score order: ArgmaxRow's
+    uint64_t local_first = 0;  // as ~key, so that the block's max is the first key
+    bool local_any = false;
+    for (int32_t i = threadIdx.x; i < n; i += blockDim.x) {
+      if (!DeviceRow::Usable(row.logits[i])) continue;
+      const uint64_t k = ~ScoreOrderKey(row.logits[i], i);
+      local_first = k > local_first ? k : local_first;
+      local_any = true;
+    }
+    const uint64_t first = BlockMaxKey(local_any ? local_first : 0, sh);
+    // 0: no usable token (a usable token's ~key is not 0: its ScoreKey is above -inf's).
+    const int32_t token = first == 0 ? -1 : static_cast<int32_t>(~first & 0xffffffffu);
+    if (threadIdx.x == 0) out_ids[blockIdx.x] = token;
+    if (token >= 0 && d.top_logprobs >= 0 && out_logprobs != nullptr)
+      RawLogprobs(row.logits, n, token, d.top_logprobs, sh, &out_logprobs[blockIdx.x]);
+    return;
+  }
 
   float local_max = -INFINITY;
   uint64_t local_usable = 0;

@@ -171,7 +171,8 @@ Status Gemm(const CublasHandle& handle, DType in_dtype, const void* x, const voi
 inline constexpr size_t kRowCopiesPerLaunch = 64;
 Status CopyRowsBatch(const RowCopy* copies, size_t count, cudaStream_t stream);
 
-// Draws the token of each row whose draws[i].draw is set, from logits [num_rows, vocab], into
+// Draws the token of each row whose draws[i].draw is set (kRowDrawn; kRowArgmax: the row's argmax,
+// for its logprobs), from logits [num_rows, vocab], into
 // out_ids[i] (-1 when no logit of the row is usable), and for a drawn row with
 // draws[i].top_logprobs >= 0 its logprobs into out_logprobs[i] (when not null); the other
 // rows' entries are left alone. DrawRow's algorithm (common/engine/row_draw.h, its host
