@@ -143,6 +143,7 @@ inline double MedianSeconds(cudaStream_t s, const std::function<void()>& body) {
 
 // The checks of the other files (each prints its rows through Report).
 void CheckStridedCopies(cudaStream_t s);  // kv_copies_check.cc
+void CheckRowCopies(cudaStream_t s);      // kv_copies_check.cc
 void TimeStridedCopies(cudaStream_t s);   // kv_copies_check.cc
 void CheckDrawRows(cudaStream_t s);       // draw_rows_check.cc
 void TimeDrawRows(cudaStream_t s);        // draw_rows_check.cc

@@ -439,6 +439,7 @@ int Main() {
   CheckArgmax(s);
   CheckAddRowBias(s);
   CheckStridedCopies(s);
+  CheckRowCopies(s);
   TimeStridedCopies(s);
   CheckDrawRows(s);
   CheckScoreEdits(s);

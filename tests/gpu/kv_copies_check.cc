@@ -125,6 +125,57 @@ void CheckStridedCopies(cudaStream_t s) {
          differing(pools), 0.0);
 }
 
+// CopyRowsBatch's two paths against CopyRowsOnHost: copies whose addresses, pitches and widths
+// are multiples of 16 (the 16-byte path, as KV head slices are) and copies with any of them odd
+// (the byte path: a bf16 KV of head_dim 36 has 72-byte rows, and a packed round's offsets need
+// not be aligned), more than one launch of them, some of one row, every byte compared.
+void CheckRowCopies(cudaStream_t s) {
+  const size_t pool = 1 << 20;
+  std::vector<uint8_t> src(pool);
+  for (uint8_t& b : src) b = static_cast<uint8_t>(g_rng());
+  const DeviceBuffer dsrc = Upload(src);
+  for (bool aligned : {true, false}) {
+    std::uniform_int_distribution<uint64_t> rows(1, 12), width(1, 300), pad(0, 40);
+    std::vector<RowCopy> host, device;
+    uint64_t src_at = 0, dst_at = 0;
+    for (size_t k = 0; k < 3 * kRowCopiesPerLaunch + 5; ++k) {
+      const uint64_t round = aligned ? 16 : 1;
+      RowCopy c;
+      c.rows = rows(g_rng);
+      c.width = (width(g_rng) + round - 1) / round * round;
+      c.src_pitch = c.width + pad(g_rng) / round * round;
+      c.dst_pitch = c.width + pad(g_rng) / round * round;
+      src_at = (src_at + pad(g_rng)) / round * round;
+      dst_at = (dst_at + pad(g_rng)) / round * round;
+      if (src_at + c.rows * c.src_pitch > pool) src_at = 0;
+      if (dst_at + c.rows * c.dst_pitch > pool) break;  // destinations never overlap
+      c.src = src.data() + src_at;
+      c.dst = reinterpret_cast<void*>(dst_at);  // an offset here; made a pointer below
+      host.push_back(c);
+      src_at += c.rows * c.src_pitch;
+      dst_at += c.rows * c.dst_pitch;
+    }
+    std::vector<uint8_t> want(pool, 0);
+    DeviceBuffer ddst = Upload(want);
+    for (RowCopy c : host) {
+      const uint64_t src_off = static_cast<const uint8_t*>(c.src) - src.data();
+      const uint64_t dst_off = reinterpret_cast<uint64_t>(c.dst);
+      c.src = dsrc.as<const uint8_t>() + src_off;
+      c.dst = ddst.as<uint8_t>() + dst_off;
+      device.push_back(c);
+    }
+    for (RowCopy& c : host) c.dst = want.data() + reinterpret_cast<uint64_t>(c.dst);
+    CopyRowsOnHost(host);
+    Must(CopyRowsBatch(device.data(), device.size(), s), "CopyRowsBatch");
+    const std::vector<uint8_t> got = Download<uint8_t>(ddst, pool);
+    double bad = 0;
+    for (size_t i = 0; i < pool; ++i) bad += got[i] != want[i];
+    Report(std::string("CopyRowsBatch vs host, ") + (aligned ? "16-byte" : "byte") + " path: " +
+               std::to_string(device.size()) + " copies",
+           bad, 0.0);
+  }
+}
+
 // What the re-shard's copies cost on the device, at serving size: a 32k-token SmolLM2-shape
 // request (30 layers, 3 KV heads of 64, 16-token blocks in runs of 8, bf16 KV as served)
 // re-sharded 1 -> 3, all pools on this GPU. Timed: one cudaMemcpyAsync of the same bytes (the
