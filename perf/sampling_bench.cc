@@ -7,7 +7,9 @@
 // model's) with one Sampler on one thread, and reports the median time per row. Multiply by the
 // batch size for a decode step's sampling time on one thread; compare with the step itself.
 // Then a whole step: 64 rows of top-p 0.9, each its own Sampler, through BatchSampling on each
-// of --threads threads (S.threads), the median of 9 steps.
+// of --threads threads (S.threads), the median of 9 steps. Last, what a device backend's step
+// costs the engine thread for a row with penalties instead (Sampler::AppendScoreEdits: the
+// row's score edits, uploaded in place of sampling on the host), by prompt length.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -72,6 +74,32 @@ double MicrosPerRow(const SamplingParams& params, int vocab, int rows, std::mt19
                         .count());
     tokens[250] = result.token_id;  // keep the result alive
   }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+// Median microseconds of one row's AppendScoreEdits (repetition, presence and frequency
+// penalties) with `prompt` prompt tokens and 256 output tokens; *edits: how many it made.
+double EditMicrosPerRow(int vocab, int prompt, int rows, std::mt19937& rng, size_t* edits) {
+  SamplingParams params;
+  params.temperature = 0.8f;
+  params.repetition_penalty = 1.1f;
+  params.presence_penalty = 0.5f;
+  params.frequency_penalty = 0.3f;
+  std::vector<int32_t> tokens(static_cast<size_t>(prompt) + 256);
+  for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % vocab);
+  Sampler sampler(params, vocab, prompt);
+  std::vector<ScoreEdit> out;
+  out.reserve(tokens.size());
+  std::vector<double> times;
+  for (int r = 0; r < rows; ++r) {
+    out.clear();
+    const auto t0 = std::chrono::steady_clock::now();
+    sampler.AppendScoreEdits(tokens, &out);
+    times.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
+                        .count());
+  }
+  *edits = out.size();
   std::sort(times.begin(), times.end());
   return times[times.size() / 2];
 }
@@ -163,6 +191,19 @@ int Run(const std::vector<std::string>& args) {
       std::printf("| BatchSampling | %d | %d | %.2f | %.2fx |\n", vocab, t, ms, one / ms);
       out.push_back({{"setting", "step of 64 top-p rows"}, {"vocab", vocab}, {"threads", t},
                      {"ms_per_step", ms}});
+    }
+  }
+  std::printf("\n| score edits of a penalised row | vocab | prompt + output tokens | edits "
+              "(KiB) | us per row | 64 rows (ms) |\n");
+  std::printf("|---|---|---|---|---|---|\n");
+  for (int vocab : vocabs) {
+    for (int prompt : {200, 4096, 32768}) {
+      size_t edits = 0;
+      const double us = EditMicrosPerRow(vocab, prompt, rows, rng, &edits);
+      std::printf("| AppendScoreEdits | %d | %d + 256 | %zu (%.0f) | %.1f | %.2f |\n", vocab,
+                  prompt, edits, edits * sizeof(ScoreEdit) / 1024.0, us, us * 64 / 1000);
+      out.push_back({{"setting", "score edits"}, {"vocab", vocab}, {"prompt", prompt},
+                     {"edits", edits}, {"us_per_row", us}});
     }
   }
   std::ofstream(flags.GetString("json")) << out.dump(2) << "\n";
