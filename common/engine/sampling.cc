@@ -410,8 +410,9 @@ bool Sampler::NextPickedByBackend(std::span<const int32_t> prompt_and_output_tok
   }
   // What is left needs score edits (or processed logprobs).
   if (params_.logprobs || edits == nullptr) return false;
-  if (!params_.greedy())  // greedy: the edited row's argmax (draw stays kRowNotDrawn)
-    *draw = DrawNumbers(prompt_and_output_tokens.size() - num_prompt_tokens_);
+  *draw = params_.greedy()  // greedy: the edited row's argmax
+              ? RowDraw{}
+              : DrawNumbers(prompt_and_output_tokens.size() - num_prompt_tokens_);
   AppendScoreEdits(prompt_and_output_tokens, edits);
   return true;
 }

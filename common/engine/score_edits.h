@@ -10,8 +10,9 @@
 // applies only while a token outside the masked ones stays usable (a number above -inf after
 // the biases): one count over the row. The float operations are the Sampler's, one at a time
 // (never fused into an fma, on the host or the device), so both give the same scores bit for
-// bit; the amounts that combine request numbers (frequency * count + presence) are computed
-// once on the host, into the edit.
+// bit (a NaN may come out as another NaN: the device's is canonical); the amounts that
+// combine request numbers (frequency * count + presence) are computed once on the host, into
+// the edit.
 #pragma once
 
 #include <cmath>
@@ -32,7 +33,8 @@ namespace tandem {
 // (kEditMask, if the row keeps another usable token); the repetition penalty (kEditRepetition:
 // a negative score times `repetition`, any other divided by it); subtract `subtract`
 // (kEditSubtract: frequency_penalty * count + presence_penalty). A row lists a token at most
-// once.
+// once (Sampler::AppendScoreEdits merges a token's edits into one; the kernel's threads rely
+// on it: two edits of one token would race).
 inline constexpr uint32_t kEditBias = 1;
 inline constexpr uint32_t kEditMask = 2;
 inline constexpr uint32_t kEditRepetition = 4;

@@ -105,10 +105,13 @@ void CheckDrawRows(cudaStream_t s) {
 }
 
 // Rows with the edits real requests make (Sampler::AppendScoreEdits: logit_bias, penalties,
-// a min_tokens mask, from random prompts and outputs with repeats), a row whose mask covers its
-// only usable token (kept), and rows without edits (untouched), at two vocabularies. Errors:
-// rows whose edited logits differ from the host's in any bit; rows whose token, picked on the
-// device as CudaForward does (ApplyScoreEdits, ArgmaxRows, DrawRows), is not the Sampler's.
+// a min_tokens mask, from random prompts and outputs with repeats; every 8th row a 2000-token
+// prompt under a repetition penalty, so that a row has more edits than the block has threads),
+// rows with NaN, -inf and -0 logits, a row whose mask covers its only usable token (kept), and
+// a greedy row without edits (untouched), at two vocabularies. Errors: rows whose edited logits
+// differ from the host's in any bit (any NaN equals any NaN: the device's is canonical); rows
+// whose token, picked on the device as CudaForward does (ApplyScoreEdits, ArgmaxRows,
+// DrawRows), is not the Sampler's.
 void CheckScoreEdits(cudaStream_t s) {
   const float inf = std::numeric_limits<float>::infinity();
   std::uniform_real_distribution<float> unit(0.0f, 1.0f);
@@ -122,6 +125,9 @@ void CheckScoreEdits(cudaStream_t s) {
     std::vector<int32_t> want(rows, -7);
     for (int r = 0; r < rows; ++r) {
       std::vector<float> row = Random(vocab, 3.0f);
+      if (r % 5 == 2)
+        for (int32_t i = 0; i < vocab; i += 7)
+          row[i] = i % 3 == 0 ? std::nanf("") : i % 3 == 1 ? -inf : -0.0f;
       SamplingParams p;
       p.seed = 100 + r;
       p.temperature = r % 4 == 0 ? 0.0f : 0.5f + unit(g_rng);
@@ -143,10 +149,19 @@ void CheckScoreEdits(cudaStream_t s) {
         p.min_tokens = 4;
         p.stop_token_ids = {2};
       }
-      if (r == rows - 1) p = SamplingParams{};  // greedy, no edits: untouched
-      std::vector<int32_t> tokens(1 + r % 9 + r % 3);
+      if (r == rows - 1) {  // greedy, no edits: untouched
+        p = SamplingParams{};
+        p.temperature = 0.0f;
+      }
+      const bool long_prompt = r % 8 == 0;
+      const size_t num_prompt = long_prompt ? 2000 : 1 + r % 9;
+      std::vector<int32_t> tokens(num_prompt + r % 3);
       for (int32_t& t : tokens) t = r % 2 ? token(g_rng) : token(g_rng) % 16;  // repeats
-      Sampler sampler(p, vocab, 1 + r % 9, std::vector<int32_t>{vocab - 1});
+      if (long_prompt) {
+        p.repetition_penalty = 1.3f;
+        for (int32_t& t : tokens) t = token(g_rng);
+      }
+      Sampler sampler(p, vocab, num_prompt, std::vector<int32_t>{vocab - 1});
       const bool picked = sampler.NextPickedByBackend(tokens, true, &draws[r], &edits);
       if (picked) want[r] = sampler.Sample(row, tokens).token_id;
       edit_begin.push_back(static_cast<int32_t>(edits.size()));
@@ -168,9 +183,16 @@ void CheckScoreEdits(cudaStream_t s) {
          "DrawRows");
     const std::vector<int32_t> got = Download<int32_t>(dids, rows);
     int wrong_rows = 0, wrong_tokens = 0, picked = 0;
+    size_t most_edits = 0;
+    auto same = [](float a, float b) {
+      return (std::isnan(a) && std::isnan(b)) || std::memcmp(&a, &b, sizeof a) == 0;
+    };
     for (int r = 0; r < rows; ++r) {
-      wrong_rows += std::memcmp(host.data() + size_t(r) * vocab,
-                                device.data() + size_t(r) * vocab, sizeof(float) * vocab) != 0;
+      bool row_same = true;
+      for (size_t i = size_t(r) * vocab; i < size_t(r + 1) * vocab; ++i)
+        row_same = row_same && same(host[i], device[i]);
+      wrong_rows += !row_same;
+      most_edits = std::max<size_t>(most_edits, edit_begin[r + 1] - edit_begin[r]);
       if (want[r] == -7) continue;  // stays on the host (none here: no logprobs)
       ++picked;
       wrong_tokens += got[r] != want[r];
@@ -179,6 +201,8 @@ void CheckScoreEdits(cudaStream_t s) {
     Report("ApplyScoreEdits vs host" + at + ": rows not bit-equal", wrong_rows, 0);
     Report("edited rows picked on device vs Sampler" + at + ": wrong tokens", wrong_tokens, 0);
     Report("edited rows picked on device" + at + ": rows not picked", rows - picked, 0);
+    Report("score edits" + at + ": a row of more edits than threads (1 = none)",
+           most_edits > 256 ? 0 : 1, 0);
   }
 }
 

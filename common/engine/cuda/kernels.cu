@@ -425,7 +425,7 @@ __global__ void ArgmaxKernel(const float* logits, int32_t vocab, int32_t* out_id
         best_i = best_id[w];
       }
     }
-    out_ids[blockIdx.x] = best_i == INT_MAX ? 0 : best_i;
+    out_ids[blockIdx.x] = best_i == INT_MAX ? -1 : best_i;  // ArgmaxRow's "nothing usable"
   }
 }
 

@@ -150,7 +150,8 @@ Status PagedAttentionPrefill(const PagedAttentionArgs& args, const int32_t* posi
 Status AddRowBias(float* y, const float* bias, int32_t rows, int32_t cols, cudaStream_t stream);
 
 // Greedy sampling: out_ids[r] = argmax of logits[r][0..vocab), lowest id on ties, NaN never
-// chosen (as tandem::Sampler with temperature 0 and no penalties). A row with no number gives 0.
+// chosen (as tandem::Sampler with temperature 0 and no penalties). A row with no number gives -1
+// (as ArgmaxRow).
 Status ArgmaxRows(const float* logits, int32_t num_rows, int32_t vocab, int32_t* out_ids,
                   cudaStream_t stream);
 

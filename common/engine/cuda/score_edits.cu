@@ -34,7 +34,7 @@ __global__ void ApplyScoreEditsKernel(float* logits, int32_t vocab, const ScoreE
   for (int32_t j = first + threadIdx.x; j < last; j += blockDim.x) {
     const ScoreEdit e = edits[j];
     row[e.token_id] = score_edits::Biased(row[e.token_id], e);
-    if (e.flags & kEditMask) any_mask = 1;
+    if (e.flags & kEditMask) atomicOr(&any_mask, 1);
   }
   __syncthreads();
   bool mask = false;
