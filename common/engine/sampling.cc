@@ -263,8 +263,14 @@ void Sampler::ApplyPenalties(std::span<const float> logits, std::span<const int3
 
 void Sampler::AppendScoreEdits(std::span<const int32_t> prompt_and_output_tokens,
                                std::vector<ScoreEdit>* edits) const {
+  AppendScoreEdits(prompt_and_output_tokens, edits, *ws_);
+}
+
+void Sampler::AppendScoreEdits(std::span<const int32_t> prompt_and_output_tokens,
+                               std::vector<ScoreEdit>* edits, SamplerWorkspace& workspace) const {
+  TANDEM_CHECK(workspace.vocab_size() == vocab_size_, "workspace of another vocabulary");
   const size_t first = edits->size();
-  int32_t* edit_of = ws_->edit_of.data();  // token -> its edit's index from `first`; else -1
+  int32_t* edit_of = workspace.edit_of.data();  // token -> its edit's index from `first`; else -1
   auto edit_for = [&](int32_t t) -> ScoreEdit& {
     TANDEM_CHECK(t >= 0 && t < vocab_size_, "token id out of range: " + std::to_string(t));
     if (edit_of[t] < 0) {
@@ -295,7 +301,7 @@ void Sampler::AppendScoreEdits(std::span<const int32_t> prompt_and_output_tokens
   const float presence = params_.presence_penalty;
   const float frequency = params_.frequency_penalty;
   if (presence != 0.0f || frequency != 0.0f) {  // output tokens only
-    int32_t* counts = ws_->counts.data();
+    int32_t* counts = workspace.counts.data();
     for (int32_t t : output) {
       edit_for(t).flags |= kEditSubtract;
       ++counts[t];
@@ -402,6 +408,17 @@ std::optional<RowDraw> Sampler::NextRowDraw(
 bool Sampler::NextPickedByBackend(std::span<const int32_t> prompt_and_output_tokens,
                                   bool backend_draws_rows, RowDraw* draw,
                                   std::vector<ScoreEdit>* edits) const {
+  bool needs_edits = false;
+  if (!NextPickedByBackend(prompt_and_output_tokens, backend_draws_rows, draw, &needs_edits))
+    return false;
+  if (needs_edits) AppendScoreEdits(prompt_and_output_tokens, edits);
+  return true;
+}
+
+bool Sampler::NextPickedByBackend(std::span<const int32_t> prompt_and_output_tokens,
+                                  bool backend_draws_rows, RowDraw* draw,
+                                  bool* needs_edits) const {
+  *needs_edits = false;
   if (NextIsPlainArgmax(prompt_and_output_tokens)) return true;
   if (!backend_draws_rows) return false;
   if (const std::optional<RowDraw> next = NextRowDraw(prompt_and_output_tokens)) {
@@ -409,11 +426,11 @@ bool Sampler::NextPickedByBackend(std::span<const int32_t> prompt_and_output_tok
     return true;
   }
   // What is left needs score edits (or processed logprobs).
-  if (params_.logprobs || edits == nullptr) return false;
+  if (params_.logprobs) return false;
   *draw = params_.greedy()  // greedy: the edited row's argmax
               ? RowDraw{}
               : DrawNumbers(prompt_and_output_tokens.size() - num_prompt_tokens_);
-  AppendScoreEdits(prompt_and_output_tokens, edits);
+  *needs_edits = true;
   return true;
 }
 

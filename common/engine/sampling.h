@@ -123,6 +123,10 @@ class Sampler {
   // Costs a pass over the tokens when the repetition penalty is on (as Sample() does).
   void AppendScoreEdits(std::span<const int32_t> prompt_and_output_tokens,
                         std::vector<ScoreEdit>* edits) const;
+  // The same with `workspace` as scratch (of this sampler's vocabulary): for samplers that
+  // share one workspace but build their edits on several threads at once (BatchSampling).
+  void AppendScoreEdits(std::span<const int32_t> prompt_and_output_tokens,
+                        std::vector<ScoreEdit>* edits, SamplerWorkspace& workspace) const;
 
   // Whether a backend may pick the next token where the logits are (GreedyRows): the plain
   // argmax; or, where the backend draws rows (ForwardBackend::draws_rows), a draw (into
@@ -134,6 +138,10 @@ class Sampler {
   bool NextPickedByBackend(std::span<const int32_t> prompt_and_output_tokens,
                            bool backend_draws_rows, RowDraw* draw,
                            std::vector<ScoreEdit>* edits) const;
+  // The same question, leaving the edits to be built later (BatchSampling::AppendScoreEdits,
+  // on the sampling threads): *needs_edits says whether the row needs them.
+  bool NextPickedByBackend(std::span<const int32_t> prompt_and_output_tokens,
+                           bool backend_draws_rows, RowDraw* draw, bool* needs_edits) const;
 
   // Samples the next token from logits[vocab_size] given every token so far (prompt first,
   // then output; at least num_prompt_tokens of them). The draw depends only on the seed and

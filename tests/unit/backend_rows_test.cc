@@ -162,6 +162,7 @@ TEST_CASE("decode on a backend that picks rows streams the host Sampler's tokens
     eo.token_budget = 16;  // prompts of 12-21 tokens run in chunks: not-last chunks are rows too
     eo.max_model_len = 256;
     eo.make_backend = Factory(picks_rows, &handed[picks_rows]);
+    eo.threads = 2;  // the edits are built on the sampling threads
     auto engine = std::move(BatchEngine::Create(*model, eo)).value();
     for (size_t i = 0; i < mix.size(); ++i)
       engine->AddNew("r" + std::to_string(i), PromptFor(i), mix[i]);
@@ -200,6 +201,7 @@ TEST_CASE("prefill on a backend that picks rows gives the host Sampler's first t
     po.max_model_len = 256;
     po.token_budget = 16;
     po.make_backend = Factory(picks_rows, &handed);
+    po.threads = 2;
     auto engine = std::move(PrefillEngine::Create(*model, po)).value();
     for (size_t i = 0; i < mix.size(); ++i)
       engine->Add("r" + std::to_string(i), PromptFor(i), mix[i]);
