@@ -486,6 +486,18 @@ StatusOr<std::span<const float>> CudaForward::Forward(std::span<const SequenceIn
   if (hooks != nullptr && hooks->all_reduce)
     return InvalidArgument("forward (cuda): all_reduce hooks reduce host buffers (the CPU "
                            "backend's tensor parallelism); the CUDA backend has none");
+  StatusOr<std::span<const float>> out = RunOnDevice(batch, cache, mode, hooks, greedy, max_len);
+  // Work queued before an error may still read the page-locked mirrors and device buffers
+  // that the next call rewrites (or frees, when they grow): wait for it here, bounded as every
+  // wait of this class, unless the error was that wait running out.
+  if (!out.ok() && out.status().code() != StatusCode::kDeadlineExceeded) (void)SyncStream();
+  return out;
+}
+
+StatusOr<std::span<const float>> CudaForward::RunOnDevice(std::span<const SequenceInput> batch,
+                                                          KvCache& cache, LogitsMode mode,
+                                                          const ForwardHooks* hooks,
+                                                          GreedyRows* greedy, int64_t max_len) {
   TANDEM_RETURN_IF_ERROR(SetDevice(where_.device));
   const ModelConfig& c = model_.config();
   const int32_t block_size = cache.layout().block_size;

@@ -136,6 +136,12 @@ class CudaForward final : public ForwardBackend {
   Status AllocateWorkspaces();
   // Copies batch_'s arrays into inputs_ (through the page-locked mirror) on stream_.
   Status UploadInputs();
+  // Forward after its checks: the pass, the rows' edits, draws and copies, one synchronisation.
+  // On an error it returns at once; Forward then waits for what was queued.
+  StatusOr<std::span<const float>> RunOnDevice(std::span<const SequenceInput> batch,
+                                               KvCache& cache, LogitsMode mode,
+                                               const ForwardHooks* hooks, GreedyRows* greedy,
+                                               int64_t max_len);
   // Queues the rows' score edits (GreedyRows::edits) on logits_ and the argmax of every row
   // after them (edits_ grows to hold them: a cudaMalloc, rare).
   Status EnqueueScoreEdits(const GreedyRows& greedy, int32_t rows);
