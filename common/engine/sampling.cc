@@ -202,6 +202,18 @@ Status SamplingParams::ValidateForVocab(int32_t vocab_size) const {
 
 // ---- Sampler -------------------------------------------------------------------------------
 
+TokenIdSet::TokenIdSet(std::span<const int32_t> tokens, int32_t vocab_size)
+    : bits_((static_cast<size_t>(vocab_size) + 63) / 64, 0), rank_(bits_.size(), 0) {
+  for (int32_t t : tokens) {
+    TANDEM_CHECK(t >= 0 && t < vocab_size, "token id out of range: " + std::to_string(t));
+    bits_[t >> 6] |= uint64_t{1} << (t & 63);
+  }
+  for (size_t w = 0; w < bits_.size(); ++w) {
+    rank_[w] = static_cast<int32_t>(size_);
+    size_ += static_cast<size_t>(std::popcount(bits_[w]));
+  }
+}
+
 SamplerWorkspace::SamplerWorkspace(int32_t vocab_size)
     : scores(vocab_size),
       logprob_src(vocab_size),
@@ -269,15 +281,31 @@ void Sampler::AppendScoreEdits(std::span<const int32_t> prompt_and_output_tokens
 void Sampler::AppendScoreEdits(std::span<const int32_t> prompt_and_output_tokens,
                                std::vector<ScoreEdit>* edits, SamplerWorkspace& workspace) const {
   TANDEM_CHECK(workspace.vocab_size() == vocab_size_, "workspace of another vocabulary");
+  TANDEM_CHECK(prompt_and_output_tokens.size() >= num_prompt_tokens_, "fewer tokens than prompt");
+  const float rep = params_.repetition_penalty;
   const size_t first = edits->size();
-  int32_t* edit_of = workspace.edit_of.data();  // token -> its edit's index from `first`; else -1
+  // Under the repetition penalty, one edit per distinct prompt token first, in id order (the
+  // prompt's TokenIdSet finds a token's among them); then one per other token touched, found
+  // through the workspace's edit_of (token -> its index from `others`; else -1).
+  const TokenIdSet* prompt_set = nullptr;
+  if (rep != 1.0f) {
+    if (!prompt_set_)
+      prompt_set_.emplace(prompt_and_output_tokens.first(num_prompt_tokens_), vocab_size_);
+    prompt_set = &*prompt_set_;
+    prompt_set->ForEach([&](int32_t t) {
+      edits->push_back(ScoreEdit{.token_id = t, .flags = kEditRepetition, .repetition = rep});
+    });
+  }
+  const size_t others = edits->size();
+  int32_t* edit_of = workspace.edit_of.data();
   auto edit_for = [&](int32_t t) -> ScoreEdit& {
     TANDEM_CHECK(t >= 0 && t < vocab_size_, "token id out of range: " + std::to_string(t));
+    if (prompt_set && prompt_set->Contains(t)) return (*edits)[first + prompt_set->IndexOf(t)];
     if (edit_of[t] < 0) {
-      edit_of[t] = static_cast<int32_t>(edits->size() - first);
+      edit_of[t] = static_cast<int32_t>(edits->size() - others);
       edits->push_back(ScoreEdit{.token_id = t});
     }
-    return (*edits)[first + edit_of[t]];
+    return (*edits)[others + edit_of[t]];
   };
 
   for (const TokenBias& b : params_.logit_bias) {
@@ -286,13 +314,12 @@ void Sampler::AppendScoreEdits(std::span<const int32_t> prompt_and_output_tokens
     e.bias = b.bias;
   }
   const std::span<const int32_t> output = prompt_and_output_tokens.subspan(num_prompt_tokens_);
-  if (output.size() < static_cast<size_t>(params_.min_tokens)) {
+  if (MaskActive(output.size())) {
     for (int32_t t : min_tokens_masked_)
       if (t >= 0 && t < vocab_size_) edit_for(t).flags |= kEditMask;
   }
-  const float rep = params_.repetition_penalty;
   if (rep != 1.0f) {  // once per distinct token of prompt and output, as HF's gather/scatter
-    for (int32_t t : prompt_and_output_tokens) {
+    for (int32_t t : output) {
       ScoreEdit& e = edit_for(t);
       e.flags |= kEditRepetition;
       e.repetition = rep;
@@ -312,7 +339,7 @@ void Sampler::AppendScoreEdits(std::span<const int32_t> prompt_and_output_tokens
       counts[t] = 0;
     }
   }
-  for (size_t i = first; i < edits->size(); ++i) edit_of[(*edits)[i].token_id] = -1;
+  for (size_t i = others; i < edits->size(); ++i) edit_of[(*edits)[i].token_id] = -1;
 }
 
 void Sampler::Warp() {
@@ -400,19 +427,9 @@ std::optional<RowDraw> Sampler::NextRowDraw(
   const SamplingParams& p = params_;
   if ((p.greedy() && !p.logprobs) || !ScoresAreLogits(p) ||
       (p.logprobs && p.logprobs_mode != LogprobsMode::kRaw) ||
-      (!min_tokens_masked_.empty() && num_output < static_cast<size_t>(p.min_tokens)))
+      MaskActive(num_output))
     return std::nullopt;
   return DrawNumbers(num_output);
-}
-
-bool Sampler::NextPickedByBackend(std::span<const int32_t> prompt_and_output_tokens,
-                                  bool backend_draws_rows, RowDraw* draw,
-                                  std::vector<ScoreEdit>* edits) const {
-  bool needs_edits = false;
-  if (!NextPickedByBackend(prompt_and_output_tokens, backend_draws_rows, draw, &needs_edits))
-    return false;
-  if (needs_edits) AppendScoreEdits(prompt_and_output_tokens, edits);
-  return true;
 }
 
 bool Sampler::NextPickedByBackend(std::span<const int32_t> prompt_and_output_tokens,

@@ -31,6 +31,7 @@
 #pragma once
 
 #include <array>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -81,6 +82,40 @@ class SamplerWorkspace {
   std::vector<ScoreEdit> edits;     // this call's score edits (capacity: the vocabulary)
 };
 
+// A set of token ids in [0, vocab_size): a bitmap with each 64-bit word's rank, so that
+// membership and a member's index in id order are O(1), and the members are listed in id order
+// in O(vocab_size / 64 + size). 12 bytes per 64 vocabulary entries. The Sampler keeps the
+// prompt's distinct tokens in one (the repetition penalty's prompt part, which never changes).
+class TokenIdSet {
+ public:
+  TokenIdSet() = default;
+  // Aborts on an id outside [0, vocab_size) (ids come from the tokenizer or a validated request).
+  TokenIdSet(std::span<const int32_t> tokens, int32_t vocab_size);
+
+  size_t size() const { return size_; }
+  bool Contains(int32_t t) const {
+    return t >= 0 && static_cast<size_t>(t) < bits_.size() * 64 &&
+           (bits_[t >> 6] >> (t & 63) & 1u);
+  }
+  // How many members are below t: a member's index in id order.
+  size_t IndexOf(int32_t t) const {
+    const uint64_t below = bits_[t >> 6] & ((uint64_t{1} << (t & 63)) - 1);
+    return rank_[t >> 6] + static_cast<size_t>(std::popcount(below));
+  }
+  // Calls visit(id) for every member, in increasing id order.
+  template <class Visit>
+  void ForEach(Visit visit) const {
+    for (size_t w = 0; w < bits_.size(); ++w)
+      for (uint64_t word = bits_[w]; word != 0; word &= word - 1)
+        visit(static_cast<int32_t>(w * 64 + std::countr_zero(word)));
+  }
+
+ private:
+  std::vector<uint64_t> bits_;  // bit t % 64 of word t / 64: t is a member
+  std::vector<int32_t> rank_;   // per word: the members in the words before it
+  size_t size_ = 0;
+};
+
 // The plain argmax of one row, the token greedy sampling picks: the lowest id among the
 // largest values; NaN and -inf never win; -1 when no entry is a number above -inf.
 int32_t ArgmaxRow(std::span<const float> logits);
@@ -120,7 +155,10 @@ class Sampler {
   // Steps 0-2 of the next Sample() (logit_bias, the min_tokens mask, the penalties) as score
   // edits (common/engine/score_edits.h), appended to *edits: ApplyScoreEdits(logits, them) is
   // the scores Sample() warps or takes the argmax of. None when ScoresAreLogits and no mask.
-  // Costs a pass over the tokens when the repetition penalty is on (as Sample() does).
+  // Under the repetition penalty the prompt's tokens come first, in id order, then the other
+  // tokens touched, in the order first touched. The prompt (the first num_prompt_tokens) must
+  // be the same in every call: the first call under the repetition penalty keeps its distinct
+  // tokens (a pass over the prompt, once), later calls list them without walking it again.
   void AppendScoreEdits(std::span<const int32_t> prompt_and_output_tokens,
                         std::vector<ScoreEdit>* edits) const;
   // The same with `workspace` as scratch (of this sampler's vocabulary): for samplers that
@@ -130,16 +168,12 @@ class Sampler {
 
   // Whether a backend may pick the next token where the logits are (GreedyRows): the plain
   // argmax; or, where the backend draws rows (ForwardBackend::draws_rows), a draw (into
-  // *draw), and for a row with logit_bias, penalties or a min_tokens mask and no logprobs,
-  // its score edits (appended to *edits), then its argmax (greedy) or its draw. Rows with
-  // logprobs and edits, and rows with processed logprobs, stay on the host (raw logprobs need
-  // the unedited logits; processed ones the warped distribution). The engines' one question
-  // per row.
-  bool NextPickedByBackend(std::span<const int32_t> prompt_and_output_tokens,
-                           bool backend_draws_rows, RowDraw* draw,
-                           std::vector<ScoreEdit>* edits) const;
-  // The same question, leaving the edits to be built later (BatchSampling::AppendScoreEdits,
-  // on the sampling threads): *needs_edits says whether the row needs them.
+  // *draw); or, for a row with logit_bias, penalties or a min_tokens mask and no logprobs,
+  // the argmax (greedy) or the draw of its scores after its score edits, which *needs_edits
+  // then asks for (AppendScoreEdits; the engines build them on the sampling threads,
+  // BatchSampling::AppendScoreEdits). Rows with logprobs and edits, and rows with processed
+  // logprobs, stay on the host (raw logprobs need the unedited logits; processed ones the
+  // warped distribution). The engines' one question per row.
   bool NextPickedByBackend(std::span<const int32_t> prompt_and_output_tokens,
                            bool backend_draws_rows, RowDraw* draw, bool* needs_edits) const;
 
@@ -175,6 +209,11 @@ class Sampler {
   // Copies logits into scores_ and applies logit_bias, the min_tokens mask and the penalties
   // (steps 0-2) through AppendScoreEdits and ApplyScoreEdits.
   void ApplyPenalties(std::span<const float> logits, std::span<const int32_t> tokens);
+  // Whether the min_tokens mask applies at output position `num_output`: a stop id or eos to
+  // mask, and fewer than min_tokens tokens generated.
+  bool MaskActive(size_t num_output) const {
+    return !min_tokens_masked_.empty() && num_output < static_cast<size_t>(params_.min_tokens);
+  }
   // RowDraw's numbers for output position `num_output` (kRowArgmax for greedy params).
   RowDraw DrawNumbers(size_t num_output) const;
   // Steps 3-6 on scores_; fills the workspace's candidates and their weights exp(s - max)
@@ -190,6 +229,11 @@ class Sampler {
   int32_t vocab_size_;
   size_t num_prompt_tokens_;
   std::vector<int32_t> min_tokens_masked_;  // stop ids masked before min_tokens; empty: none
+  // The prompt's distinct tokens, under the repetition penalty only: built by the first
+  // AppendScoreEdits (hence mutable: a Sampler is used by one thread at a time), so that each
+  // step's repetition edits are the set's members in id order and the prompt is walked once
+  // per request, not once per step (perf/README.md, Score edits).
+  mutable std::optional<TokenIdSet> prompt_set_;
   uint64_t seed_;
   size_t num_candidates_ = 0;
   double kept_weight_ = 0;

@@ -3,6 +3,7 @@
 // them are picked there too (Sampler::NextPickedByBackend).
 #include "common/engine/score_edits.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -21,6 +22,15 @@ namespace {
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
 bool SameBits(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
+// The engines' question for one row, with the edits it asks for appended to *edits.
+bool PickedByBackend(const Sampler& sampler, std::span<const int32_t> tokens,
+                     bool backend_draws_rows, RowDraw* draw, std::vector<ScoreEdit>* edits) {
+  bool needs_edits = false;
+  if (!sampler.NextPickedByBackend(tokens, backend_draws_rows, draw, &needs_edits)) return false;
+  if (needs_edits) sampler.AppendScoreEdits(tokens, edits);
+  return true;
+}
 
 TEST_CASE("score edits apply bias, mask, repetition and subtraction in the Sampler's order",
           "[sampling]") {
@@ -130,7 +140,7 @@ TEST_CASE("a backend that applies score edits picks the Sampler's token", "[samp
       Sampler sampler(params, vocab, num_prompt, eos);
       RowDraw draw;
       std::vector<ScoreEdit> edits = {{.token_id = 0}};  // another row's: appended after
-      const bool picked = sampler.NextPickedByBackend(tokens, true, &draw, &edits);
+      const bool picked = PickedByBackend(sampler, tokens, true, &draw, &edits);
       REQUIRE(picked);  // no logprobs: every such row is the backend's
       REQUIRE(edits[0].token_id == 0);
       const std::span<const ScoreEdit> own = std::span(edits).subspan(1);
@@ -172,23 +182,126 @@ TEST_CASE("the Sampler's scores are the logits with its score edits applied", "[
   Sampler sampler(p, vocab, 3);
   std::vector<ScoreEdit> edits;
   sampler.AppendScoreEdits(tokens, &edits);
-  // 7 (bias, repetition, subtract), 9 (bias), 3 (repetition), 12, 40 (repetition, subtract)
+  // The prompt's tokens first, in id order: 3 (repetition), 7 (bias, repetition, subtract);
+  // then the others as first touched: 9 (bias), 12, 40 (repetition, subtract).
   REQUIRE(edits.size() == 5);
+  std::vector<int32_t> ids;
+  for (const ScoreEdit& e : edits) ids.push_back(e.token_id);
+  CHECK(ids == std::vector<int32_t>{3, 7, 9, 12, 40});
   std::vector<float> row = logits;
   REQUIRE(ApplyScoreEdits(row, edits).ok());
-  REQUIRE(edits[0].token_id == 7);
-  CHECK(edits[0].flags == (kEditBias | kEditRepetition | kEditSubtract));
-  CHECK(edits[0].subtract == Approx(-0.4f * 2 + 0.7f));  // twice in the output
+  CHECK(edits[1].flags == (kEditBias | kEditRepetition | kEditSubtract));
+  CHECK(edits[1].subtract == Approx(-0.4f * 2 + 0.7f));  // twice in the output
   const float expect7 = [&] {
     float s = logits[7] + 3.5f;
     s = s < 0.0f ? s * 1.3f : s / 1.3f;
-    return s - edits[0].subtract;
+    return s - edits[1].subtract;
   }();
   CHECK(SameBits(row[7], expect7));
   CHECK(SameBits(row[9], logits[9] - 100.0f));
   const float expect3 = logits[3] < 0.0f ? logits[3] * 1.3f : logits[3] / 1.3f;
   CHECK(SameBits(row[3], expect3));  // prompt only: no presence or frequency
   CHECK(sampler.Sample(logits, tokens).token_id == ArgmaxRow(row));
+}
+
+TEST_CASE("a TokenIdSet lists its members in id order and finds their index", "[sampling]") {
+  const int32_t vocab = 130;  // three words, the last one partly used
+  const std::vector<int32_t> tokens = {64, 0, 129, 63, 64, 5, 127, 0};
+  const TokenIdSet set(tokens, vocab);
+  const std::vector<int32_t> want = {0, 5, 63, 64, 127, 129};
+  CHECK(set.size() == want.size());
+  std::vector<int32_t> listed;
+  set.ForEach([&](int32_t t) { listed.push_back(t); });
+  CHECK(listed == want);
+  for (int32_t t = -1; t <= vocab; ++t) {
+    const auto found = std::find(want.begin(), want.end(), t);
+    CHECK(set.Contains(t) == (found != want.end()));
+    if (found != want.end()) CHECK(set.IndexOf(t) == static_cast<size_t>(found - want.begin()));
+  }
+  CHECK(TokenIdSet({}, vocab).size() == 0);
+  CHECK_FALSE(TokenIdSet().Contains(0));
+}
+
+// Steps 0-2 written out over the whole row, as sampling.h states them: the reference the
+// edits are checked against (not through AppendScoreEdits, which Sample() uses too).
+std::vector<float> ReferenceScores(std::span<const float> logits, const SamplingParams& p,
+                                   std::span<const int32_t> tokens, size_t num_prompt,
+                                   std::span<const int32_t> masked) {
+  std::vector<float> row(logits.begin(), logits.end());
+  for (const TokenBias& b : p.logit_bias) row[b.token_id] = row[b.token_id] + b.bias;
+  if (tokens.size() - num_prompt < static_cast<size_t>(p.min_tokens)) {
+    std::vector<bool> is_masked(row.size());
+    for (int32_t t : masked) is_masked[t] = true;
+    bool other_usable = false;
+    for (size_t t = 0; t < row.size(); ++t) other_usable |= !is_masked[t] && row[t] > -kInf;
+    if (other_usable)
+      for (int32_t t : masked) row[t] = -kInf;
+  }
+  std::vector<int> seen(row.size()), count(row.size());
+  for (int32_t t : tokens) seen[t] = 1;
+  for (int32_t t : tokens.subspan(num_prompt)) ++count[t];
+  for (size_t t = 0; t < row.size(); ++t) {
+    float s = row[t];
+    if (p.repetition_penalty != 1.0f && seen[t])
+      s = s < 0.0f ? s * p.repetition_penalty : s / p.repetition_penalty;
+    if ((p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) && count[t] > 0)
+      s = s - (p.frequency_penalty * static_cast<float>(count[t]) + p.presence_penalty);
+    row[t] = s;
+  }
+  return row;
+}
+
+TEST_CASE("one Sampler's edits over many steps equal the scores written out", "[sampling]") {
+  // The prompt's token set is kept from the first call: every later step (one more output
+  // token each) must still give the written-out scores, bit for bit, with each token listed
+  // once.
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  const int32_t vocab = 300;
+  const std::vector<int32_t> eos = {299};
+  int rounds_with_mask = 0;
+  for (int round = 0; round < 40; ++round) {
+    SamplingParams p;
+    p.repetition_penalty = round % 4 == 3 ? 1.0f : 0.5f + static_cast<float>(rng() % 100) / 66;
+    p.presence_penalty = round % 3 == 0 ? 0.0f : static_cast<float>(rng() % 40) / 10 - 2.0f;
+    p.frequency_penalty = round % 5 == 0 ? 0.0f : static_cast<float>(rng() % 40) / 10 - 2.0f;
+    const int num_biases = static_cast<int>(rng() % 4);
+    for (int b = 0; b < num_biases; ++b)  // one id in each of [0, 70), [70, 140), [140, 210)
+      p.logit_bias.push_back({static_cast<int32_t>(b * 70 + rng() % 70),
+                              std::clamp(normal(rng) * 10, -100.0f, 100.0f)});
+    if (round % 2 == 0) {
+      p.min_tokens = 1 + static_cast<int>(rng() % 8);
+      p.stop_token_ids = {static_cast<int32_t>(rng() % vocab)};
+    }
+    std::vector<int32_t> masked = p.stop_token_ids;
+    masked.insert(masked.end(), eos.begin(), eos.end());
+    const size_t num_prompt = rng() % 200;  // 0 too: an empty prompt
+    std::vector<int32_t> tokens(num_prompt);
+    for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % 120);  // repeats, a dense part
+    Sampler sampler(p, vocab, num_prompt, eos);
+    for (int step = 0; step < 12; ++step) {
+      std::vector<float> logits(vocab);
+      for (float& v : logits) v = normal(rng);
+      std::vector<ScoreEdit> edits;
+      sampler.AppendScoreEdits(tokens, &edits);
+      std::vector<bool> listed(vocab);
+      for (const ScoreEdit& e : edits) {
+        REQUIRE_FALSE(listed[e.token_id]);
+        listed[e.token_id] = true;
+      }
+      std::vector<float> row = logits;
+      REQUIRE(ApplyScoreEdits(row, edits).ok());
+      const std::vector<float> want = ReferenceScores(logits, p, tokens, num_prompt, masked);
+      for (int32_t t = 0; t < vocab; ++t) {
+        INFO("round " << round << ", step " << step << ", token " << t);
+        REQUIRE(SameBits(row[t], want[t]));
+      }
+      rounds_with_mask +=
+          step == 0 && tokens.size() - num_prompt < static_cast<size_t>(p.min_tokens);
+      tokens.push_back(static_cast<int32_t>(rng() % 2 ? rng() % 120 : rng() % vocab));
+    }
+  }
+  CHECK(rounds_with_mask == 20);
 }
 
 TEST_CASE("rows with edits and logprobs stay on the host", "[sampling]") {
@@ -199,9 +312,9 @@ TEST_CASE("rows with edits and logprobs stay on the host", "[sampling]") {
   std::vector<ScoreEdit> edits;
   {
     Sampler sampler(p, 10, 2);
-    CHECK_FALSE(sampler.NextPickedByBackend(tokens, false, &draw, &edits));  // a CPU backend
+    CHECK_FALSE(PickedByBackend(sampler, tokens, false, &draw, &edits));  // a CPU backend
     CHECK(edits.empty());
-    CHECK(sampler.NextPickedByBackend(tokens, true, &draw, &edits));
+    CHECK(PickedByBackend(sampler, tokens, true, &draw, &edits));
     CHECK(draw.draw == 1);
     CHECK(edits.size() == 3);
   }
@@ -209,7 +322,7 @@ TEST_CASE("rows with edits and logprobs stay on the host", "[sampling]") {
   {
     Sampler sampler(p, 10, 2);
     edits.clear();
-    CHECK_FALSE(sampler.NextPickedByBackend(tokens, true, &draw, &edits));
+    CHECK_FALSE(PickedByBackend(sampler, tokens, true, &draw, &edits));
     CHECK(edits.empty());
   }
   p.logprobs = false;
@@ -217,7 +330,7 @@ TEST_CASE("rows with edits and logprobs stay on the host", "[sampling]") {
   {
     Sampler sampler(p, 10, 2);
     draw = RowDraw{};
-    CHECK(sampler.NextPickedByBackend(tokens, true, &draw, &edits));
+    CHECK(PickedByBackend(sampler, tokens, true, &draw, &edits));
     CHECK(draw.draw == 0);
     CHECK(edits.size() == 3);
   }
@@ -227,12 +340,12 @@ TEST_CASE("rows with edits and logprobs stay on the host", "[sampling]") {
   masked.stop_token_ids = {4};
   Sampler sampler(masked, 10, 2, std::vector<int32_t>{9});
   edits.clear();
-  CHECK(sampler.NextPickedByBackend(tokens, true, &draw, &edits));  // one output token so far
+  CHECK(PickedByBackend(sampler, tokens, true, &draw, &edits));  // one output token so far
   REQUIRE(edits.size() == 2);
   CHECK(edits[0].flags == kEditMask);
   edits.clear();
   const std::vector<int32_t> later = {1, 2, 3, 5};
-  CHECK(sampler.NextPickedByBackend(later, true, &draw, &edits));
+  CHECK(PickedByBackend(sampler, later, true, &draw, &edits));
   CHECK(edits.empty());  // a plain draw now
 }
 
