@@ -382,17 +382,18 @@ std::span<const float> BatchEngine::RunForward(StepShape* shape) {
   greedy_argmax_.assign(batch_.size(), -1);
   greedy_draws_.assign(batch_.size(), RowDraw{});
   greedy_logprobs_.resize(batch_.size());
-  edit_jobs_.clear();
+  greedy_edits_.clear();
+  greedy_edit_begin_.assign(1, 0);
   for (size_t i = 0; i < batch_.size(); ++i) {
     const Request& r = *batch_[i];
-    if (r.num_computed + inputs_[i].tokens.size() < r.tokens.size()) continue;
     bool needs_edits = false;
-    greedy_wanted_[i] = r.sampler->NextPickedByBackend(r.tokens, forward_->draws_rows(),
-                                                       &greedy_draws_[i], &needs_edits);
-    if (needs_edits) edit_jobs_.push_back({r.sampler.get(), r.tokens, i});
+    if (r.num_computed + inputs_[i].tokens.size() == r.tokens.size())
+      greedy_wanted_[i] = r.sampler->NextPickedByBackend(r.tokens, forward_->draws_rows(),
+                                                         &greedy_draws_[i], &needs_edits);
+    // Its score edits (logit_bias, penalties), here: a few microseconds a row (perf/README.md).
+    if (needs_edits) r.sampler->AppendScoreEdits(r.tokens, &greedy_edits_);
+    greedy_edit_begin_.push_back(static_cast<int32_t>(greedy_edits_.size()));
   }
-  // Their score edits (logit_bias, penalties), built on the sampling threads.
-  sampling_->AppendScoreEdits(edit_jobs_, batch_.size(), &greedy_edits_, &greedy_edit_begin_);
   GreedyRows greedy{greedy_wanted_,  greedy_argmax_, greedy_draws_,
                     greedy_logprobs_, greedy_edits_,  greedy_edit_begin_};
   const auto forward_start = Clock::now();

@@ -207,7 +207,6 @@ class BatchEngine {
   std::vector<RowLogprobs> greedy_logprobs_;
   std::vector<ScoreEdit> greedy_edits_;     // rows' score edits (GreedyRows::edits)
   std::vector<int32_t> greedy_edit_begin_;  // [batch + 1]
-  std::vector<BatchSampling::EditJob> edit_jobs_;  // the rows whose edits are built
   // The step's host sampling (options.threads threads), its jobs and, per batch entry, the
   // result (of the rows that sample on the host).
   std::unique_ptr<BatchSampling> sampling_;

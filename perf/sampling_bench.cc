@@ -9,8 +9,8 @@
 // Then a whole step: 64 rows of top-p 0.9, each its own Sampler, through BatchSampling on each
 // of --threads threads (S.threads), the median of 9 steps. Last, what a device backend's step
 // costs the engine thread for a row with penalties instead (Sampler::AppendScoreEdits: the
-// row's score edits, uploaded in place of sampling on the host), by prompt length, and for a
-// step of 64 such rows on --threads threads.
+// row's score edits, uploaded in place of sampling on the host), by prompt length: its first
+// step and the steps after it.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -120,38 +120,6 @@ double EditMicrosPerRow(int vocab, int prompt, int rows, std::mt19937& rng, size
   return times[times.size() / 2];
 }
 
-// Median milliseconds of one step's score edits for `batch` rows as above (a `prompt`-token
-// prompt, 256 outputs, penalties) through BatchSampling::AppendScoreEdits on `threads`.
-double EditStepMillis(int vocab, int prompt, int batch, int threads, std::mt19937& rng) {
-  SamplingParams params;
-  params.temperature = 0.8f;
-  params.repetition_penalty = 1.1f;
-  params.presence_penalty = 0.5f;
-  params.frequency_penalty = 0.3f;
-  SamplerWorkspace shared(vocab);
-  std::vector<std::vector<int32_t>> tokens(batch);
-  std::vector<std::unique_ptr<Sampler>> samplers;
-  std::vector<BatchSampling::EditJob> jobs;
-  for (int r = 0; r < batch; ++r) {
-    tokens[r].resize(static_cast<size_t>(prompt) + 256);
-    for (int32_t& t : tokens[r]) t = static_cast<int32_t>(rng() % vocab);
-    samplers.push_back(std::make_unique<Sampler>(params, &shared, prompt));
-    jobs.push_back({samplers.back().get(), tokens[r], static_cast<size_t>(r)});
-  }
-  BatchSampling sampling(threads, vocab);
-  std::vector<ScoreEdit> edits;
-  std::vector<int32_t> begin;
-  std::vector<double> times;
-  for (int step = 0; step < 5; ++step) {
-    const auto t0 = std::chrono::steady_clock::now();
-    sampling.AppendScoreEdits(jobs, batch, &edits, &begin);
-    times.push_back(
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
-}
-
 // Median milliseconds of one step of `batch` top-p rows through BatchSampling on `threads`.
 double StepMillis(int vocab, int batch, int threads, std::mt19937& rng) {
   std::normal_distribution<float> normal(0.0f, 3.0f);
@@ -254,20 +222,6 @@ int Run(const std::vector<std::string>& args) {
                   us * 64 / 1000);
       out.push_back({{"setting", "score edits"}, {"vocab", vocab}, {"prompt", prompt},
                      {"edits", edits}, {"first_us", first_us}, {"us_per_row", us}});
-    }
-  }
-  std::printf("\n| score edits of 64 penalised rows (4096-token prompts) | vocab | threads | ms | "
-              "vs 1 thread |\n");
-  std::printf("|---|---|---|---|---|\n");
-  for (int vocab : vocabs) {
-    double one = 0;
-    for (int t : threads) {
-      const double ms = EditStepMillis(vocab, 4096, 64, t, rng);
-      if (t == threads.front()) one = ms;
-      std::printf("| BatchSampling::AppendScoreEdits | %d | %d | %.2f | %.2fx |\n", vocab, t, ms,
-                  one / ms);
-      out.push_back({{"setting", "score edits step, 64 rows"}, {"vocab", vocab}, {"threads", t},
-                     {"ms_per_step", ms}});
     }
   }
   std::ofstream(flags.GetString("json")) << out.dump(2) << "\n";

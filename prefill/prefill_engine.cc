@@ -198,22 +198,21 @@ bool PrefillEngine::Step(PrefillObserver& observer) {
   std::vector<int32_t> greedy_argmax(batch.size(), -1);
   std::vector<RowDraw> draws(batch.size());
   std::vector<RowLogprobs> drawn_logprobs(batch.size());
-  std::vector<BatchSampling::EditJob> edit_jobs;
+  std::vector<ScoreEdit> edits;  // the rows' score edits (logit_bias, penalties)
+  std::vector<int32_t> edit_begin{0};
   std::vector<std::unique_ptr<Sampler>> samplers(batch.size());  // of the last chunks
   for (size_t i = 0; i < batch.size(); ++i) {
     const PrefillRequest& r = *queue_[batch[i].index];
-    if (r.num_computed + batch[i].num_tokens != static_cast<int32_t>(r.prompt.size())) continue;
-    samplers[i] = std::make_unique<Sampler>(r.sampling, workspace_.get(), r.prompt.size(),
-                                            eos_ids_);
-    bool needs_edits = false;
-    greedy_wanted[i] = samplers[i]->NextPickedByBackend(r.prompt, forward_->draws_rows(),
-                                                        &draws[i], &needs_edits);
-    if (needs_edits) edit_jobs.push_back({samplers[i].get(), r.prompt, i});
+    if (r.num_computed + batch[i].num_tokens == static_cast<int32_t>(r.prompt.size())) {
+      samplers[i] = std::make_unique<Sampler>(r.sampling, workspace_.get(), r.prompt.size(),
+                                              eos_ids_);
+      bool needs_edits = false;
+      greedy_wanted[i] = samplers[i]->NextPickedByBackend(r.prompt, forward_->draws_rows(),
+                                                          &draws[i], &needs_edits);
+      if (needs_edits) samplers[i]->AppendScoreEdits(r.prompt, &edits);
+    }
+    edit_begin.push_back(static_cast<int32_t>(edits.size()));
   }
-  // Their score edits (logit_bias, penalties), built on the sampling threads.
-  std::vector<ScoreEdit> edits;
-  std::vector<int32_t> edit_begin;
-  sampling_->AppendScoreEdits(edit_jobs, batch.size(), &edits, &edit_begin);
   GreedyRows greedy{greedy_wanted, greedy_argmax, draws, drawn_logprobs, edits, edit_begin};
   StatusOr<std::span<const float>> logits = forward_->Forward(
       inputs_, *cache_, LogitsMode::kLastToken, observe_layers ? &hooks : nullptr, &greedy);

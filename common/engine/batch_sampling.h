@@ -8,11 +8,7 @@
 // (perf/README.md, Host sampling); a GPU decode step of 64 rows is well under that total, so a
 // step's sampling is spread over the host's cores (S.threads).
 //
-// The rows a device picks itself still need their score edits built on the host (logit_bias,
-// penalties: Sampler::AppendScoreEdits, a walk over the request's tokens: 0.3 ms a row at a 32k
-// prompt under repetition_penalty), and AppendScoreEdits spreads those over the same threads.
-//
-// Threads: Run and AppendScoreEdits are called by one thread at a time (the engine thread).
+// Threads: Run is called by one thread at a time (the engine thread).
 #pragma once
 
 #include <cstdint>
@@ -38,24 +34,10 @@ class BatchSampling {
   // done. A job's sampler is used by one thread only.
   void Run(std::span<const Job> jobs, std::span<SampleResult> results);
 
-  struct EditJob {
-    const Sampler* sampler = nullptr;
-    std::span<const int32_t> tokens;  // prompt and output so far
-    size_t row = 0;                   // the batch row whose edits these are
-  };
-  // Builds every job's score edits (jobs[k].sampler->AppendScoreEdits(jobs[k].tokens)) on the
-  // threads and writes them in row order into *edits (cleared first), with *edit_begin =
-  // [rows + 1] offsets (GreedyRows::edit_begin); rows without a job get none. Jobs must be in
-  // increasing row order, rows < `rows`. The same result as one thread's.
-  void AppendScoreEdits(std::span<const EditJob> jobs, size_t rows,
-                        std::vector<ScoreEdit>* edits, std::vector<int32_t>* edit_begin);
-
   int threads() const { return threads_.degree(); }
 
  private:
   std::vector<SamplerWorkspace> workspaces_;  // one per thread
-  std::vector<std::vector<ScoreEdit>> thread_edits_;  // AppendScoreEdits: one per thread
-  std::vector<size_t> job_end_;  // AppendScoreEdits: per job, its end in its thread's list
   RankThreads threads_;
 };
 

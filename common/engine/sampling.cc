@@ -275,12 +275,6 @@ void Sampler::ApplyPenalties(std::span<const float> logits, std::span<const int3
 
 void Sampler::AppendScoreEdits(std::span<const int32_t> prompt_and_output_tokens,
                                std::vector<ScoreEdit>* edits) const {
-  AppendScoreEdits(prompt_and_output_tokens, edits, *ws_);
-}
-
-void Sampler::AppendScoreEdits(std::span<const int32_t> prompt_and_output_tokens,
-                               std::vector<ScoreEdit>* edits, SamplerWorkspace& workspace) const {
-  TANDEM_CHECK(workspace.vocab_size() == vocab_size_, "workspace of another vocabulary");
   TANDEM_CHECK(prompt_and_output_tokens.size() >= num_prompt_tokens_, "fewer tokens than prompt");
   const float rep = params_.repetition_penalty;
   const size_t first = edits->size();
@@ -297,7 +291,7 @@ void Sampler::AppendScoreEdits(std::span<const int32_t> prompt_and_output_tokens
     });
   }
   const size_t others = edits->size();
-  int32_t* edit_of = workspace.edit_of.data();
+  int32_t* edit_of = ws_->edit_of.data();
   auto edit_for = [&](int32_t t) -> ScoreEdit& {
     TANDEM_CHECK(t >= 0 && t < vocab_size_, "token id out of range: " + std::to_string(t));
     if (prompt_set && prompt_set->Contains(t)) return (*edits)[first + prompt_set->IndexOf(t)];
@@ -328,7 +322,7 @@ void Sampler::AppendScoreEdits(std::span<const int32_t> prompt_and_output_tokens
   const float presence = params_.presence_penalty;
   const float frequency = params_.frequency_penalty;
   if (presence != 0.0f || frequency != 0.0f) {  // output tokens only
-    int32_t* counts = workspace.counts.data();
+    int32_t* counts = ws_->counts.data();
     for (int32_t t : output) {
       edit_for(t).flags |= kEditSubtract;
       ++counts[t];

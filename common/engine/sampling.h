@@ -161,17 +161,12 @@ class Sampler {
   // tokens (a pass over the prompt, once), later calls list them without walking it again.
   void AppendScoreEdits(std::span<const int32_t> prompt_and_output_tokens,
                         std::vector<ScoreEdit>* edits) const;
-  // The same with `workspace` as scratch (of this sampler's vocabulary): for samplers that
-  // share one workspace but build their edits on several threads at once (BatchSampling).
-  void AppendScoreEdits(std::span<const int32_t> prompt_and_output_tokens,
-                        std::vector<ScoreEdit>* edits, SamplerWorkspace& workspace) const;
 
   // Whether a backend may pick the next token where the logits are (GreedyRows): the plain
   // argmax; or, where the backend draws rows (ForwardBackend::draws_rows), a draw (into
   // *draw); or, for a row with logit_bias, penalties or a min_tokens mask and no logprobs,
   // the argmax (greedy) or the draw of its scores after its score edits, which *needs_edits
-  // then asks for (AppendScoreEdits; the engines build them on the sampling threads,
-  // BatchSampling::AppendScoreEdits). Rows with logprobs and edits, and rows with processed
+  // then asks for (AppendScoreEdits). Rows with logprobs and edits, and rows with processed
   // logprobs, stay on the host (raw logprobs need the unedited logits; processed ones the
   // warped distribution). The engines' one question per row.
   bool NextPickedByBackend(std::span<const int32_t> prompt_and_output_tokens,

@@ -162,7 +162,7 @@ TEST_CASE("decode on a backend that picks rows streams the host Sampler's tokens
     eo.token_budget = 16;  // prompts of 12-21 tokens run in chunks: not-last chunks are rows too
     eo.max_model_len = 256;
     eo.make_backend = Factory(picks_rows, &handed[picks_rows]);
-    eo.threads = 2;  // the edits are built on the sampling threads
+    eo.threads = 2;  // the host rows sample on two threads
     auto engine = std::move(BatchEngine::Create(*model, eo)).value();
     for (size_t i = 0; i < mix.size(); ++i)
       engine->AddNew("r" + std::to_string(i), PromptFor(i), mix[i]);
