@@ -118,9 +118,22 @@ Status ValidateGreedyRows(const GreedyRows* greedy, size_t batch_size, LogitsMod
       (!greedy->draws.empty() && greedy->draws.size() != batch_size) ||
       (!greedy->logprobs.empty() && greedy->logprobs.size() != batch_size))
     return InvalidArgument("forward: greedy rows do not match the batch");
-  for (size_t i = 0; i < greedy->draws.size(); ++i)
+  for (size_t i = 0; i < greedy->draws.size(); ++i) {
+    // The draw kernels hold top_logprobs entries in fixed arrays and divide by the temperature.
+    const RowDraw& d = greedy->draws[i];
+    if (d.draw != kRowNotDrawn && d.draw != kRowDrawn && d.draw != kRowArgmax)
+      return InvalidArgument("forward: row " + std::to_string(i) + " has an unknown draw kind");
+    if (d.draw != kRowNotDrawn && (d.top_logprobs < -1 || d.top_logprobs > kMaxTopLogprobs))
+      return InvalidArgument("forward: row " + std::to_string(i) + " asks for " +
+                             std::to_string(d.top_logprobs) + " top logprobs (at most " +
+                             std::to_string(kMaxTopLogprobs) + ")");
+    if (d.draw == kRowDrawn && !(d.temperature > 0.0f && d.top_p > 0.0f && d.top_p <= 1.0f &&
+                                 d.min_p >= 0.0f && d.min_p <= 1.0f && d.u >= 0.0 && d.u < 1.0))
+      return InvalidArgument("forward: row " + std::to_string(i) +
+                             " has draw numbers outside their ranges (common/engine/row_draw.h)");
     if (greedy->wants_logprobs(i) && greedy->logprobs.empty())
       return InvalidArgument("forward: a drawn row wants logprobs and GreedyRows has none");
+  }
   TANDEM_RETURN_IF_ERROR(
       ValidateScoreEdits(greedy->edits, greedy->edit_begin, batch_size, vocab_size));
   for (size_t i = 0; i + 1 < greedy->edit_begin.size(); ++i) {

@@ -360,9 +360,9 @@ void CheckArgmax(cudaStream_t s) {
   tie[7] = nan;
   logits.insert(logits.end(), tie.begin(), tie.end());
   want.push_back(123);
-  std::vector<float> masked(vocab, -inf);  // nothing finite: 0
+  std::vector<float> masked(vocab, -inf);  // nothing usable: -1 (ArgmaxRow's answer)
   logits.insert(logits.end(), masked.begin(), masked.end());
-  want.push_back(0);
+  want.push_back(-1);
   DeviceBuffer dl = Upload(logits), dids = Scratch(want.size() * 4);
   Must(ArgmaxRows(dl.as<float>(), want.size(), vocab, dids.as<int32_t>(), s), "ArgmaxRows");
   std::vector<int32_t> got = Download<int32_t>(dids, want.size());

@@ -5,6 +5,7 @@
 // device against the Sampler's.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <span>
@@ -68,6 +69,11 @@ void CheckDrawRows(cudaStream_t s) {
       draws.push_back(MixFor(r, uniform(g_rng)));
     }
     draws.back().draw = 0;  // not drawn: its id stays as it was
+    if (vocab == 1000) {  // the row with nothing usable, greedy with logprobs: -1 too
+      draws[rows - 2] = RowDraw{};
+      draws[rows - 2].draw = kRowArgmax;
+      draws[rows - 2].top_logprobs = 5;
+    }
     std::vector<int32_t> want(rows);
     std::vector<RowLogprobs> want_logprobs(rows);
     for (int r = 0; r < rows; ++r)
@@ -89,7 +95,12 @@ void CheckDrawRows(cudaStream_t s) {
       if (!draws[r].draw || draws[r].top_logprobs < 0 || want[r] < 0) continue;
       const RowLogprobs& a = got_logprobs[r];
       const RowLogprobs& b = want_logprobs[r];
-      auto diff = [](float x, float y) { return x == y ? 0.0 : std::abs(double(x) - y); };
+      // NaN on one side only is an error; on both (the +inf row's logprobs), none.
+      auto diff = [](float x, float y) {
+        if (std::isnan(x) || std::isnan(y))
+          return std::isnan(x) && std::isnan(y) ? 0.0 : std::numeric_limits<double>::infinity();
+        return x == y ? 0.0 : std::abs(double(x) - y);
+      };
       logprob_err = std::max(logprob_err, diff(a.logprob, b.logprob));
       wrong_top += a.num_top != b.num_top;
       for (int j = 0; j < std::min(a.num_top, b.num_top); ++j) {

@@ -238,6 +238,19 @@ TEST_CASE("greedy rows: the CPU backend fills the wanted rows' argmax and return
   CHECK((*cpu)->Forward(batch, **cache, LogitsMode::kLastToken, nullptr, &drawn)
             .status()
             .message() == "forward: a drawn row wants logprobs and GreedyRows has none");
+  // Draw numbers the draw kernels cannot take are refused, naming the row.
+  for (int bad = 0; bad < 4; ++bad) {
+    std::vector<RowDraw> wrong = draws;
+    if (bad == 0) wrong[1].top_logprobs = kMaxTopLogprobs + 1;
+    if (bad == 1) wrong[1].temperature = 0.0f;
+    if (bad == 2) wrong[1].u = 1.0;
+    if (bad == 3) wrong[1].draw = 3;
+    GreedyRows refused{both, argmax, wrong, logprobs};
+    const Status status =
+        (*cpu)->Forward(batch, **cache, LogitsMode::kLastToken, nullptr, &refused).status();
+    CHECK(status.code() == StatusCode::kInvalidArgument);
+    CHECK(status.message().find("forward: row 1 ") == 0);
+  }
   const std::vector<RowDraw> one_draw(1);
   GreedyRows short_draws{both, argmax, one_draw, {}};
   CHECK((*cpu)->Forward(batch, **cache, LogitsMode::kLastToken, nullptr, &short_draws)

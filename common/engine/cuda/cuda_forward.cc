@@ -573,7 +573,8 @@ StatusOr<std::span<const float>> CudaForward::RunOnDevice(std::span<const Sequen
   if (greedy != nullptr)
     for (size_t i = 0; i < batch.size(); ++i) {
       if (greedy->wanted[i]) greedy->argmax[i] = argmax_host_.as<int32_t>()[i];
-      if (greedy->wants_logprobs(i)) greedy->logprobs[i] = logprobs_host_.as<RowLogprobs>()[i];
+      if (greedy->wanted[i] && greedy->wants_logprobs(i))  // other entries are left alone
+        greedy->logprobs[i] = logprobs_host_.as<RowLogprobs>()[i];
     }
   return std::span<const float>(logits_host_.as<float>(), bytes / sizeof(float));
 }
