@@ -111,9 +111,15 @@ inline DeviceBuffer Scratch(size_t bytes) {
   return Must(DeviceBuffer::Allocate(bytes), "cudaMalloc");
 }
 
+// The largest |a - b|; NaN if any entry is NaN (std::max would drop it, and a kernel that
+// writes NaN would pass).
 inline double MaxAbsDiff(const std::vector<float>& a, const std::vector<double>& b) {
   double m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double d = std::abs(a[i] - b[i]);
+    if (std::isnan(d)) return d;
+    m = std::max(m, d);
+  }
   return m;
 }
 

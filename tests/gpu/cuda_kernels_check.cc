@@ -263,13 +263,16 @@ void RefHead(const AttentionFixture& f, const float* q, int sq, int h, int lo, i
             f.head_dim, f.scale, out);
 }
 
-// Decode: one query per sequence over its whole context, split over partitions or not, with
-// and without a sliding window.
+// Decode: one query per sequence over its whole context, split over the partitions it needs
+// and over one more (a captured graph's count, fixed for a longer context), and in one
+// partition where the sliding window (300 keys) fits in it. Fewer partitions than the context
+// needs are outside the kernel's contract (it covers kDecodePartitionTokens keys each).
 void CheckDecodeAttention(AttentionFixture& f, const std::string& what, cudaStream_t s) {
   const int num_seqs = f.num_seqs(), heads = f.heads, head_dim = f.head_dim;
   PagedAttentionArgs args = f.args;
+  const int need = DecodePartitions(f.max_len);
   for (int window : {0, 300}) {
-    for (int partitions : {1, DecodePartitions(f.max_len)}) {
+    for (int partitions : {window > 0 ? 1 : need, need + 1}) {
       std::vector<float> q = Random(size_t(num_seqs) * f.q_stride());
       DeviceBuffer dq = Upload(q);
       DeviceBuffer dout = Scratch(size_t(num_seqs) * heads * head_dim * 4);

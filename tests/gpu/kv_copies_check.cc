@@ -10,14 +10,15 @@
 namespace tandem::cuda {
 namespace {
 
-// cuda_ipc's copies of a pull: one cudaMemcpyAsync a contiguous range, the strided ones in
-// CopyRowsBatch launches (kvtransfer/cuda_ipc/cuda_ipc_transport.cc).
+// cuda_ipc's copies of a pull into a pool it can reach directly: one cudaMemcpyAsync a long
+// contiguous range, the strided ones and short contiguous ones (under 8 KiB) in CopyRowsBatch
+// launches (kvtransfer/cuda_ipc/cuda_ipc_transport.cc).
 void IpcCopies(const std::vector<StridedCopy>& copies, const uint8_t* from,
                std::vector<DeviceBuffer>& pools, cudaStream_t s) {
   std::vector<RowCopy> strided;
   for (const StridedCopy& c : copies) {
     uint8_t* to = pools[c.local_pool].as<uint8_t>() + c.local_offset;
-    if (c.rows > 1)
+    if (c.rows > 1 || c.length < 8192)  // as cuda_ipc's kBatchedCopyBelow, peers with access
       strided.push_back({from + c.remote_offset, to, c.remote_stride, c.local_stride, c.length,
                          c.rows});
     else

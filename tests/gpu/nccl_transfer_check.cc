@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
@@ -373,9 +374,18 @@ int main(int argc, char** argv) {
   std::vector<char*> child_env;
   for (std::string& e : env_strings) child_env.push_back(e.data());
   child_env.push_back(nullptr);
-  if (posix_spawn(&child, "/proc/self/exe", nullptr, nullptr, child_argv, child_env.data()) != 0) {
-    Die("posix_spawn");
-  }
+  // The child keeps only its own ends: holding the parent's (down[1], up[0]) would leave it
+  // waiting forever for input if the parent died. A child that dies makes the parent's next
+  // write fail (EPIPE, reported) instead of killing it by SIGPIPE.
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addclose(&actions, down[1]);
+  posix_spawn_file_actions_addclose(&actions, up[0]);
+  const int spawned =
+      posix_spawn(&child, "/proc/self/exe", &actions, nullptr, child_argv, child_env.data());
+  posix_spawn_file_actions_destroy(&actions);
+  if (spawned != 0) Die("posix_spawn");
+  std::signal(SIGPIPE, SIG_IGN);  // after the spawn: the child keeps the default
   close(down[0]);
   close(up[1]);
   const int pub_rc = Publisher(down[1], up[0]);
