@@ -84,10 +84,13 @@ class BatchDriver : public InstanceDriver, public EngineSink {
   double tombstone_ttl_s_ = 20;
   Histogram* handoff_wait_ = nullptr;
   std::unique_ptr<Model> model_;
-  std::unique_ptr<KvPuller> puller_;  // decode only
   std::unique_ptr<BatchEngine> engine_;
   std::unique_ptr<InstanceHost> host_;  // stopped before the engine and the intake go
   std::unique_ptr<KvIntake> intake_;    // decode only
+  // Decode only. Declared last, so destroyed first (the host is stopped by then): its pulls
+  // still in flight write into the engine's pools (cuda_ipc and nccl hold raw addresses) and
+  // end with callbacks into the intake, both still alive while it goes.
+  std::unique_ptr<KvPuller> puller_;
   std::map<std::string, ConnId> routes_;  // request -> its router session's connection
   std::map<std::string, Clock::time_point> tombstones_;  // cancelled before seen -> expiry
   std::deque<std::string> tombstone_order_;

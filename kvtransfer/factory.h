@@ -43,14 +43,16 @@ namespace tandem {
 
 // `pools`: one per rank of the instance (one unless tensor parallelism: pool_shape.degree),
 // for the engine (ForwardBackend::AdoptKvPools); pools[0] is what KvCache::Create takes.
+// The pools are declared first so that they go last: a transport's copies in flight read or
+// write them until it is destroyed.
 struct PublisherWithPool {
-  std::unique_ptr<KvPublisher> publisher;
   std::vector<KvPoolMemory> pools;
+  std::unique_ptr<KvPublisher> publisher;
 };
 
 struct PullerWithPool {
-  std::unique_ptr<KvPuller> puller;
   std::vector<KvPoolMemory> pools;
+  std::unique_ptr<KvPuller> puller;
 };
 
 struct TransferFactoryOptions {
