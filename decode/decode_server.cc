@@ -288,6 +288,8 @@ Status BatchDriver::Init(InstanceRole role, const RoleArgs& args) {
     io.max_batch_size = section.max_batch_size;
     io.kv_usage_watermark = section.kv_usage_watermark;
     io.hold_timeout_s = config.prefill.kv_hold_timeout_s;
+    io.pull_start_margin_s = PullStartMarginSeconds(
+        config.transfer.backend, config.transfer.timeout_s, config.prefill.kv_hold_timeout_s);
     io.layerwise = config.transfer.layerwise;
     io.handoff_wait = handoff_wait_;
     intake_ = std::make_unique<KvIntake>(*host_, *engine_, *puller_, *this, io);

@@ -284,13 +284,18 @@ void KvIntake::PrefillClosed(ConnId conn) {
   }
 }
 
+double PullStartMarginSeconds(std::string_view transfer_backend, double transfer_timeout_s,
+                              double hold_timeout_s) {
+  const double margin_s = transfer_backend == "cuda_ipc" ? std::max(1.0, transfer_timeout_s) : 1.0;
+  return std::min(margin_s, 0.2 * hold_timeout_s);
+}
+
 void KvIntake::ExpireWaiting() {
   // Prefill frees unpulled KV after prefill.kv_hold_timeout_s (same cluster config). Pulling
   // after that could read blocks it has reused, so a request that waited that long (less a
-  // margin) fails here instead. Prefill's hold starts when it sends the first token; until
-  // then, conservatively, when KvReady came. The margin is 1 s, or a fifth of a shorter hold
-  // (a hold of 1 s or less must still leave time to pull).
-  const double margin_s = std::min(1.0, 0.2 * options_.hold_timeout_s);
+  // margin: PullStartMarginSeconds) fails here instead. Prefill's hold starts when it sends the
+  // first token; until then, conservatively, when KvReady came.
+  const double margin_s = options_.pull_start_margin_s;
   const auto limit = std::chrono::milliseconds(
       static_cast<int64_t>((options_.hold_timeout_s - margin_s) * 1000));
   const auto now = Clock::now();

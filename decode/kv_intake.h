@@ -35,6 +35,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/base/metrics.h"
@@ -49,11 +50,21 @@ enum class IntakeState { kWaiting, kPulling, kStreaming, kPulled, kAbandoned, kR
 const char* IntakeStateName(IntakeState state);
 bool IntakeTransitionAllowed(IntakeState from, IntakeState to);
 
+// How long before prefill's hold on a request's KV ends (prefill.kv_hold_timeout_s) decode stops
+// starting its pull and fails it instead (KvIntake::ExpireWaiting): a pull must be over before
+// prefill may reuse the blocks. 1 s; with cuda_ipc the transfer timeout, since its copies read
+// prefill's pool directly and nothing would tell a reused block from the request's (ucx reads
+// are served by the publisher, which refuses a released request; nccl sends a header that says
+// so). At most a fifth of the hold: a short hold must still leave time to pull.
+double PullStartMarginSeconds(std::string_view transfer_backend, double transfer_timeout_s,
+                              double hold_timeout_s);
+
 struct KvIntakeOptions {
   int32_t block_size = 16;
   int32_t max_batch_size = 64;
   double kv_usage_watermark = 0.95;
   double hold_timeout_s = 20;  // prefill.kv_hold_timeout_s: prefill frees unpulled KV then
+  double pull_start_margin_s = 1;  // PullStartMarginSeconds
   bool layerwise = false;      // a request may join the batch mid-pull
   Histogram* handoff_wait = nullptr;  // from learning the first token to having all of the KV
 };

@@ -334,3 +334,14 @@ TEST_CASE("handoff state machines: only the named transitions are allowed", "[se
   CHECK_FALSE(IntakeTransitionAllowed(I::kAbandoned, I::kStreaming));
   CHECK_FALSE(IntakeTransitionAllowed(I::kReleased, I::kFailed));
 }
+
+TEST_CASE("decode stops starting pulls a margin before prefill's hold ends", "[instance]") {
+  // cuda_ipc copies read prefill's pool directly and cannot be refused once prefill reuses the
+  // blocks, so they keep a transfer timeout's margin; the others 1 s; a fifth of a short hold.
+  CHECK(PullStartMarginSeconds("ucx", 5, 30) == 1.0);
+  CHECK(PullStartMarginSeconds("nccl", 5, 30) == 1.0);
+  CHECK(PullStartMarginSeconds("cuda_ipc", 5, 30) == 5.0);
+  CHECK(PullStartMarginSeconds("cuda_ipc", 0.5, 30) == 1.0);
+  CHECK(PullStartMarginSeconds("cuda_ipc", 5, 10) == 2.0);
+  CHECK(PullStartMarginSeconds("ucx", 5, 1) == Approx(0.2));
+}
