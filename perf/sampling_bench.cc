@@ -58,6 +58,17 @@ std::vector<Setting> Settings() {
   return out;
 }
 
+using Clock = std::chrono::steady_clock;
+
+double MicrosSince(Clock::time_point t0) {
+  return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+}
+
+double Median(std::vector<double> times) {
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
 // Median microseconds per Sample() over `rows` rows of `vocab` logits.
 double MicrosPerRow(const SamplingParams& params, int vocab, int rows, std::mt19937& rng) {
   std::normal_distribution<float> normal(0.0f, 3.0f);
@@ -69,14 +80,12 @@ double MicrosPerRow(const SamplingParams& params, int vocab, int rows, std::mt19
   std::vector<double> times;
   for (int r = 0; r < rows; ++r) {
     const std::span<const float> row(logits.data() + static_cast<size_t>(r) * vocab, vocab);
-    const auto t0 = std::chrono::steady_clock::now();
+    const Clock::time_point t0 = Clock::now();
     SampleResult result = sampler.Sample(row, tokens);
-    times.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
-                        .count());
+    times.push_back(MicrosSince(t0));
     tokens[250] = result.token_id;  // keep the result alive
   }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  return Median(times);
 }
 
 // Median microseconds of one row's AppendScoreEdits (repetition, presence and frequency
@@ -98,26 +107,22 @@ double EditMicrosPerRow(int vocab, int prompt, int rows, std::mt19937& rng, size
   for (int fresh = 0; fresh < 9; ++fresh) {
     Sampler first(params, vocab, prompt);
     out.clear();
-    const auto t0 = std::chrono::steady_clock::now();
+    const Clock::time_point t0 = Clock::now();
     first.AppendScoreEdits(tokens, &out);
-    times.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
-                        .count());
+    times.push_back(MicrosSince(t0));
   }
-  std::sort(times.begin(), times.end());
-  *first_us = times[times.size() / 2];
+  *first_us = Median(times);
   times.clear();
   Sampler sampler(params, vocab, prompt);
   sampler.AppendScoreEdits(tokens, &out);  // its first call
   for (int r = 0; r < rows; ++r) {
     out.clear();
-    const auto t0 = std::chrono::steady_clock::now();
+    const Clock::time_point t0 = Clock::now();
     sampler.AppendScoreEdits(tokens, &out);
-    times.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
-                        .count());
+    times.push_back(MicrosSince(t0));
   }
   *edits = out.size();
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  return Median(times);
 }
 
 // Median milliseconds of one step of `batch` top-p rows through BatchSampling on `threads`.
@@ -143,13 +148,11 @@ double StepMillis(int vocab, int batch, int threads, std::mt19937& rng) {
   std::vector<SampleResult> results(batch);
   std::vector<double> times;
   for (int step = 0; step < 9; ++step) {
-    const auto t0 = std::chrono::steady_clock::now();
+    const Clock::time_point t0 = Clock::now();
     sampling.Run(jobs, results);
-    times.push_back(
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    times.push_back(MicrosSince(t0) / 1000);
   }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  return Median(times);
 }
 
 int Run(const std::vector<std::string>& args) {
