@@ -386,12 +386,10 @@ std::span<const float> BatchEngine::RunForward(StepShape* shape) {
   greedy_edit_begin_.assign(1, 0);
   for (size_t i = 0; i < batch_.size(); ++i) {
     const Request& r = *batch_[i];
-    bool needs_edits = false;
+    // With its score edits (logit_bias, penalties): a few microseconds a row (perf/README.md).
     if (r.num_computed + inputs_[i].tokens.size() == r.tokens.size())
       greedy_wanted_[i] = r.sampler->NextPickedByBackend(r.tokens, forward_->draws_rows(),
-                                                         &greedy_draws_[i], &needs_edits);
-    // Its score edits (logit_bias, penalties), here: a few microseconds a row (perf/README.md).
-    if (needs_edits) r.sampler->AppendScoreEdits(r.tokens, &greedy_edits_);
+                                                         &greedy_draws_[i], &greedy_edits_);
     greedy_edit_begin_.push_back(static_cast<int32_t>(greedy_edits_.size()));
   }
   GreedyRows greedy{greedy_wanted_,  greedy_argmax_, greedy_draws_,

@@ -206,10 +206,8 @@ bool PrefillEngine::Step(PrefillObserver& observer) {
     if (r.num_computed + batch[i].num_tokens == static_cast<int32_t>(r.prompt.size())) {
       samplers[i] = std::make_unique<Sampler>(r.sampling, workspace_.get(), r.prompt.size(),
                                               eos_ids_);
-      bool needs_edits = false;
       greedy_wanted[i] = samplers[i]->NextPickedByBackend(r.prompt, forward_->draws_rows(),
-                                                          &draws[i], &needs_edits);
-      if (needs_edits) samplers[i]->AppendScoreEdits(r.prompt, &edits);
+                                                          &draws[i], &edits);
     }
     edit_begin.push_back(static_cast<int32_t>(edits.size()));
   }

@@ -428,8 +428,7 @@ std::optional<RowDraw> Sampler::NextRowDraw(
 
 bool Sampler::NextPickedByBackend(std::span<const int32_t> prompt_and_output_tokens,
                                   bool backend_draws_rows, RowDraw* draw,
-                                  bool* needs_edits) const {
-  *needs_edits = false;
+                                  std::vector<ScoreEdit>* edits) const {
   if (NextIsPlainArgmax(prompt_and_output_tokens)) return true;
   if (!backend_draws_rows) return false;
   if (const std::optional<RowDraw> next = NextRowDraw(prompt_and_output_tokens)) {
@@ -441,7 +440,7 @@ bool Sampler::NextPickedByBackend(std::span<const int32_t> prompt_and_output_tok
   *draw = params_.greedy()  // greedy: the edited row's argmax
               ? RowDraw{}
               : DrawNumbers(prompt_and_output_tokens.size() - num_prompt_tokens_);
-  *needs_edits = true;
+  AppendScoreEdits(prompt_and_output_tokens, edits);
   return true;
 }
 

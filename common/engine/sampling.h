@@ -165,12 +165,13 @@ class Sampler {
   // Whether a backend may pick the next token where the logits are (GreedyRows): the plain
   // argmax; or, where the backend draws rows (ForwardBackend::draws_rows), a draw (into
   // *draw); or, for a row with logit_bias, penalties or a min_tokens mask and no logprobs,
-  // the argmax (greedy) or the draw of its scores after its score edits, which *needs_edits
-  // then asks for (AppendScoreEdits). Rows with logprobs and edits, and rows with processed
-  // logprobs, stay on the host (raw logprobs need the unedited logits; processed ones the
-  // warped distribution). The engines' one question per row.
+  // the argmax (greedy) or the draw of its scores after its score edits, appended to *edits
+  // (AppendScoreEdits). Rows with logprobs and edits, and rows with processed logprobs, stay on
+  // the host (raw logprobs need the unedited logits; processed ones the warped distribution).
+  // The engines' one question per row.
   bool NextPickedByBackend(std::span<const int32_t> prompt_and_output_tokens,
-                           bool backend_draws_rows, RowDraw* draw, bool* needs_edits) const;
+                           bool backend_draws_rows, RowDraw* draw,
+                           std::vector<ScoreEdit>* edits) const;
 
   // Samples the next token from logits[vocab_size] given every token so far (prompt first,
   // then output; at least num_prompt_tokens of them). The draw depends only on the seed and

@@ -173,9 +173,7 @@ void CheckScoreEdits(cudaStream_t s) {
         for (int32_t& t : tokens) t = token(g_rng);
       }
       Sampler sampler(p, vocab, num_prompt, std::vector<int32_t>{vocab - 1});
-      bool needs_edits = false;
-      const bool picked = sampler.NextPickedByBackend(tokens, true, &draws[r], &needs_edits);
-      if (needs_edits) sampler.AppendScoreEdits(tokens, &edits);
+      const bool picked = sampler.NextPickedByBackend(tokens, true, &draws[r], &edits);
       if (picked) want[r] = sampler.Sample(row, tokens).token_id;
       edit_begin.push_back(static_cast<int32_t>(edits.size()));
       logits.insert(logits.end(), row.begin(), row.end());
@@ -258,10 +256,8 @@ void TimeDrawRows(cudaStream_t s) {
     samplers.reserve(rows);
     for (int r = 0; r < rows; ++r) {
       samplers.emplace_back(setting.params, vocab, setting.num_prompt);
-      bool needs_edits = false;
-      if (!samplers.back().NextPickedByBackend(tokens, true, &draws[r], &needs_edits))
+      if (!samplers.back().NextPickedByBackend(tokens, true, &draws[r], &edits))
         Must(Internal("a row the device does not pick"), "NextPickedByBackend");
-      if (needs_edits) samplers.back().AppendScoreEdits(tokens, &edits);
       edit_begin.push_back(static_cast<int32_t>(edits.size()));
     }
     DeviceBuffer dd = Upload(draws);

@@ -23,15 +23,6 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 
 bool SameBits(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }
 
-// The engines' question for one row, with the edits it asks for appended to *edits.
-bool PickedByBackend(const Sampler& sampler, std::span<const int32_t> tokens,
-                     bool backend_draws_rows, RowDraw* draw, std::vector<ScoreEdit>* edits) {
-  bool needs_edits = false;
-  if (!sampler.NextPickedByBackend(tokens, backend_draws_rows, draw, &needs_edits)) return false;
-  if (needs_edits) sampler.AppendScoreEdits(tokens, edits);
-  return true;
-}
-
 TEST_CASE("score edits apply bias, mask, repetition and subtraction in the Sampler's order",
           "[sampling]") {
   std::vector<float> row = {2.0f, -1.0f, 3.0f, 0.5f, -kInf};
@@ -140,7 +131,7 @@ TEST_CASE("a backend that applies score edits picks the Sampler's token", "[samp
       Sampler sampler(params, vocab, num_prompt, eos);
       RowDraw draw;
       std::vector<ScoreEdit> edits = {{.token_id = 0}};  // another row's: appended after
-      const bool picked = PickedByBackend(sampler, tokens, true, &draw, &edits);
+      const bool picked = sampler.NextPickedByBackend(tokens, true, &draw, &edits);
       REQUIRE(picked);  // no logprobs: every such row is the backend's
       REQUIRE(edits[0].token_id == 0);
       const std::span<const ScoreEdit> own = std::span(edits).subspan(1);
@@ -312,9 +303,9 @@ TEST_CASE("rows with edits and logprobs stay on the host", "[sampling]") {
   std::vector<ScoreEdit> edits;
   {
     Sampler sampler(p, 10, 2);
-    CHECK_FALSE(PickedByBackend(sampler, tokens, false, &draw, &edits));  // a CPU backend
+    CHECK_FALSE(sampler.NextPickedByBackend(tokens, false, &draw, &edits));  // a CPU backend
     CHECK(edits.empty());
-    CHECK(PickedByBackend(sampler, tokens, true, &draw, &edits));
+    CHECK(sampler.NextPickedByBackend(tokens, true, &draw, &edits));
     CHECK(draw.draw == 1);
     CHECK(edits.size() == 3);
   }
@@ -322,7 +313,7 @@ TEST_CASE("rows with edits and logprobs stay on the host", "[sampling]") {
   {
     Sampler sampler(p, 10, 2);
     edits.clear();
-    CHECK_FALSE(PickedByBackend(sampler, tokens, true, &draw, &edits));
+    CHECK_FALSE(sampler.NextPickedByBackend(tokens, true, &draw, &edits));
     CHECK(edits.empty());
   }
   p.logprobs = false;
@@ -330,7 +321,7 @@ TEST_CASE("rows with edits and logprobs stay on the host", "[sampling]") {
   {
     Sampler sampler(p, 10, 2);
     draw = RowDraw{};
-    CHECK(PickedByBackend(sampler, tokens, true, &draw, &edits));
+    CHECK(sampler.NextPickedByBackend(tokens, true, &draw, &edits));
     CHECK(draw.draw == 0);
     CHECK(edits.size() == 3);
   }
@@ -340,12 +331,12 @@ TEST_CASE("rows with edits and logprobs stay on the host", "[sampling]") {
   masked.stop_token_ids = {4};
   Sampler sampler(masked, 10, 2, std::vector<int32_t>{9});
   edits.clear();
-  CHECK(PickedByBackend(sampler, tokens, true, &draw, &edits));  // one output token so far
+  CHECK(sampler.NextPickedByBackend(tokens, true, &draw, &edits));  // one output token so far
   REQUIRE(edits.size() == 2);
   CHECK(edits[0].flags == kEditMask);
   edits.clear();
   const std::vector<int32_t> later = {1, 2, 3, 5};
-  CHECK(PickedByBackend(sampler, later, true, &draw, &edits));
+  CHECK(sampler.NextPickedByBackend(later, true, &draw, &edits));
   CHECK(edits.empty());  // a plain draw now
 }
 
