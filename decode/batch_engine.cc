@@ -76,12 +76,7 @@ BatchEngine::BatchEngine(const Model& model, const BatchEngineOptions& options)
   }
 }
 
-StatusOr<std::unique_ptr<BatchEngine>> BatchEngine::Create(const Model& model,
-                                                           const BatchEngineOptions& options) {
-  if (options.kv_blocks <= 0 || options.block_size <= 0 || options.max_batch_size <= 0 ||
-      options.token_budget <= 0)
-    return InvalidArgument("engine options must be positive");
-  std::unique_ptr<BatchEngine> engine(new BatchEngine(model, options));
+ForwardOptions BatchEngine::BackendOptions(const BatchEngineOptions& options) {
   ForwardOptions fo;
   fo.num_threads = options.threads;
   // prefill_first runs a prompt (or a preempted sequence's recompute) whole, even past the
@@ -93,6 +88,16 @@ StatusOr<std::unique_ptr<BatchEngine>> BatchEngine::Create(const Model& model,
   fo.max_model_len = options.max_model_len;
   fo.tensor_parallel = options.tensor_parallel;
   fo.kv_dtype = options.kv_dtype;
+  return fo;
+}
+
+StatusOr<std::unique_ptr<BatchEngine>> BatchEngine::Create(const Model& model,
+                                                           const BatchEngineOptions& options) {
+  if (options.kv_blocks <= 0 || options.block_size <= 0 || options.max_batch_size <= 0 ||
+      options.token_budget <= 0)
+    return InvalidArgument("engine options must be positive");
+  std::unique_ptr<BatchEngine> engine(new BatchEngine(model, options));
+  const ForwardOptions fo = BackendOptions(options);
   TANDEM_ASSIGN_OR_RETURN(engine->forward_,
                           options.make_backend
                               ? options.make_backend(model, fo)

@@ -114,6 +114,9 @@ class BatchEngine {
   // `model` must outlive the engine. Allocates the KV pool and every workspace now.
   static StatusOr<std::unique_ptr<BatchEngine>> Create(const Model& model,
                                                        const BatchEngineOptions& options);
+  // What Create gives its forward backend for `options` (the KV pool is sized beside the
+  // backend's buffers: InstanceKvPools).
+  static ForwardOptions BackendOptions(const BatchEngineOptions& options);
 
   // Checks a request against the model and the pool (InvalidArgument, TooLarge).
   Status Validate(const std::vector<int32_t>& prompt, const SamplingParams& sampling) const;

@@ -233,7 +233,8 @@ Status BatchDriver::InitTransferAndEngine(const RoleArgs& args,
   // With tensor_parallel each GPU holds a rank's weights and a rank's pool (its KV heads).
   TANDEM_ASSIGN_OR_RETURN(
       KvPoolShape shape,
-      InstanceKvPools(config, section, colocated() ? "colocated" : "decode", *model_));
+      InstanceKvPools(config, section, colocated() ? "colocated" : "decode", *model_,
+                      BatchEngine::BackendOptions(eo)));
   eo.kv_blocks = shape.num_blocks;
   eo.metrics = setup_.metrics.get();
   // A request joins the batch only once every layer was announced: the pull ends within the

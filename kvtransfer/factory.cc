@@ -9,9 +9,11 @@
 #include <cstring>
 #include <fstream>
 
+#include "common/engine/device_memory.h"
 #include "common/engine/forward_backend.h"
 #include "common/engine/tensor_parallel.h"
 #include "kvtransfer/inprocess_transport.h"
+#include "kvtransfer/nccl_packing.h"
 #if TANDEM_HAVE_CUDA  // set for this file only (CMakeLists.txt)
 #include "common/engine/cuda/cuda_backend.h"
 #include "kvtransfer/cuda_ipc/cuda_ipc_transport.h"
@@ -192,8 +194,24 @@ StatusOr<std::string> InterfaceOfAddress(const std::string& ip) {
   return name;
 }
 
+uint64_t TransferDeviceBytes(const ClusterConfig& config, std::string_view name) {
+  if (config.transfer.backend != "nccl" || name == "colocated") return 0;
+  const bool prefill = name == "prefill";
+  const InstanceSection& self = prefill ? config.prefill : config.decode;
+  const InstanceSection& peers = prefill ? config.decode : config.prefill;
+  const int64_t peer_instances =
+      std::max<int64_t>(peers.instances, static_cast<int64_t>(peers.addresses.size()));
+  // A GPU of a rank links with the peer ranks that hold its KV heads: one rank of an equal or
+  // smaller degree, t_peer / t_self of a larger one.
+  const int64_t links_per_peer =
+      std::max(1, (peers.tensor_parallel + self.tensor_parallel - 1) / self.tensor_parallel);
+  return static_cast<uint64_t>(std::max<int64_t>(peer_instances, 1) * links_per_peer) *
+         kLinkStagingBytes;
+}
+
 StatusOr<KvPoolShape> InstanceKvPools(const ClusterConfig& config, const InstanceSection& section,
-                                      std::string_view name, const Model& model) {
+                                      std::string_view name, const Model& model,
+                                      const ForwardOptions& forward) {
   const ModelConfig& mc = model.config();
   StatusOr<TpPlan> plan = MakeTpPlan(mc, section.tensor_parallel);
   if (!plan.ok())  // "decode.tensor_parallel 2 does not divide num_attention_heads 9"
@@ -202,10 +220,33 @@ StatusOr<KvPoolShape> InstanceKvPools(const ClusterConfig& config, const Instanc
   shape.full = KvLayout{mc.num_layers, mc.num_kv_heads, mc.head_dim, config.kv_cache.block_size,
                         ResolvedKvDType(config)};
   shape.degree = plan->degree;
-  TANDEM_ASSIGN_OR_RETURN(
-      uint64_t budget, KvMemoryBudgetBytes(section.device, TpRankWeightBytes(model, plan->degree)));
+  const bool on_gpu = section.device == "cuda";
+  // What each GPU holds besides its pool (rank 0's buffers: it alone has the LM head output).
+  DeviceMemoryNeed need;
+  if (on_gpu) {
+    need.weights = TpRankWeightBytes(model, plan->degree);
+    need.workspaces = PlanCudaWorkspaces(ShardConfig(mc, *plan), forward,
+                                         model.dtype() != WeightDType::kF32,
+                                         /*returns_logits=*/true)
+                          .device_bytes();
+    need.transfer = TransferDeviceBytes(config, name);
+  }
+  TANDEM_ASSIGN_OR_RETURN(uint64_t budget,
+                          KvMemoryBudgetBytes(section.device, need.besides_kv()));
   TANDEM_ASSIGN_OR_RETURN(shape.num_blocks,
                           KvPoolBlocks(config, section, shape.rank_layout(), budget));
+  if (!on_gpu) return shape;
+  // Before anything is allocated: every GPU of the instance has room for all of it now (another
+  // process's pools, or an instance sharing the GPU, may have taken what the budget assumed).
+  need.kv_pool = shape.pool_bytes();
+  const std::string field = section.kv_blocks > 0 ? std::string(name) + ".kv_blocks"
+                                                  : std::string("kv_cache.memory_fraction");
+  for (int rank = 0; rank < plan->degree; ++rank) {
+    TANDEM_ASSIGN_OR_RETURN(DeviceMemoryNow memory, DeviceMemoryOf(section.device, rank));
+    TANDEM_RETURN_IF_ERROR(CheckDeviceMemoryFits(config.Where(field), field, std::string(name),
+                                                 rank, need, memory.free_bytes,
+                                                 memory.total_bytes));
+  }
   return shape;
 }
 

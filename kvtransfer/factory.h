@@ -34,6 +34,7 @@
 #include "common/base/metrics.h"
 #include "common/base/status.h"
 #include "common/config/config.h"
+#include "common/engine/forward_backend.h"
 #include "common/engine/kv_cache.h"
 #include "common/model/model.h"
 #include "kvtransfer/sharded_copies.h"
@@ -89,12 +90,25 @@ StatusOr<std::string> MachineBootId();
 StatusOr<std::string> InterfaceOfAddress(const std::string& ip);
 
 // The KV pools of an instance of `section` (named `name`: prefill, decode, colocated) serving
-// `model`: one per rank of S.tensor_parallel, all alike, each sized against one device's memory
-// less a rank's weights (KvPoolBlocks with the rank's KV heads, block size kv_cache.block_size).
-// InvalidArgument naming <name>.tensor_parallel when the model does not split that many ways;
-// KvMemoryBudgetBytes' and KvPoolBlocks' errors.
+// `model` with a backend given `forward` (the engine's BackendOptions): one per rank of
+// S.tensor_parallel, all alike, each sized by KvPoolBlocks (the rank's KV heads, block size
+// kv_cache.block_size) against one device's memory less what that device holds besides: on a
+// GPU the rank's weights, its forward buffers (PlanCudaWorkspaces) and the transfer's
+// (TransferDeviceBytes). On a GPU it then checks every rank's GPU has room for all of it now,
+// before anything is allocated: ResourceExhausted naming kv_cache.memory_fraction (or
+// <name>.kv_blocks) and the sizes otherwise (CheckDeviceMemoryFits). InvalidArgument naming
+// <name>.tensor_parallel when the model does not split that many ways; KvMemoryBudgetBytes' and
+// KvPoolBlocks' errors.
 StatusOr<KvPoolShape> InstanceKvPools(const ClusterConfig& config, const InstanceSection& section,
-                                      std::string_view name, const Model& model);
+                                      std::string_view name, const Model& model,
+                                      const ForwardOptions& forward);
+
+// Bytes of GPU memory the KV transfer holds on each GPU of an instance named `name` (prefill,
+// decode, colocated): nccl's staging buffer (kLinkStagingBytes) for each link the GPU may have,
+// one per peer instance the config names (S.instances, or S.addresses where longer) and peer
+// rank that holds its KV heads; 0 for the other backends (they stage nothing on the GPU) and for
+// colocated instances. NCCL's own buffers are not counted (kDeviceMemoryMargin).
+uint64_t TransferDeviceBytes(const ClusterConfig& config, std::string_view name);
 
 StatusOr<PublisherWithPool> CreatePublisherWithPool(const TransferSection& transfer,
                                                     size_t pool_bytes,

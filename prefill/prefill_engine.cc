@@ -21,12 +21,7 @@ uint64_t RandomSeed() {
 PrefillEngine::PrefillEngine(const Model& model, PrefillEngineOptions options)
     : model_(model), options_(std::move(options)) {}
 
-StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(const Model& model,
-                                                               PrefillEngineOptions options) {
-  std::unique_ptr<PrefillEngine> engine(new PrefillEngine(model, std::move(options)));
-  PrefillEngineOptions& o = engine->options_;
-  for (int id : model.config().eos_token_ids) engine->eos_ids_.push_back(id);
-  engine->workspace_ = std::make_unique<SamplerWorkspace>(model.config().vocab_size);
+ForwardOptions PrefillEngine::BackendOptions(const PrefillEngineOptions& o) {
   ForwardOptions fo;
   fo.num_threads = o.threads;
   fo.max_batch_tokens = o.token_budget;
@@ -34,6 +29,16 @@ StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(const Model& mode
   fo.max_model_len = o.max_model_len;
   fo.tensor_parallel = o.tensor_parallel;
   fo.kv_dtype = o.kv_dtype;
+  return fo;
+}
+
+StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(const Model& model,
+                                                               PrefillEngineOptions options) {
+  std::unique_ptr<PrefillEngine> engine(new PrefillEngine(model, std::move(options)));
+  PrefillEngineOptions& o = engine->options_;
+  for (int id : model.config().eos_token_ids) engine->eos_ids_.push_back(id);
+  engine->workspace_ = std::make_unique<SamplerWorkspace>(model.config().vocab_size);
+  const ForwardOptions fo = BackendOptions(o);
   TANDEM_ASSIGN_OR_RETURN(engine->forward_, o.make_backend
                                                 ? o.make_backend(model, fo)
                                                 : CreateForwardBackend(model, fo, o.device));

@@ -88,6 +88,9 @@ class PrefillEngine {
   // `model` must outlive the engine.
   static StatusOr<std::unique_ptr<PrefillEngine>> Create(const Model& model,
                                                          PrefillEngineOptions options);
+  // What Create gives its forward backend for `options` (the KV pool is sized beside the
+  // backend's buffers: InstanceKvPools).
+  static ForwardOptions BackendOptions(const PrefillEngineOptions& options);
 
   // InvalidArgument (empty prompt, tokens outside the vocabulary, bad sampling), TooLarge
   // (prompt + max_tokens over max_model_len, prompt over the pool).

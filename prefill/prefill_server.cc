@@ -124,7 +124,8 @@ Status PrefillDriver::Init(const RoleArgs& args) {
   eo.metrics = setup_.metrics.get();
   // With tensor_parallel each GPU holds a rank's weights and a rank's pool (its KV heads).
   TANDEM_ASSIGN_OR_RETURN(KvPoolShape shape,
-                          InstanceKvPools(config, section, "prefill", *model_));
+                          InstanceKvPools(config, section, "prefill", *model_,
+                                          PrefillEngine::BackendOptions(eo)));
   eo.kv_blocks = shape.num_blocks;
   // Our own hold timer fires first; the transport's lease is the backstop.
   TANDEM_ASSIGN_OR_RETURN(kv_, CreatePublisherWithPool(

@@ -63,15 +63,28 @@ StatusOr<std::unique_ptr<ForwardBackend>> CreateForwardBackend(const Model& mode
   return UnsupportedDevice(device);
 }
 
-StatusOr<uint64_t> KvMemoryBudgetBytes(std::string_view device, size_t weight_bytes) {
+StatusOr<uint64_t> KvMemoryBudgetBytes(std::string_view device, uint64_t device_reserved_bytes) {
   if (device == "cpu") return MachineMemoryBytes();
 #if TANDEM_HAVE_CUDA
   if (device == "cuda") {
     TANDEM_ASSIGN_OR_RETURN(uint64_t total, cuda::CudaDeviceMemoryBytes());
-    return total > weight_bytes ? total - weight_bytes : 0;
+    return total > device_reserved_bytes ? total - device_reserved_bytes : 0;
   }
 #endif
-  static_cast<void>(weight_bytes);  // only a device pool shares its memory with the weights
+  static_cast<void>(device_reserved_bytes);  // a device pool shares its memory with the rest
+  return UnsupportedDevice(device);
+}
+
+StatusOr<DeviceMemoryNow> DeviceMemoryOf(std::string_view device, int index) {
+  if (device == "cpu")
+    return InvalidArgument("device cpu: its KV pools are checked against the machine's memory");
+#if TANDEM_HAVE_CUDA
+  if (device == "cuda") {
+    TANDEM_ASSIGN_OR_RETURN(auto free_and_total, cuda::CudaDeviceFreeAndTotalBytes(index));
+    return DeviceMemoryNow{free_and_total.first, free_and_total.second};
+  }
+#endif
+  static_cast<void>(index);
   return UnsupportedDevice(device);
 }
 

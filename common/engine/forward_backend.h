@@ -177,9 +177,19 @@ using ForwardBackendFactory = std::function<StatusOr<std::unique_ptr<ForwardBack
     const Model& model, const ForwardOptions& options)>;
 
 // The memory a KV pool on `device` takes its share (kv_cache.memory_fraction) of: the machine's
-// (cpu, MachineMemoryBytes) or the device's total less `weight_bytes` (cuda: the weights live
-// there too). Errors as CreateForwardBackend's for the device.
-StatusOr<uint64_t> KvMemoryBudgetBytes(std::string_view device, size_t weight_bytes);
+// (cpu, MachineMemoryBytes) or the device's total less `device_reserved_bytes` (cuda: what the
+// instance holds there besides its pool, DeviceMemoryNeed::besides_kv in
+// common/engine/device_memory.h). Errors as CreateForwardBackend's for the device.
+StatusOr<uint64_t> KvMemoryBudgetBytes(std::string_view device, uint64_t device_reserved_bytes);
+
+// Free and total bytes of GPU `index` (of those CUDA_VISIBLE_DEVICES shows) of `device` now:
+// what start-up checks an instance's pool, weights and buffers against before allocating any.
+// cuda only: InvalidArgument for another device; errors as CreateForwardBackend's.
+struct DeviceMemoryNow {
+  uint64_t free_bytes = 0;
+  uint64_t total_bytes = 0;
+};
+StatusOr<DeviceMemoryNow> DeviceMemoryOf(std::string_view device, int index);
 
 // Whether this build has the CUDA backend.
 bool ForwardBackendHasCuda();

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "common/base/status.h"
 #include "common/engine/forward_backend.h"
@@ -32,6 +33,10 @@ Status CopyHostToDevice(void* device_dst, const void* host_src, size_t bytes);
 // Total memory of device 0 in bytes (a tensor-parallel instance's GPUs are alike); Unavailable
 // when no device is visible.
 StatusOr<uint64_t> CudaDeviceMemoryBytes();
+// Free and total memory of visible device `device` now, in bytes (its context made first, so
+// that what the context takes is not counted as free). Unavailable when no device is visible,
+// InvalidArgument when `device` is not one of them.
+StatusOr<std::pair<uint64_t, uint64_t>> CudaDeviceFreeAndTotalBytes(int device);
 
 // One line on the devices this process sees, for `tandem --version`: "2 devices: NVIDIA H100
 // 80GB HBM3 (79.2 GiB), ..." or "no usable CUDA device: <why>".

@@ -7,18 +7,16 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <tuple>
+#include <utility>
 
+#include "common/engine/device_memory.h"
 #include "common/engine/tensor_parallel.h"
 #include "common/engine/tp_forward.h"
 #include "common/model/weight_matrix.h"
 
 namespace tandem::cuda {
 namespace {
-
-constexpr size_t kAlign = 256;
-constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
-
-size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 // The device dtype of a model's matrices: fp32 stays fp32, bf16 and f16 become bf16.
 DType DeviceDType(WeightDType dtype) {
@@ -107,13 +105,13 @@ Status CudaForward::UploadWeights() {
   size_t total = 0;
   auto add_matrix = [&](const WeightMatrix& w) {
     pieces.push_back({&w, nullptr, 0, total});
-    total += AlignUp(DeviceMatrixBytes(w, wdtype_));
+    total += AlignUpCuda(DeviceMatrixBytes(w, wdtype_));
     return pieces.size() - 1;
   };
   auto add_vector = [&](const float* v, size_t n) -> size_t {
     if (v == nullptr) return SIZE_MAX;
     pieces.push_back({nullptr, v, n, total});
-    total += AlignUp(n * sizeof(float));
+    total += AlignUpCuda(n * sizeof(float));
     return pieces.size() - 1;
   };
   const size_t qkv_dim = c.q_dim() + 2 * c.kv_dim();
@@ -180,68 +178,35 @@ Status CudaForward::UploadWeights() {
 }
 
 Status CudaForward::AllocateWorkspaces() {
-  const ModelConfig& c = model_.config();
-  const size_t t = options_.max_batch_tokens;
-  // Graph passes pad a decode batch up to a graph size <= max_batch_sequences tokens.
+  // The plan InstanceKvPools sized the KV pool against (common/engine/device_memory.h).
+  const CudaWorkspacePlan p =
+      PlanCudaWorkspaces(model_.config(), options_, wdtype_ != DType::kF32, where_.returns_logits);
   const size_t s = options_.max_batch_sequences;
-  const size_t rows = std::max(t, s);
-  const size_t h = c.hidden_size, inter = c.intermediate_size;
-  const size_t qkv_dim = c.q_dim() + 2 * c.kv_dim();
-  const int64_t max_len =
-      options_.max_model_len > 0 ? options_.max_model_len : c.max_position_embeddings;
-  graph_partitions_ = DecodePartitions(max_len);
-
-  TANDEM_ASSIGN_OR_RETURN(x_, DeviceBuffer::Allocate(rows * h * 4));
-  TANDEM_ASSIGN_OR_RETURN(xn_, DeviceBuffer::Allocate(rows * h * 4));
-  TANDEM_ASSIGN_OR_RETURN(qkv_, DeviceBuffer::Allocate(rows * qkv_dim * 4));
-  TANDEM_ASSIGN_OR_RETURN(attn_, DeviceBuffer::Allocate(rows * c.q_dim() * 4));
-  TANDEM_ASSIGN_OR_RETURN(mlp_, DeviceBuffer::Allocate(rows * 2 * inter * 4));
-  TANDEM_ASSIGN_OR_RETURN(act_, DeviceBuffer::Allocate(rows * inter * 4));
-  if (wdtype_ != DType::kF32) {
-    const size_t widest = std::max({h, size_t(c.q_dim()), inter});
-    TANDEM_ASSIGN_OR_RETURN(lowp_, DeviceBuffer::Allocate(rows * widest * 2));
+  graph_partitions_ = p.decode_partitions;
+  const std::pair<DeviceBuffer*, size_t> activations[] = {
+      {&x_, p.x},     {&xn_, p.xn},     {&qkv_, p.qkv},   {&attn_, p.attn},        {&mlp_, p.mlp},
+      {&act_, p.act}, {&lowp_, p.lowp}, {&last_, p.last}, {&partials_, p.partials}};
+  for (auto [buffer, bytes] : activations) {
+    if (bytes == 0) continue;  // lowp_: fp32 weights need no bf16 staging
+    TANDEM_ASSIGN_OR_RETURN(*buffer, DeviceBuffer::Allocate(bytes));
   }
-  TANDEM_ASSIGN_OR_RETURN(last_, DeviceBuffer::Allocate(s * h * 4));
-  TANDEM_ASSIGN_OR_RETURN(
-      partials_, DeviceBuffer::Allocate(DecodePartialFloats(static_cast<int32_t>(s), c.num_heads,
-                                                            c.head_dim, graph_partitions_) *
-                                        4));
   if (where_.returns_logits) {  // a rank whose logits nobody reads has no LM head output
     logits_rows_capacity_ = s;
-    TANDEM_ASSIGN_OR_RETURN(logits_, DeviceBuffer::Allocate(s * c.vocab_size * 4));
-    TANDEM_ASSIGN_OR_RETURN(logits_host_, PinnedHostBuffer::Allocate(s * c.vocab_size * 4));
-    TANDEM_ASSIGN_OR_RETURN(argmax_, DeviceBuffer::Allocate(s * sizeof(int32_t)));
-    TANDEM_ASSIGN_OR_RETURN(argmax_host_, PinnedHostBuffer::Allocate(s * sizeof(int32_t)));
-    TANDEM_ASSIGN_OR_RETURN(draws_, DeviceBuffer::Allocate(s * sizeof(RowDraw)));
-    TANDEM_ASSIGN_OR_RETURN(draws_host_, PinnedHostBuffer::Allocate(s * sizeof(RowDraw)));
-    TANDEM_ASSIGN_OR_RETURN(logprobs_, DeviceBuffer::Allocate(s * sizeof(RowLogprobs)));
-    TANDEM_ASSIGN_OR_RETURN(logprobs_host_, PinnedHostBuffer::Allocate(s * sizeof(RowLogprobs)));
-    TANDEM_ASSIGN_OR_RETURN(edit_begin_, DeviceBuffer::Allocate((s + 1) * sizeof(int32_t)));
-    TANDEM_ASSIGN_OR_RETURN(edit_begin_host_,
-                            PinnedHostBuffer::Allocate((s + 1) * sizeof(int32_t)));
+    const std::tuple<DeviceBuffer*, PinnedHostBuffer*, size_t> outputs[] = {
+        {&logits_, &logits_host_, p.logits},
+        {&argmax_, &argmax_host_, p.argmax},
+        {&draws_, &draws_host_, p.draws},
+        {&logprobs_, &logprobs_host_, p.logprobs},
+        {&edit_begin_, &edit_begin_host_, p.edit_begin}};
+    for (auto [device, host, bytes] : outputs) {
+      TANDEM_ASSIGN_OR_RETURN(*device, DeviceBuffer::Allocate(bytes));
+      TANDEM_ASSIGN_OR_RETURN(*host, PinnedHostBuffer::Allocate(bytes));
+    }
   }
-
-  // Inputs: the block tables of graph passes span max_model_len; eager passes use less.
   max_blocks_per_seq_ = 0;  // set per pool (its block size) by RunGraph
-  const size_t max_tiles = t / kPrefillTileTokens + s + 1;
-  const size_t table_ints = s * static_cast<size_t>(BlocksForTokens(max_len, 1));  // block size 1: the most
-  InputSlots& o = slots_;
-  size_t at = 0;
-  auto take = [&](size_t bytes) {
-    const size_t offset = at;
-    at += AlignUp(bytes);
-    return offset;
-  };
-  o.token_ids = take(rows * 4);
-  o.positions = take(rows * 4);
-  o.slot_mapping = take(rows * 8);
-  o.seq_lens = take(s * 4);
-  o.last_token = take(s * 4);
-  o.tiles = take(max_tiles * 3 * 4);
-  o.block_tables = take(table_ints * 4);  // last: a step copies only the rows it uses
-  o.bytes = at;
-  TANDEM_ASSIGN_OR_RETURN(inputs_, DeviceBuffer::Allocate(o.bytes));
-  TANDEM_ASSIGN_OR_RETURN(inputs_host_, PinnedHostBuffer::Allocate(o.bytes));
+  slots_ = p.inputs;
+  TANDEM_ASSIGN_OR_RETURN(inputs_, DeviceBuffer::Allocate(slots_.bytes));
+  TANDEM_ASSIGN_OR_RETURN(inputs_host_, PinnedHostBuffer::Allocate(slots_.bytes));
   return Status::Ok();
 }
 
@@ -622,6 +587,19 @@ StatusOr<uint64_t> CudaDeviceMemoryBytes() {
   TANDEM_RETURN_IF_ERROR(DeviceCount().status());
   TANDEM_RETURN_IF_ERROR(SetDevice(0));
   return DeviceMemoryBytes();
+}
+
+StatusOr<std::pair<uint64_t, uint64_t>> CudaDeviceFreeAndTotalBytes(int device) {
+  TANDEM_ASSIGN_OR_RETURN(int visible, DeviceCount());
+  if (device < 0 || device >= visible)
+    return InvalidArgument("GPU " + std::to_string(device) + " of " + std::to_string(visible) +
+                           " visible");
+  TANDEM_RETURN_IF_ERROR(SetDevice(device));
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaFree(nullptr));  // makes the context if there is none yet
+  TANDEM_ASSIGN_OR_RETURN(uint64_t free_bytes, DeviceFreeMemoryBytes());
+  TANDEM_ASSIGN_OR_RETURN(uint64_t total_bytes, DeviceMemoryBytes());
+  TANDEM_RETURN_IF_ERROR(SetDevice(0));
+  return std::pair{free_bytes, total_bytes};
 }
 
 std::string DescribeCudaDevices() {

@@ -66,6 +66,7 @@
 #include "common/engine/cuda/kernels.h"
 #include "common/engine/cuda/nccl_clique.h"
 #include "common/engine/device_batch.h"
+#include "common/engine/device_memory.h"
 #include "common/engine/forward_backend.h"
 
 namespace tandem::cuda {
@@ -117,11 +118,6 @@ class CudaForward final : public ForwardBackend {
     const float* post_norm = nullptr;
     const void* gate_up = nullptr;
     const void* down = nullptr;
-  };
-  // Device addresses of one batch's inputs (DeviceBatch's arrays), at fixed offsets in inputs_.
-  struct InputSlots {
-    size_t token_ids = 0, positions = 0, slot_mapping = 0, seq_lens = 0, last_token = 0,
-           tiles = 0, block_tables = 0, bytes = 0;
   };
   struct Graph {
     const std::byte* pool = nullptr;  // the KV pool it was captured over
@@ -186,7 +182,7 @@ class CudaForward final : public ForwardBackend {
   DeviceBuffer inv_freq_;
 
   DeviceBatch batch_;
-  InputSlots slots_;
+  CudaInputSlots slots_;  // offsets of one batch's inputs (DeviceBatch's arrays) in inputs_
   DeviceBuffer inputs_;
   PinnedHostBuffer inputs_host_;
   // Workspaces, sized for max_batch_tokens / max_batch_sequences at Create.

@@ -88,6 +88,12 @@ StatusOr<uint64_t> DeviceMemoryBytes() {
   return uint64_t{total_bytes};
 }
 
+StatusOr<uint64_t> DeviceFreeMemoryBytes() {
+  size_t free_bytes = 0, total_bytes = 0;
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return uint64_t{free_bytes};
+}
+
 StatusOr<std::string> DeviceName() {
   int device = 0;
   TANDEM_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));

@@ -72,6 +72,8 @@ StatusOr<int> DeviceCount();
 Status SetDevice(int device);
 // Total memory of the current device, in bytes.
 StatusOr<uint64_t> DeviceMemoryBytes();
+// Free memory of the current device, in bytes, now (other processes' allocations taken).
+StatusOr<uint64_t> DeviceFreeMemoryBytes();
 // "NVIDIA H100 80GB HBM3" (the current device's name).
 StatusOr<std::string> DeviceName();
 
