@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -102,6 +103,56 @@ std::set<std::string> ListeningInodes(int port) {
   return inodes;
 }
 
+// "" when no GPU is shared by instances whose pools' kv_cache.memory_fraction shares of it add
+// up past kMaxKvMemoryShare; else what is wrong with the first such GPU. Each instance on cuda
+// without S.kv_blocks sizes its pool (each rank's) at that share of the GPU's memory, so two on
+// one GPU take twice it. A GPU is an entry of S.cuda_devices, or rank r of the launcher's own
+// GPUs for an instance that inherits them; entries that name one GPU two ways (an ordinal and
+// its UUID) are not matched here (start-up's free-memory check catches those).
+std::string GpuMemoryShares(const ClusterConfig& c) {
+  std::map<std::string, std::vector<std::string>> users;  // GPU -> "prefill-0", ...
+  for (const char* role : {"prefill", "decode", "colocated"}) {
+    const InstanceSection& s = std::string(role) == "prefill"  ? c.prefill
+                               : std::string(role) == "decode" ? c.decode
+                                                               : c.colocated;
+    if (s.device != "cuda" || s.kv_blocks > 0) continue;
+    for (int i = 0; i < s.instances; ++i) {
+      const std::string who = std::string(role) + "-" + std::to_string(i);
+      const std::string list = CudaVisibleDevicesFor(s, i);
+      auto use = [&](const std::string& gpu) {
+        std::vector<std::string>& on = users[gpu];
+        if (on.empty() || on.back() != who) on.push_back(who);
+      };
+      if (list.empty()) {
+        for (int r = 0; r < std::max(s.tensor_parallel, 1); ++r)
+          use("the launcher's GPU " + std::to_string(r));
+        continue;
+      }
+      std::stringstream entries(list);
+      for (std::string gpu; std::getline(entries, gpu, ',');) use("GPU " + gpu);
+    }
+  }
+  const double fraction = c.kv_cache.memory_fraction;
+  for (const auto& [gpu, who] : users) {
+    const double sum = fraction * static_cast<double>(who.size());
+    if (who.size() < 2 || sum <= kMaxKvMemoryShare + 1e-9) continue;
+    std::string names;
+    for (const std::string& w : who) names += (names.empty() ? "" : ", ") + w;
+    auto number = [](const char* format, double value) {
+      char text[32];
+      std::snprintf(text, sizeof text, format, value);
+      return std::string(text);
+    };
+    const double fair = std::floor(kMaxKvMemoryShare / static_cast<double>(who.size()) * 100) / 100;
+    return number("%g", fraction) + " for each of the " + std::to_string(who.size()) +
+           " instances on " + gpu + " (" + names + ") adds up to " + number("%.2f", sum) +
+           " of its memory, more than " + number("%.2f", kMaxKvMemoryShare) + ": lower it to " +
+           number("%.2f", fair) + " or less (a little less leaves room for their weights and " +
+           "buffers), or give the instances GPUs of their own (S.cuda_devices)";
+  }
+  return "";
+}
+
 }  // namespace
 
 Status CheckClusterLayout(const ClusterConfig& c) {
@@ -155,6 +206,8 @@ Status CheckClusterLayout(const ClusterConfig& c) {
           "GPU '" + shared.front() + "' is also a prefill instance's (prefill.cuda_devices), and "
           "transfer.backend nccl puts no two ranks of a link on one GPU: give decode other GPUs");
   }
+  if (std::string error = GpuMemoryShares(c); !error.empty())
+    add("kv_cache.memory_fraction", error);
   if (std::string error = TryBind(c.router.host, 0); error == "not an IP address")
     add("router.host", "'" + c.router.host + "' is not an IP address (e.g. 127.0.0.1, 0.0.0.0)");
   else if (!error.empty())

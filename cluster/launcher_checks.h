@@ -20,8 +20,10 @@ namespace tandem {
 // The layout of the cluster, with no socket opened: at least one instance (a prefill+decode pair
 // or a colocated instance; prefill without decode and the reverse are refused); router.host an IP
 // address; every port that a child binds (router.port, S.port + I, S.metrics_port + I) in
-// [1, 65535] and used once. Ports left at 0 (PickPorts picks them) are not checked. InvalidArgument with every problem, one per line, each naming where
-// the field was set and the field.
+// [1, 65535] and used once; instances on cuda that share a GPU (S.cuda_devices, or the launcher's
+// GPUs they inherit) without kv_cache.memory_fraction shares that add up past
+// kMaxKvMemoryShare. Ports left at 0 (PickPorts picks them) are not checked. InvalidArgument
+// with every problem, one per line, each naming where the field was set and the field.
 Status CheckClusterLayout(const ClusterConfig& config);
 
 // Every port that a child binds, other than those left at 0, is free now (router.port on

@@ -90,6 +90,37 @@ TEST_CASE("launcher: NCCL needs prefill and decode on different GPUs of this mac
             .empty());
 }
 
+TEST_CASE("launcher: instances sharing a GPU must leave room for each other's KV pools",
+          "[launcher]") {
+  const std::string ipc = "transfer: {backend: cuda_ipc}\n";
+  // Both inherit the launcher's GPU: 2 x 0.6 of it.
+  const std::string error = LayoutError(ipc + "kv_cache:\n  memory_fraction: 0.6\n"
+                                              "prefill: {device: cuda}\ndecode: {device: cuda}\n");
+  CHECK(Has(error, "up.yaml:3:20: kv_cache.memory_fraction: 0.6 for each of the 2 instances on "
+                   "the launcher's GPU 0 (prefill-0, decode-0) adds up to 1.20 of its memory"));
+  CHECK(Has(error, "lower it to 0.45 or less"));
+  // The README's example: 0.4 each.
+  CHECK(LayoutError(ipc + "kv_cache: {memory_fraction: 0.4}\n"
+                          "prefill: {device: cuda}\ndecode: {device: cuda}\n")
+            .empty());
+  // GPUs of their own.
+  CHECK(LayoutError(ipc + "kv_cache: {memory_fraction: 0.8}\n"
+                          "prefill: {device: cuda, cuda_devices: [0]}\n"
+                          "decode: {device: cuda, cuda_devices: [1]}\n")
+            .empty());
+  // Three decode instances over two GPUs: GPU 0 holds decode-0 and decode-2 beside prefill-0.
+  CHECK(Has(LayoutError(ipc + "kv_cache: {memory_fraction: 0.35}\n"
+                              "prefill: {device: cuda, cuda_devices: [0]}\n"
+                              "decode: {device: cuda, instances: 3, cuda_devices: [0, 1]}\n"),
+            "0.35 for each of the 3 instances on GPU 0 (prefill-0, decode-0, decode-2)"));
+  // Pools sized in blocks are not a share of the GPU (start-up checks them against it).
+  CHECK(LayoutError(ipc + "kv_cache: {memory_fraction: 0.6}\n"
+                          "prefill: {device: cuda, kv_blocks: 1000}\ndecode: {device: cuda}\n")
+            .empty());
+  // CPU instances share the machine's memory: CheckKvMemory's part.
+  CHECK(LayoutError("kv_cache: {memory_fraction: 0.6}\n").empty());
+}
+
 TEST_CASE("launcher: router.host must be an address this machine can listen on", "[launcher]") {
   CHECK(Has(LayoutError("router:\n  host: localhost\n"),
             "up.yaml:2:9: router.host: 'localhost' is not an IP address"));
