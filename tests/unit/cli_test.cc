@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "common/base/flags.h"
+#include "common/config/serving_config.h"
 #include "test_util.h"
 
 using namespace tandem;
@@ -111,9 +112,9 @@ TEST_CASE("cli: check-config refuses what no server here runs, naming file:line:
   std::string gpu = dir.Write("gpu.yaml", "decode:\n  device: cuda\n  preemption: swap\n");
   test::CommandResult result = Tandem("check-config " + gpu);
   CHECK(result.exit_code == 1);
-  // This binary is the CUDA-off build; a CUDA build refuses decode on cuda over ucx instead.
-  CHECK(result.output.find(gpu + ":2:11: decode.device: cuda cannot be served by this build") !=
-        std::string::npos);
+  // A CUDA build serves decode on cuda (start-up finds whether there is a GPU).
+  CHECK((result.output.find(gpu + ":2:11: decode.device: cuda cannot be served by this build") !=
+         std::string::npos) == !BuiltWithCuda());
   CHECK(result.output.find(gpu + ":3:15: decode.preemption: swap is not implemented") !=
         std::string::npos);
   std::string twice = dir.Write("twice.yaml", "router:\n  port: 1\n  port: 2\n");
@@ -217,10 +218,15 @@ TEST_CASE("cli: up stops at start-up naming the field, instead of restarting for
           std::string::npos);
   }
   SECTION("a device no server here runs") {
-    std::string config = dir.Write("cuda.yaml", base + "router: {port: 0}\ncolocated: {device: cuda}\n");
+    // cuda where this is the CUDA-off build (as CI's is), else a device no build serves.
+    const std::string device = BuiltWithCuda() ? "tpu" : "cuda";
+    std::string config =
+        dir.Write("device.yaml", base + "router: {port: 0}\ncolocated: {device: " + device + "}\n");
     test::CommandResult result = Tandem("up " + config);
     CHECK(result.exit_code == 1);
-    CHECK(result.output.find(config + ":4:21: colocated.device: cuda cannot be served by this "
-                                      "build: it has no CUDA backend") != std::string::npos);
+    CHECK(result.output.find(config + ":4:21: colocated.device: " +
+                             (BuiltWithCuda() ? "must be one of cpu|cuda, got 'tpu'"
+                                              : "cuda cannot be served by this build: it has no "
+                                                "CUDA backend")) != std::string::npos);
   }
 }

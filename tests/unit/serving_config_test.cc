@@ -152,7 +152,9 @@ TEST_CASE("serving config: cuda instances over ucx where the UCX at hand moves G
       "prefill: {device: cuda}\ndecode: {device: cuda}\n";
   ucx_moves_cuda = true;
   const std::string accepted = ServingError(over_ucx);
-  const std::string tp = ServingError(over_ucx + "decode: {device: cuda, tensor_parallel: 2}\n");
+  const std::string tp = ServingError("transfer: {backend: ucx, ucx_tls: 'cuda_copy,rc'}\n"
+                                      "prefill: {device: cuda}\n"
+                                      "decode: {device: cuda, tensor_parallel: 2}\n");
   ucx_moves_cuda = false;
   const std::string refused = ServingError(over_ucx);
   SetUcxCudaProbe(nullptr);
@@ -160,7 +162,7 @@ TEST_CASE("serving config: cuda instances over ucx where the UCX at hand moves G
     CHECK(accepted.empty());
     CHECK(Has(tp, "decode.tensor_parallel: 2 keeps a KV pool per GPU, and transfer.backend ucx "
                   "moves one pool an instance: use cuda_ipc or nccl"));
-    CHECK(Has(refused, "cluster.yaml:2:11: prefill.device: cuda on prefill instances keeps the KV "
+    CHECK(Has(refused, "cluster.yaml:2:19: prefill.device: cuda on prefill instances keeps the KV "
                        "in GPU memory, and the UCX at hand moves host memory only over "
                        "transfer.ucx_tls 'cuda_copy,rc'"));
     REQUIRE_FALSE(probed_tls.empty());
