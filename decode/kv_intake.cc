@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/base/log.h"
+#include "common/config/serving_config.h"
 #include "decode/decode_scheduler.h"
 #include "kvtransfer/block_ranges.h"
 #include "kvtransfer/wire.h"
@@ -286,8 +287,10 @@ void KvIntake::PrefillClosed(ConnId conn) {
 
 double PullStartMarginSeconds(std::string_view transfer_backend, double transfer_timeout_s,
                               double hold_timeout_s) {
-  const double margin_s = transfer_backend == "cuda_ipc" ? std::max(1.0, transfer_timeout_s) : 1.0;
-  return std::min(margin_s, 0.2 * hold_timeout_s);
+  // cuda_ipc: the whole margin, whatever the hold (ValidateForServing refuses a hold shorter
+  // than twice it): a shorter one would let a copy run past the hold.
+  if (transfer_backend == "cuda_ipc") return CudaIpcPullMarginSeconds(transfer_timeout_s);
+  return std::min(1.0, 0.2 * hold_timeout_s);
 }
 
 void KvIntake::ExpireWaiting() {

@@ -55,7 +55,9 @@ bool IntakeTransitionAllowed(IntakeState from, IntakeState to);
 // prefill may reuse the blocks. 1 s; with cuda_ipc the transfer timeout, since its copies read
 // prefill's pool directly and nothing would tell a reused block from the request's (ucx reads
 // are served by the publisher, which refuses a released request; nccl sends a header that says
-// so). At most a fifth of the hold: a short hold must still leave time to pull.
+// so): CudaIpcPullMarginSeconds, whatever the hold (configs with a hold shorter than twice it
+// are refused). The 1 s of the others is at most a fifth of the hold: a short hold must still
+// leave time to pull.
 double PullStartMarginSeconds(std::string_view transfer_backend, double transfer_timeout_s,
                               double hold_timeout_s);
 

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <cstdio>
 #include <filesystem>
 
 #include <fstream>
@@ -161,6 +162,20 @@ Status ValidateForServing(const ClusterConfig& config) {
                    backend + " moves KV between GPU pools, and " + name + ".device is " +
                        s->device + ": set it to cuda, or use ucx");
     }
+  // cuda_ipc copies straight out of prefill's pool: decode stops starting a pull one copy's
+  // bound before prefill's hold ends, and the hold must leave at least as long to start one.
+  if (backend == "cuda_ipc" && moves_kv &&
+      config.prefill.kv_hold_timeout_s < 2 * CudaIpcPullMarginSeconds(config.transfer.timeout_s)) {
+    const double margin = CudaIpcPullMarginSeconds(config.transfer.timeout_s);
+    char text[400];
+    std::snprintf(text, sizeof text,
+                  "%g s is too short for transfer.backend cuda_ipc: decode copies from prefill's "
+                  "pool directly, so it stops starting a pull %g s (transfer.timeout_s, at least "
+                  "1 s) before prefill frees the KV, and the hold must leave as long again to "
+                  "start one: raise it to %g or more, or lower transfer.timeout_s",
+                  config.prefill.kv_hold_timeout_s, margin, 2 * margin);
+    errors.Add("prefill.kv_hold_timeout_s", text);
+  }
   if (config.transfer.backend == "inproc" &&
       (config.prefill.instances > 0 || config.decode.instances > 0))
     errors.Add("transfer.backend",

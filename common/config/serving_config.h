@@ -57,6 +57,13 @@ StatusOr<std::string> LoadClusterSecret(const ClusterConfig& config);
 // The environment variable that names the address peers dial (a pod's status.podIP).
 inline constexpr const char* kAdvertiseHostEnv = "TANDEM_ADVERTISE_HOST";
 
+// With transfer.backend cuda_ipc, how long before prefill's hold on a request's KV ends
+// (prefill.kv_hold_timeout_s) decode stops starting its pull: a copy's bound,
+// transfer.timeout_s, and at least 1 s. ValidateForServing asks for a hold of twice this.
+inline double CudaIpcPullMarginSeconds(double transfer_timeout_s) {
+  return transfer_timeout_s > 1.0 ? transfer_timeout_s : 1.0;
+}
+
 // The CUDA_VISIBLE_DEVICES of instance `index` of `section`: its S.cuda_devices entry (index
 // modulo the list), or with S.tensor_parallel t > 1 its t entries, index*t .. index*t+t-1 (modulo
 // the list, comma-separated: its ranks' GPUs 0..t-1); "" to inherit the launcher's (device cpu,

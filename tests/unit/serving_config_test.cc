@@ -174,6 +174,28 @@ TEST_CASE("serving config: cuda instances over ucx where the UCX at hand moves G
   }
 }
 
+TEST_CASE("serving config: cuda_ipc needs a KV hold of twice the pull margin", "[config]") {
+  const std::string ipc = "transfer:\n  backend: cuda_ipc\n  timeout_s: 8\n"
+                          "prefill: {device: cuda, kv_hold_timeout_s: 12}\n"
+                          "decode: {device: cuda}\n";
+  const std::string short_hold = ServingError(ipc);
+  CHECK(Has(short_hold, "cluster.yaml:4:44: prefill.kv_hold_timeout_s: 12 s is too short for "
+                        "transfer.backend cuda_ipc"));
+  CHECK(Has(short_hold, "it stops starting a pull 8 s (transfer.timeout_s, at least 1 s) before"));
+  CHECK(Has(short_hold, "raise it to 16 or more, or lower transfer.timeout_s"));
+  CHECK_FALSE(Has(ServingError(ipc, {"prefill.kv_hold_timeout_s=16"}), "kv_hold_timeout_s"));
+  // The default hold (30 s) over the default timeout (5 s); a timeout under 1 s keeps 1 s.
+  CHECK_FALSE(Has(ServingError("transfer: {backend: cuda_ipc}\nprefill: {device: cuda}\n"
+                               "decode: {device: cuda}\n"),
+                  "kv_hold_timeout_s"));
+  CHECK(Has(ServingError("transfer: {backend: cuda_ipc, timeout_s: 0.1}\n"
+                         "prefill: {device: cuda, kv_hold_timeout_s: 1.5}\ndecode: {device: cuda}\n"),
+            "raise it to 2 or more"));
+  // The other transports are refused by the publisher or the header, whatever the hold.
+  CHECK_FALSE(Has(ServingError("transfer: {timeout_s: 8}\nprefill: {kv_hold_timeout_s: 2}\n"),
+                  "kv_hold_timeout_s"));
+}
+
 TEST_CASE("serving config: S.cuda_devices picks each instance's GPU, on cuda only", "[config]") {
   CHECK(Has(LoadError("decode:\n  cuda_devices: [0, 'GPU-1f2e', 'x1']\n"),
             "cluster.yaml:2:17: decode.cuda_devices: 'x1' is not a GPU"));
