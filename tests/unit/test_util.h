@@ -4,15 +4,50 @@
 #include <sys/wait.h>
 
 #include <array>
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <random>
 #include <string>
 
 namespace tandem::test {
 
 // A fresh directory under the system temp dir, removed when the object dies.
+// A gate that one thread waits at until another opens it: it tells, without timing anything,
+// whether a call waited for work it should have left to another thread (that work waits here;
+// the test opens the gate only after the call returned, and a wait that ran out means the call
+// held the gate shut by waiting for it).
+class Gate {
+ public:
+  // Waits until Open, at most `bound`; false (and timed_out() from then on) when it ran out.
+  bool Wait(std::chrono::milliseconds bound = std::chrono::milliseconds(5000)) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (cv_.wait_for(lock, bound, [this] { return open_; })) return true;
+    timed_out_ = true;
+    return false;
+  }
+  void Open() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      open_ = true;
+    }
+    cv_.notify_all();
+  }
+  bool timed_out() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return timed_out_;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool open_ = false;
+  bool timed_out_ = false;
+};
+
 class TempDir {
  public:
   TempDir() {
