@@ -4,9 +4,11 @@
 #pragma once
 
 #include <chrono>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "common/base/reaper.h"
 #include "common/base/status.h"
 #include "kvtransfer/nccl_endpoints.h"
 #include "kvtransfer/nccl_protocol.h"
@@ -37,6 +39,21 @@ inline Status CheckPools(const std::vector<MemoryRegion>& pools, const KvPoolSha
   if (!maker.new_unique_id || !maker.start) return InvalidArgument("a link maker without functions");
   return Status();
 }
+
+// The links one endpoint call lets go of, handed to the endpoint's reaper when this goes out of
+// scope: declared before the call takes its lock, so that happens after the lock is released,
+// and the calling thread (an engine's, the I/O thread) never waits on a link's teardown (an
+// NCCL link's frees wait for its GPU to go idle).
+struct LinksToReap {
+  explicit LinksToReap(Reaper& reaper) : reaper(reaper) {}
+  ~LinksToReap() {
+    for (std::shared_ptr<OrderedLink>& link : links) reaper.Drop(std::move(link));
+  }
+  LinksToReap(const LinksToReap&) = delete;
+  LinksToReap& operator=(const LinksToReap&) = delete;
+  Reaper& reaper;
+  std::vector<std::shared_ptr<OrderedLink>> links;
+};
 
 // A link that failed, or that nothing used for a minute and has nothing in flight.
 inline bool Closable(const OrderedLink& link, Clock::time_point last_used, Clock::time_point now) {

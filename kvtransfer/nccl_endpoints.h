@@ -55,8 +55,10 @@ class OrderedLink {
     std::function<void(const Status& status)> on_done;
   };
 
-  // Fails what is still in flight (Cancelled) and may run those callbacks in the caller: the
-  // endpoints let go of links only outside their lock.
+  // Fails what is still in flight (Cancelled) and may run those callbacks in the caller, and
+  // may wait (an NCCL link's frees wait for its GPU to go idle): the endpoints let go of links
+  // outside their lock, on a thread of their own (common/base/reaper.h), and wait for those
+  // only in their destructors.
   virtual ~OrderedLink() = default;
   // OK while usable (setting up included); else why it failed (it stays dead).
   virtual Status health() const = 0;

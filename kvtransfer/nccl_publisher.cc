@@ -20,6 +20,7 @@ namespace {
 using nccl_detail::CheckRequestId;
 using nccl_detail::Clock;
 using nccl_detail::Closable;
+using nccl_detail::LinksToReap;
 using nccl_detail::TransferOf;
 
 class PullDrivenPublisher final : public KvPublisher {
@@ -34,9 +35,10 @@ class PullDrivenPublisher final : public KvPublisher {
     info_.region_bytes = shape_.pool_bytes();
   }
 
-  // The links go once this returns, outside the lock: each aborts, drains and runs the
-  // callbacks of its transfers (which take the lock).
+  // The links go before this returns, outside the lock: each aborts, drains and runs the
+  // callbacks of its transfers (which take the lock); those let go of earlier first.
   ~PullDrivenPublisher() override {
+    reaper_.Flush();
     std::map<std::string, Link> links;
     std::map<std::string, Lease> leases;
     {
@@ -81,7 +83,7 @@ class PullDrivenPublisher final : public KvPublisher {
     // The plan, made outside the lock (tens of ms for a long prompt, during which Publish and
     // the links' callbacks would wait): the publication's kept one, or a new one.
     StatusOr<std::shared_ptr<const std::vector<NcclPairPlan>>> whole = PlanOf(order);
-    std::vector<Link> closing;  // destroyed after the lock (see the destructor)
+    LinksToReap closing(reaper_);  // let go of after the lock, on the reaper's thread
     std::lock_guard<std::mutex> lock(state_->mutex);
     Status served = whole.ok() ? Serve(order, *whole, &closing) : whole.status();
     if (!served.ok())
@@ -184,7 +186,7 @@ class PullDrivenPublisher final : public KvPublisher {
   // posts a transfer per pair. On an error nothing more is posted; the caller drops the links.
   Status Serve(const NcclPullOrder& order,
                const std::shared_ptr<const std::vector<NcclPairPlan>>& whole,
-               std::vector<Link>* closing) {
+               LinksToReap* closing) {
     const KvDescriptor& d = order.descriptor;
     auto lease = state_->leases.find(d.request_id);
     if (lease != state_->leases.end() && lease->second.ranges == d.layers &&
@@ -220,7 +222,7 @@ class PullDrivenPublisher final : public KvPublisher {
     if (new_links > 0) {
       for (auto it = state_->links.begin(); it != state_->links.end();) {
         if (Closable(*it->second.link, it->second.last_used, now)) {
-          closing->push_back(std::move(it->second));
+          closing->links.push_back(std::move(it->second.link));
           it = state_->links.erase(it);
         } else {
           ++it;
@@ -264,11 +266,11 @@ class PullDrivenPublisher final : public KvPublisher {
   }
 
   // Aborts and forgets the link of `uid` (lock held); `closing` destroys it after the lock.
-  void Drop(const std::string& uid, const Status& why, std::vector<Link>* closing) {
+  void Drop(const std::string& uid, const Status& why, LinksToReap* closing) {
     auto it = state_->links.find(uid);
     if (it == state_->links.end()) return;
     it->second.link->Abort(why);
-    closing->push_back(std::move(it->second));
+    closing->links.push_back(std::move(it->second.link));
     state_->links.erase(it);
   }
 
@@ -318,6 +320,7 @@ class PullDrivenPublisher final : public KvPublisher {
   OrderedLinkMaker maker_;
   PeerInfo info_;
   std::shared_ptr<State> state_ = std::make_shared<State>();
+  Reaper reaper_;  // lets go of the links an order closes or drops (their teardown may wait)
 };
 
 }  // namespace

@@ -25,6 +25,7 @@ using nccl_detail::CheckRequestId;
 using nccl_detail::Clock;
 using nccl_detail::Closable;
 using nccl_detail::kIdleLinkTimeout;
+using nccl_detail::LinksToReap;
 using nccl_detail::TransferOf;
 
 // The puller stops using a link idle for half of kIdleLinkTimeout (and makes a new one), so that it never
@@ -88,6 +89,7 @@ class PullDrivenPuller final : public KvPuller {
     }
     wake_.notify_all();
     watchdog_.join();
+    reaper_.Flush();  // the links let go of earlier, and the callbacks of their transfers
     std::map<uint64_t, Peer> peers;
     {
       std::lock_guard<std::mutex> lock(state_->mutex);
@@ -115,12 +117,12 @@ class PullDrivenPuller final : public KvPuller {
     if (shape.full != shape_.full)
       return InvalidArgument("NCCL publisher serves another model's KV: " +
                              shape.full.ToString() + ", here " + shape_.full.ToString());
-    std::vector<Peer> closing;  // destroyed after the lock: a link's destructor takes it
+    LinksToReap closing(reaper_);  // let go of after the lock: a link's destructor takes it
     std::lock_guard<std::mutex> lock(state_->mutex);
     const Clock::time_point now = Clock::now();
     for (auto it = state_->peers.begin(); it != state_->peers.end();) {
       if (it->first != peer.instance_id && Idle(it->first, it->second, now)) {
-        closing.push_back(std::move(it->second));
+        for (auto& [pair, link] : it->second.links) closing.links.push_back(std::move(link.link));
         it = state_->peers.erase(it);
       } else {
         ++it;
@@ -157,7 +159,7 @@ class PullDrivenPuller final : public KvPuller {
     if (entry->plan.empty())  // every pull ends with a transfer's completion
       return InvalidArgument("NCCL pull of " + descriptor.request_id + " moves no bytes");
 
-    std::vector<std::shared_ptr<OrderedLink>> failed;  // destroyed after the lock
+    LinksToReap failed(reaper_);  // let go of after the lock, on the reaper's thread
     std::lock_guard<std::mutex> lock(state_->mutex);
     auto peer = state_->peers.find(descriptor.instance_id);
     if (peer == state_->peers.end())  // forgotten meanwhile
@@ -182,7 +184,7 @@ class PullDrivenPuller final : public KvPuller {
     metrics_->Started();
     const uint32_t available = std::min(layers_available, entry->layers);
     if (WorthOrdering(*entry, available)) {
-      Status posted = Order(p, entry, available, /*refuse_on_error=*/true, &failed);
+      Status posted = Order(p, entry, available, /*refuse_on_error=*/true, &failed.links);
       if (!posted.ok()) {  // refused (Order marked it): no callback of this pull runs
         state_->pulls.erase(entry->request_id);
         metrics_->Failed(0.0, TransferMetrics::ReasonFor(posted));
@@ -193,7 +195,7 @@ class PullDrivenPuller final : public KvPuller {
   }
 
   Status SetLayersAvailable(const std::string& request_id, uint32_t layers) override {
-    std::vector<std::shared_ptr<OrderedLink>> failed;  // destroyed after the lock
+    LinksToReap failed(reaper_);  // let go of after the lock, on the reaper's thread
     std::lock_guard<std::mutex> lock(state_->mutex);
     auto it = state_->pulls.find(request_id);
     if (it == state_->pulls.end()) return NotFound("request " + request_id + " is not being pulled");
@@ -210,7 +212,7 @@ class PullDrivenPuller final : public KvPuller {
                         ? Unavailable("NCCL publisher " + std::to_string(entry->publisher) +
                                       " forgotten")
                         : Order(peer->second, entry, available, /*refuse_on_error=*/false,
-                                &failed);
+                                &failed.links);
     if (posted.code() == StatusCode::kCancelled) return Status();  // ending already
     if (!posted.ok()) {  // the pull fails (the watchdog ends it once nothing is in flight)
       std::lock_guard<std::mutex> pull_lock(entry->mutex);
@@ -447,6 +449,7 @@ class PullDrivenPuller final : public KvPuller {
   std::shared_ptr<State> state_ = std::make_shared<State>();
   bool stop_ = false;  // guarded by state_->mutex
   std::condition_variable wake_;
+  Reaper reaper_;  // lets go of the links replaced or closed (their teardown may wait)
   std::thread watchdog_;  // last: starts once the rest is made
 };
 
