@@ -21,6 +21,7 @@
 #include "kvtransfer/nccl_packing.h"
 #include "kvtransfer/nccl_protocol.h"
 #include "kvtransfer/sharded_copies.h"
+#include "tests/unit/test_util.h"
 
 namespace tandem {
 namespace {
@@ -362,14 +363,7 @@ struct Cluster {
   }
 };
 
-bool Eventually(const std::function<bool()>& condition) {
-  const auto until = Clock::now() + 5s;
-  while (!condition()) {
-    if (Clock::now() > until) return false;
-    std::this_thread::sleep_for(1ms);
-  }
-  return true;
-}
+using test::Eventually;
 
 }  // namespace
 

@@ -124,14 +124,7 @@ std::vector<MemoryRegion> Pool(std::vector<char>& bytes) {
   return {{bytes.data(), bytes.size()}};
 }
 
-bool Eventually(const std::function<bool()>& condition) {
-  const auto until = Clock::now() + 5s;
-  while (!condition()) {
-    if (Clock::now() > until) return false;
-    std::this_thread::sleep_for(1ms);
-  }
-  return true;
-}
+using test::Eventually;
 
 TEST_CASE("nccl endpoints: a pull that replaces a failed link does not wait for its teardown",
           "[kvtransfer]") {

@@ -9,13 +9,26 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <mutex>
 #include <random>
 #include <string>
+#include <thread>
 
 namespace tandem::test {
 
 // A fresh directory under the system temp dir, removed when the object dies.
+// Polls `condition` every millisecond until it holds (true) or `bound` ran out (false).
+inline bool Eventually(const std::function<bool()>& condition,
+                       std::chrono::milliseconds bound = std::chrono::milliseconds(5000)) {
+  const auto until = std::chrono::steady_clock::now() + bound;
+  while (!condition()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
 // A gate that one thread waits at until another opens it: it tells, without timing anything,
 // whether a call waited for work it should have left to another thread (that work waits here;
 // the test opens the gate only after the call returned, and a wait that ran out means the call
