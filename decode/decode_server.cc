@@ -231,10 +231,11 @@ Status BatchDriver::InitTransferAndEngine(const RoleArgs& args,
   if (colocated()) eo.policy = StepPolicyFromConfig(section.scheduling);
   eo.max_model_len = config.model.max_model_len;
   // With tensor_parallel each GPU holds a rank's weights and a rank's pool (its KV heads).
+  DeviceMemoryPlan device_memory;  // on a GPU: reported once the engine holds it all
   TANDEM_ASSIGN_OR_RETURN(
       KvPoolShape shape,
       InstanceKvPools(config, section, colocated() ? "colocated" : "decode", *model_,
-                      BatchEngine::BackendOptions(eo)));
+                      BatchEngine::BackendOptions(eo), &device_memory));
   eo.kv_blocks = shape.num_blocks;
   eo.metrics = setup_.metrics.get();
   // A request joins the batch only once every layer was announced: the pull ends within the
@@ -258,6 +259,7 @@ Status BatchDriver::InitTransferAndEngine(const RoleArgs& args,
     eo.kv_pools = std::move(pulled.pools);
   }
   TANDEM_ASSIGN_OR_RETURN(engine_, BatchEngine::Create(*model_, eo));
+  LogDeviceMemoryUse(section, setup_.name, device_memory);
   return Status();
 }
 

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "common/base/log.h"
 #include "common/engine/device_memory.h"
 #include "common/engine/forward_backend.h"
 #include "common/engine/tensor_parallel.h"
@@ -211,21 +212,21 @@ uint64_t TransferDeviceBytes(const ClusterConfig& config, std::string_view name)
 
 StatusOr<KvPoolShape> InstanceKvPools(const ClusterConfig& config, const InstanceSection& section,
                                       std::string_view name, const Model& model,
-                                      const ForwardOptions& forward) {
+                                      const ForwardOptions& forward, DeviceMemoryPlan* plan) {
   const ModelConfig& mc = model.config();
-  StatusOr<TpPlan> plan = MakeTpPlan(mc, section.tensor_parallel);
-  if (!plan.ok())  // "decode.tensor_parallel 2 does not divide num_attention_heads 9"
-    return InvalidArgument(std::string(name) + "." + plan.status().message());
+  StatusOr<TpPlan> tp = MakeTpPlan(mc, section.tensor_parallel);
+  if (!tp.ok())  // "decode.tensor_parallel 2 does not divide num_attention_heads 9"
+    return InvalidArgument(std::string(name) + "." + tp.status().message());
   KvPoolShape shape;
   shape.full = KvLayout{mc.num_layers, mc.num_kv_heads, mc.head_dim, config.kv_cache.block_size,
                         ResolvedKvDType(config)};
-  shape.degree = plan->degree;
+  shape.degree = tp->degree;
   const bool on_gpu = section.device == "cuda";
   // What each GPU holds besides its pool (rank 0's buffers: it alone has the LM head output).
   DeviceMemoryNeed need;
   if (on_gpu) {
-    need.weights = TpRankWeightBytes(model, plan->degree);
-    need.workspaces = PlanCudaWorkspaces(ShardConfig(mc, *plan), forward,
+    need.weights = TpRankWeightBytes(model, tp->degree);
+    need.workspaces = PlanCudaWorkspaces(ShardConfig(mc, *tp), forward,
                                          model.dtype() != WeightDType::kF32,
                                          /*returns_logits=*/true)
                           .device_bytes();
@@ -241,13 +242,38 @@ StatusOr<KvPoolShape> InstanceKvPools(const ClusterConfig& config, const Instanc
   need.kv_pool = shape.pool_bytes();
   const std::string field = section.kv_blocks > 0 ? std::string(name) + ".kv_blocks"
                                                   : std::string("kv_cache.memory_fraction");
-  for (int rank = 0; rank < plan->degree; ++rank) {
+  DeviceMemoryPlan planned;
+  planned.need = need;
+  for (int rank = 0; rank < tp->degree; ++rank) {
     TANDEM_ASSIGN_OR_RETURN(DeviceMemoryNow memory, DeviceMemoryOf(section.device, rank));
     TANDEM_RETURN_IF_ERROR(CheckDeviceMemoryFits(config.Where(field), field, std::string(name),
                                                  rank, need, memory.free_bytes,
                                                  memory.total_bytes));
+    planned.free_before.push_back(memory.free_bytes);
   }
+  if (plan != nullptr) *plan = std::move(planned);
   return shape;
+}
+
+void LogDeviceMemoryUse(const InstanceSection& section, std::string_view name,
+                        const DeviceMemoryPlan& plan) {
+  for (size_t rank = 0; rank < plan.free_before.size(); ++rank) {
+    StatusOr<DeviceMemoryNow> now = DeviceMemoryOf(section.device, static_cast<int>(rank));
+    if (!now.ok()) {
+      TANDEM_LOG(kWarn) << name << ": GPU " << rank << ": memory unreadable after start-up: "
+                        << now.status().ToString();
+      continue;
+    }
+    bool over_margin = false;
+    const std::string line =
+        DescribeDeviceMemoryUse(plan, static_cast<int>(rank), now->free_bytes, &over_margin);
+    if (over_margin) {
+      TANDEM_LOG(kWarn) << name << ": " << line
+                        << ": the start-up check underestimates this GPU's needs";
+    } else {
+      TANDEM_LOG(kInfo) << name << ": " << line;
+    }
+  }
 }
 
 StatusOr<PublisherWithPool> CreatePublisherWithPool(const TransferSection& transfer,

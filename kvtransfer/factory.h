@@ -34,6 +34,7 @@
 #include "common/base/metrics.h"
 #include "common/base/status.h"
 #include "common/config/config.h"
+#include "common/engine/device_memory.h"
 #include "common/engine/forward_backend.h"
 #include "common/engine/kv_cache.h"
 #include "common/model/model.h"
@@ -99,9 +100,18 @@ StatusOr<std::string> InterfaceOfAddress(const std::string& ip);
 // <name>.kv_blocks) and the sizes otherwise (CheckDeviceMemoryFits). InvalidArgument naming
 // <name>.tensor_parallel when the model does not split that many ways; KvMemoryBudgetBytes' and
 // KvPoolBlocks' errors.
+// `plan` (optional): on a GPU, what was planned and what each GPU had free, for
+// DescribeDeviceMemoryUse once the instance is up; left empty on the CPU.
 StatusOr<KvPoolShape> InstanceKvPools(const ClusterConfig& config, const InstanceSection& section,
                                       std::string_view name, const Model& model,
-                                      const ForwardOptions& forward);
+                                      const ForwardOptions& forward,
+                                      DeviceMemoryPlan* plan = nullptr);
+
+// Once an instance is up (its pool, weights and buffers allocated): logs, per GPU of `plan`
+// (InstanceKvPools'), what start-up took against what was planned (DescribeDeviceMemoryUse), at
+// warning level where the unplanned part exceeds the margin. Nothing for an empty plan (cpu).
+void LogDeviceMemoryUse(const InstanceSection& section, std::string_view name,
+                        const DeviceMemoryPlan& plan);
 
 // Bytes of GPU memory the KV transfer holds on each GPU of an instance named `name` (prefill,
 // decode, colocated): nccl's staging buffer (kLinkStagingBytes) for each link the GPU may have,

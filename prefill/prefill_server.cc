@@ -123,9 +123,10 @@ Status PrefillDriver::Init(const RoleArgs& args) {
   eo.max_model_len = config.model.max_model_len;
   eo.metrics = setup_.metrics.get();
   // With tensor_parallel each GPU holds a rank's weights and a rank's pool (its KV heads).
+  DeviceMemoryPlan device_memory;  // on a GPU: reported once the engine holds it all
   TANDEM_ASSIGN_OR_RETURN(KvPoolShape shape,
                           InstanceKvPools(config, section, "prefill", *model_,
-                                          PrefillEngine::BackendOptions(eo)));
+                                          PrefillEngine::BackendOptions(eo), &device_memory));
   eo.kv_blocks = shape.num_blocks;
   // Our own hold timer fires first; the transport's lease is the backstop.
   TANDEM_ASSIGN_OR_RETURN(kv_, CreatePublisherWithPool(
@@ -138,6 +139,7 @@ Status PrefillDriver::Init(const RoleArgs& args) {
                                     .device = section.device}));
   eo.kv_pools = kv_.pools;  // shared: the cache and the publisher keep them alive
   TANDEM_ASSIGN_OR_RETURN(engine_, PrefillEngine::Create(*model_, std::move(eo)));
+  LogDeviceMemoryUse(section, setup_.name, device_memory);
 
   TANDEM_ASSIGN_OR_RETURN(HostOptions ho, setup_.Host(InstanceRole::kPrefill, args, section));
   ho.kv_peer_info = Encode(kv_.publisher->peer_info());

@@ -1,6 +1,7 @@
 #include "common/engine/device_memory.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdio>
 
 #include "common/engine/cuda/kernels.h"  // host-includable: the attention kernels' shapes
@@ -92,6 +93,29 @@ Status CheckDeviceMemoryFits(const std::string& where, const std::string& field,
     advice = ": even without a KV pool the instance does not fit; free the GPU, use a GPU with "
              "more memory, or split the model over more GPUs (S.tensor_parallel)";
   return ResourceExhausted(where + ": " + field + ": " + text + advice);
+}
+
+std::string DescribeDeviceMemoryUse(const DeviceMemoryPlan& plan, int rank, uint64_t free_now,
+                                    bool* over_margin) {
+  const uint64_t before = rank >= 0 && static_cast<size_t>(rank) < plan.free_before.size()
+                              ? plan.free_before[rank]
+                              : 0;
+  const int64_t took = static_cast<int64_t>(before) - static_cast<int64_t>(free_now);
+  const int64_t extra = took - static_cast<int64_t>(plan.need.total());
+  *over_margin = extra > static_cast<int64_t>(kDeviceMemoryMargin);
+  auto gib = [](double bytes) { return bytes / (1 << 30); };
+  char text[512];
+  std::snprintf(text, sizeof text,
+                "GPU %d: start-up took %.2f GiB, %.2f GiB %s than planned (KV pool %.2f, weights "
+                "%.2f, forward buffers %.2f, KV transfer buffers %.2f; the rest is what CUDA, "
+                "cuBLAS and NCCL keep for themselves, %s the %.2f GiB margin)",
+                rank, gib(static_cast<double>(took)), gib(static_cast<double>(std::abs(extra))),
+                extra >= 0 ? "more" : "less", gib(static_cast<double>(plan.need.kv_pool)),
+                gib(static_cast<double>(plan.need.weights)),
+                gib(static_cast<double>(plan.need.workspaces)),
+                gib(static_cast<double>(plan.need.transfer)),
+                *over_margin ? "beyond" : "within", gib(static_cast<double>(kDeviceMemoryMargin)));
+  return text;
 }
 
 }  // namespace tandem

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/base/status.h"
 #include "common/engine/forward_backend.h"
@@ -71,6 +72,21 @@ struct DeviceMemoryNeed {
 Status CheckDeviceMemoryFits(const std::string& where, const std::string& field,
                              const std::string& name, int device, const DeviceMemoryNeed& need,
                              uint64_t free_bytes, uint64_t total_bytes);
+
+// What start-up planned for each GPU of an instance, and what each had free before the instance
+// allocated anything: kept to say, once it is up, what its GPUs really took.
+struct DeviceMemoryPlan {
+  DeviceMemoryNeed need;               // per GPU (rank 0's, the largest)
+  std::vector<uint64_t> free_before;   // [rank]
+};
+
+// One line for the start-up log on rank `rank`'s GPU, from what it has free now:
+// "GPU 0: start-up took 57.41 GiB, 0.13 GiB more than planned (KV pool 56.00, weights 0.25,
+// forward buffers 1.00, KV transfer buffers 0.03; the rest is what CUDA, cuBLAS and NCCL keep
+// for themselves, within the 0.25 GiB margin)". *over_margin: whether the unplanned part exceeds
+// kDeviceMemoryMargin (the check at start-up would then pass for an instance that does not fit).
+std::string DescribeDeviceMemoryUse(const DeviceMemoryPlan& plan, int rank, uint64_t free_now,
+                                    bool* over_margin);
 
 // Room left on a GPU past what an instance asks for: what CUDA's context, cuBLAS, NCCL and
 // captured graphs allocate beyond the planned buffers (a CUDA context alone is ~0.3-0.5 GiB on

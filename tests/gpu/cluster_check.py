@@ -24,6 +24,7 @@ run.sh's table; exit 0 = pass. The cluster is stopped in a finally block.
 import argparse
 import concurrent.futures
 import os
+import re
 import subprocess
 import sys
 import time
@@ -49,6 +50,22 @@ UCX_CUDA_TLS = "tcp,sm,self,cuda_copy,cuda_ipc"
 
 def row(name, result, detail):
     print(f"ROW|{name}|{result}|{detail}", flush=True)
+
+
+# The instances' start-up lines on GPU memory (kvtransfer/factory.h LogDeviceMemoryUse).
+MEMORY_LINE = re.compile(r"(\S+): GPU (\d+): start-up took ([\d.]+) GiB, ([\d.]+) GiB (more|less) "
+                         r"than planned .*?(within|beyond) the")
+
+
+def memory_rows(log_path):
+    """One detail for what each instance's GPUs took at start-up against the plan."""
+    with open(log_path, errors="replace") as log:
+        found = [m.groups() for m in MEMORY_LINE.finditer(log.read())]
+    if not found:
+        return "FAIL", "no instance logged its GPU memory at start-up"
+    parts = [f"{who} GPU {gpu}: {took} GiB, {diff} GiB {way} than planned ({margin} the margin)"
+             for who, gpu, took, diff, way, margin in found]
+    return ("FAIL" if any(g[5] == "beyond" for g in found) else "info"), "; ".join(parts)
 
 
 def start(binary, log_dir, cpu, decode_tp, transfer):
@@ -105,6 +122,8 @@ def main():
         proc, url, metrics_port, log_path = start(args.binary, args.log_dir, args.cpu,
                                                   args.decode_tp, args.transfer)
         ready_s = time.time() - started
+        if not args.cpu:
+            row(f"GPU memory at start-up vs plan ({args.transfer})", *memory_rows(log_path))
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120,
                                http_client=httpx.Client(trust_env=False, timeout=120))
         question = [{"role": "user", "content": "What is the capital of France?"}]

@@ -140,6 +140,30 @@ TEST_CASE("device memory: start-up says what does not fit on which GPU, and what
              Catch::Contains("even without a KV pool the instance does not fit"));
 }
 
+TEST_CASE("device memory: once up, an instance says what its GPUs took against the plan",
+          "[device_memory]") {
+  DeviceMemoryPlan plan;
+  plan.need.kv_pool = 56 * kGiB;
+  plan.need.weights = kGiB / 4;
+  plan.need.workspaces = kGiB;
+  plan.free_before = {70 * kGiB, 72 * kGiB};
+  bool over = true;
+  // GPU 0 lost 57.25 GiB plus 128 MiB that CUDA and cuBLAS kept: within the margin.
+  const std::string line =
+      DescribeDeviceMemoryUse(plan, 0, 70 * kGiB - plan.need.total() - (128 << 20), &over);
+  CHECK_FALSE(over);
+  CHECK(line == "GPU 0: start-up took 57.38 GiB, 0.12 GiB more than planned (KV pool 56.00, "
+                "weights 0.25, forward buffers 1.00, KV transfer buffers 0.00; the rest is what "
+                "CUDA, cuBLAS and NCCL keep for themselves, within the 0.25 GiB margin)");
+  // GPU 1 lost 1 GiB more than planned: the start-up check would pass instances that do not fit.
+  CHECK_THAT(DescribeDeviceMemoryUse(plan, 1, 72 * kGiB - plan.need.total() - kGiB, &over),
+             Catch::StartsWith("GPU 1: start-up took 58.25 GiB, 1.00 GiB more than planned"));
+  CHECK(over);
+  CHECK_THAT(DescribeDeviceMemoryUse(plan, 1, 72 * kGiB - plan.need.total() + kGiB / 2, &over),
+             Catch::Contains("0.50 GiB less than planned"));
+  CHECK_FALSE(over);
+}
+
 ClusterConfig Parse(const std::string& yaml) {
   StatusOr<ClusterConfig> config = ParseConfig(yaml, "t.yaml");
   REQUIRE(config.ok());
