@@ -3,9 +3,13 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <dlfcn.h>
+
+#include <chrono>
 #include <mutex>
 #include <numeric>
 #include <string>
+#include <thread>
 
 namespace tandem::cuda {
 namespace {
@@ -36,14 +40,33 @@ StatusOr<std::unique_ptr<NcclClique>> NcclClique::Create(int degree) {
 
 NcclClique::~NcclClique() {
   std::lock_guard<std::mutex> lock(abort_mu_);
-  if (broken_) return;  // aborted: already freed
-  for (ncclComm_t comm : comms_)
-    if (comm != nullptr) (void)ncclCommDestroy(comm);
+  if (!broken_) {
+    for (ncclComm_t comm : comms_)
+      if (comm != nullptr) (void)ncclCommDestroy(comm);
+    return;
+  }
+  if (!revoked_) return;  // aborted: already freed
+  // Revoked: every rank has left (the owner destroys the clique after its ranks); free each
+  // communicator once its revoke has quiesced it (bounded: an abort frees it regardless).
+  const auto until = std::chrono::steady_clock::now() + kAbortWaitForRanks;
+  for (ncclComm_t comm : comms_) {
+    if (comm == nullptr) continue;
+    ncclResult_t state = ncclInProgress;
+    while (ncclCommGetAsyncError(comm, &state) == ncclSuccess && state == ncclInProgress &&
+           std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    (void)ncclCommAbort(comm);
+  }
 }
 
 Status NcclClique::AllReduceSum(int rank, float* data, size_t count, cudaStream_t stream) {
-  // An Abort between this check and the call below lets the call see an aborted communicator
-  // (the window PyTorch's watchdog has too); every later call stops here.
+  // Counted inside before the check: an Abort that comes after it revokes (does not free) the
+  // communicator this call is about to use, and waits for the count to drop.
+  inside_.fetch_add(1);
+  struct Leave {
+    std::atomic<int>& inside;
+    ~Leave() { inside.fetch_sub(1); }
+  } leave{inside_};
   if (broken_)
     return FailedPrecondition("tensor parallelism: the NCCL communicators were aborted after a "
                               "rank failed or timed out");
@@ -57,7 +80,24 @@ Status NcclClique::AllReduceSum(int rank, float* data, size_t count, cudaStream_
 void NcclClique::Abort() {
   std::lock_guard<std::mutex> lock(abort_mu_);
   if (broken_.exchange(true)) return;
-  for (ncclComm_t comm : comms_)
+  // ncclCommRevoke where this libnccl has it (2.28+), found at run time so that an older one
+  // still loads the binary.
+  using RevokeFn = ncclResult_t (*)(ncclComm_t, int);
+  static const auto revoke = reinterpret_cast<RevokeFn>(dlsym(RTLD_DEFAULT, "ncclCommRevoke"));
+  bool revoked = revoke != nullptr;
+  for (ncclComm_t comm : comms_) {
+    if (!revoked || comm == nullptr) continue;
+    const ncclResult_t result = revoke(comm, /*NCCL_REVOKE_DEFAULT*/ 0);
+    revoked = result == ncclSuccess || result == ncclInProgress;  // quiescing: the destructor waits
+  }
+  const auto until = std::chrono::steady_clock::now() + kAbortWaitForRanks;
+  while (revoked && inside_.load() > 0 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (revoked && inside_.load() == 0) {
+    revoked_ = true;  // the destructor frees them
+    return;
+  }
+  for (ncclComm_t comm : comms_)  // no revoke, or a rank stuck inside: unblock it the old way
     if (comm != nullptr) (void)ncclCommAbort(comm);
 }
 

@@ -11,11 +11,19 @@
 // Threads: rank r's AllReduceSum is called by one thread at a time (rank r's); Abort by any
 // thread, any time, also while a rank is inside ncclAllReduce (blocked in a launch behind a
 // collective that never completes: the abort is what unblocks it, as PyTorch's NCCL watchdog
-// does). Nothing is locked across an NCCL call. Plain C++ declarations: no NCCL or CUDA
-// headers here.
+// does). Nothing is locked across an NCCL call.
+//
+// Abort does not free a communicator a rank may be inside: it revokes them (ncclCommRevoke,
+// NCCL 2.28+: in-flight operations stop, the communicator stays allocated), waits up to
+// kAbortWaitForRanks for every rank to leave AllReduceSum, and frees them only in the
+// destructor, once they are quiescent. Where NCCL has no revoke (looked up at run time: an older
+// libnccl still loads), or a rank stays inside past the wait, it aborts them at once as before
+// (ncclCommAbort frees: a rank still inside may then touch freed memory). Plain C++
+// declarations: no NCCL or CUDA headers here.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -44,12 +52,18 @@ class NcclClique {
   void Abort();
   bool broken() const;
 
+  // How long Abort waits for the ranks to leave their NCCL calls once the communicators are
+  // revoked, before it frees them under a rank that may still be inside.
+  static constexpr std::chrono::milliseconds kAbortWaitForRanks{5000};
+
  private:
   NcclClique() = default;
 
   std::vector<ncclComm_t> comms_;  // [degree]; fixed once made (aborted ones are not reused)
   std::atomic<bool> broken_{false};
-  std::mutex abort_mu_;            // one Abort runs the aborts
+  std::atomic<int> inside_{0};     // ranks inside AllReduceSum's NCCL call
+  std::mutex abort_mu_;            // one Abort runs the revokes or aborts
+  bool revoked_ = false;           // guarded by abort_mu_: revoked, not freed (the destructor)
 };
 
 }  // namespace tandem::cuda
