@@ -65,6 +65,11 @@ struct DeviceMemoryNeed {
   uint64_t besides_kv() const { return weights + workspaces + transfer; }
 };
 
+// Room left on a GPU past what an instance asks for: what CUDA's context, cuBLAS, NCCL and
+// captured graphs allocate beyond the planned buffers (a CUDA context alone is ~0.3-0.5 GiB on
+// Hopper, taken before the check reads the free memory; this is for the rest).
+inline constexpr uint64_t kDeviceMemoryMargin = uint64_t{256} << 20;
+
 // OK when `need` fits in `free_bytes` of GPU `device` (of `total_bytes`) with
 // kDeviceMemoryMargin to spare; else ResourceExhausted naming `field` (where it was set, from
 // `where`), the instance (`name`: prefill, decode, colocated), each part of the need in GiB,
@@ -76,8 +81,8 @@ Status CheckDeviceMemoryFits(const std::string& where, const std::string& field,
 // What start-up planned for each GPU of an instance, and what each had free before the instance
 // allocated anything: kept to say, once it is up, what its GPUs really took.
 struct DeviceMemoryPlan {
-  DeviceMemoryNeed need;               // per GPU (rank 0's, the largest)
-  std::vector<uint64_t> free_before;   // [rank]
+  DeviceMemoryNeed need;              // per GPU (rank 0's, the largest)
+  std::vector<uint64_t> free_before;  // [rank]
 };
 
 // One line for the start-up log on rank `rank`'s GPU, from what it has free now:
@@ -87,10 +92,5 @@ struct DeviceMemoryPlan {
 // kDeviceMemoryMargin (the check at start-up would then pass for an instance that does not fit).
 std::string DescribeDeviceMemoryUse(const DeviceMemoryPlan& plan, int rank, uint64_t free_now,
                                     bool* over_margin);
-
-// Room left on a GPU past what an instance asks for: what CUDA's context, cuBLAS, NCCL and
-// captured graphs allocate beyond the planned buffers (a CUDA context alone is ~0.3-0.5 GiB on
-// Hopper, taken before the check reads the free memory; this is for the rest).
-inline constexpr uint64_t kDeviceMemoryMargin = uint64_t{256} << 20;
 
 }  // namespace tandem
