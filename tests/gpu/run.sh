@@ -21,7 +21,8 @@
 # roofline and prefill vs the bf16 GEMM peak); `tandem serve` colocated on `device: cuda` with
 # SmolLM2 answering curl; nccl_transfer_check (the NCCL KV transfer between two processes on
 # GPUs 0 and 1; needs two GPUs); cluster_check.py (1 prefill + 1 decode on this GPU, KV over
-# CUDA IPC, the openai client; the KV transfer of a long prompt vs the device-to-device copy;
+# CUDA IPC, the openai client; what each instance's start-up took on its GPU vs the plan it
+# checked before allocating; the KV transfer of a long prompt vs the device-to-device copy;
 # with 2 GPUs again with prefill on GPU 0, decode on GPU 1 and the KV over NCCL; with 3 GPUs
 # again with decode at tensor_parallel 3, the KV re-sharded 1 -> 3; with 4 GPUs that over NCCL,
 # decode on GPUs 1-3; where the UCX at hand moves GPU memory, again with the KV over UCX). With 2 GPUs,
