@@ -181,8 +181,7 @@ StatusOr<std::vector<std::string>> PickPorts(const ClusterConfig& config) {
   auto reserve = [&](int base, int count) {
     for (int i = 0; i < count && base > 0; ++i) taken.insert(base + i);
   };
-  const std::pair<const char*, const InstanceSection*> sections[] = {
-      {"prefill", &config.prefill}, {"decode", &config.decode}, {"colocated", &config.colocated}};
+  const auto sections = InstanceSections(config);
   for (auto& [name, s] : sections) {
     reserve(s->port, s->instances);
     reserve(s->metrics_port, s->instances);
@@ -361,8 +360,7 @@ void Reload(const LaunchOptions& options, Prepared& prepared, const std::vector<
 std::vector<Child> MakeChildren(const std::string& binary, const Prepared& prepared) {
   const ClusterConfig& config = prepared.config;
   std::vector<Child> children;
-  const std::pair<const char*, const InstanceSection*> sections[] = {
-      {"prefill", &config.prefill}, {"decode", &config.decode}, {"colocated", &config.colocated}};
+  const auto sections = InstanceSections(config);
   for (auto& [name, s] : sections) {
     for (int i = 0; i < s->instances; ++i) {
       Child c;

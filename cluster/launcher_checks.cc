@@ -35,8 +35,7 @@ struct BoundPort {
 std::vector<BoundPort> BoundPorts(const ClusterConfig& c) {
   std::vector<BoundPort> out;
   if (c.router.port != 0) out.push_back({"router.port", "the router", c.router.port});
-  const std::pair<const char*, const InstanceSection*> sections[] = {
-      {"prefill", &c.prefill}, {"decode", &c.decode}, {"colocated", &c.colocated}};
+  const auto sections = InstanceSections(c);
   for (auto& [name, s] : sections) {
     for (int i = 0; i < s->instances; ++i) {
       const std::string who = std::string(name) + "-" + std::to_string(i);
@@ -111,20 +110,17 @@ std::set<std::string> ListeningInodes(int port) {
 // its UUID) are not matched here (start-up's free-memory check catches those).
 std::string GpuMemoryShares(const ClusterConfig& c) {
   std::map<std::string, std::vector<std::string>> users;  // GPU -> "prefill-0", ...
-  for (const char* role : {"prefill", "decode", "colocated"}) {
-    const InstanceSection& s = std::string(role) == "prefill"  ? c.prefill
-                               : std::string(role) == "decode" ? c.decode
-                                                               : c.colocated;
-    if (s.device != "cuda" || s.kv_blocks > 0) continue;
-    for (int i = 0; i < s.instances; ++i) {
+  for (auto& [role, s] : InstanceSections(c)) {
+    if (s->device != "cuda" || s->kv_blocks > 0) continue;
+    for (int i = 0; i < s->instances; ++i) {
       const std::string who = std::string(role) + "-" + std::to_string(i);
-      const std::string list = CudaVisibleDevicesFor(s, i);
+      const std::string list = CudaVisibleDevicesFor(*s, i);
       auto use = [&](const std::string& gpu) {
         std::vector<std::string>& on = users[gpu];
         if (on.empty() || on.back() != who) on.push_back(who);
       };
       if (list.empty()) {
-        for (int r = 0; r < std::max(s.tensor_parallel, 1); ++r)
+        for (int r = 0; r < std::max(s->tensor_parallel, 1); ++r)
           use("the launcher's GPU " + std::to_string(r));
         continue;
       }
@@ -169,12 +165,9 @@ Status CheckClusterLayout(const ClusterConfig& c) {
     add("decode.instances", "is 0, so the prefill instances' requests could never be decoded");
   if (decode && !prefill)
     add("prefill.instances", "is 0, so the decode instances would never get a request");
-  for (const char* name : {"prefill", "decode", "colocated"}) {
-    const InstanceSection& s = std::string(name) == "prefill"  ? c.prefill
-                               : std::string(name) == "decode" ? c.decode
-                                                               : c.colocated;
-    if (!s.addresses.empty() || !s.dns_name.empty())
-      add(std::string(name) + (s.addresses.empty() ? ".dns_name" : ".addresses"),
+  for (auto& [name, s] : InstanceSections(c)) {
+    if (!s->addresses.empty() || !s->dns_name.empty())
+      add(std::string(name) + (s->addresses.empty() ? ".dns_name" : ".addresses"),
           "tandem up starts every instance itself, on this machine; S.addresses is for a router "
           "whose instances run elsewhere (start them with tandem prefill|decode|colocated there)");
   }
@@ -243,8 +236,7 @@ Status CheckPortsFree(const ClusterConfig& c) {
 }
 
 Status CheckKvMemory(const ClusterConfig& c, const KvLayout& layout, uint64_t machine_bytes) {
-  const std::pair<const char*, const InstanceSection*> sections[] = {
-      {"prefill", &c.prefill}, {"decode", &c.decode}, {"colocated", &c.colocated}};
+  const auto sections = InstanceSections(c);
   const double block_bytes = static_cast<double>(layout.block_bytes()) * layout.num_layers;
   double total = 0;
   int instances = 0;

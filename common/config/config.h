@@ -15,8 +15,10 @@
 // refuses those values with the same file:line:field messages.
 #pragma once
 
+#include <array>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/base/status.h"
@@ -213,6 +215,14 @@ struct ClusterConfig {
   // where[field], or `source` for a field left at its default.
   std::string Where(const std::string& field) const;
 };
+
+// The three instance sections of `config`, each with the name its keys start with: prefill,
+// decode, colocated, in that order.
+inline std::array<std::pair<const char*, const InstanceSection*>, 3> InstanceSections(
+    const ClusterConfig& config) {
+  return {{{"prefill", &config.prefill}, {"decode", &config.decode},
+           {"colocated", &config.colocated}}};
+}
 
 // "[::1]" -> "::1"; anything else unchanged.
 std::string StripBrackets(const std::string& host);
