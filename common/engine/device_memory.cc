@@ -9,6 +9,13 @@
 #include "common/engine/row_draw.h"
 
 namespace tandem {
+namespace {
+
+// Bytes as GiB, for the messages below (signed: start-up may take less than planned).
+double Gib(int64_t bytes) { return static_cast<double>(bytes) / (1 << 30); }
+double Gib(uint64_t bytes) { return static_cast<double>(bytes) / (1 << 30); }
+
+}  // namespace
 
 size_t CudaWorkspacePlan::device_bytes() const {
   size_t sum = 0;
@@ -75,15 +82,14 @@ Status CheckDeviceMemoryFits(const std::string& where, const std::string& field,
                              const std::string& name, int device, const DeviceMemoryNeed& need,
                              uint64_t free_bytes, uint64_t total_bytes) {
   if (need.total() + kDeviceMemoryMargin <= free_bytes) return Status::Ok();
-  auto gib = [](uint64_t bytes) { return static_cast<double>(bytes) / (1 << 30); };
   char text[512];
   std::snprintf(text, sizeof text,
                 "the %s instance needs %.2f GiB on GPU %d (KV pool %.2f, weights %.2f, forward "
                 "buffers %.2f, KV transfer buffers %.2f) and %.2f GiB to spare, but the GPU has "
                 "%.2f GiB free of %.2f GiB",
-                name.c_str(), gib(need.total()), device, gib(need.kv_pool), gib(need.weights),
-                gib(need.workspaces), gib(need.transfer), gib(kDeviceMemoryMargin),
-                gib(free_bytes), gib(total_bytes));
+                name.c_str(), Gib(need.total()), device, Gib(need.kv_pool), Gib(need.weights),
+                Gib(need.workspaces), Gib(need.transfer), Gib(kDeviceMemoryMargin),
+                Gib(free_bytes), Gib(total_bytes));
   std::string advice =
       field == "kv_cache.memory_fraction"
           ? ": lower kv_cache.memory_fraction (instances that share a GPU share its memory) or "
@@ -103,18 +109,15 @@ std::string DescribeDeviceMemoryUse(const DeviceMemoryPlan& plan, int rank, uint
   const int64_t took = static_cast<int64_t>(before) - static_cast<int64_t>(free_now);
   const int64_t extra = took - static_cast<int64_t>(plan.need.total());
   *over_margin = extra > static_cast<int64_t>(kDeviceMemoryMargin);
-  auto gib = [](double bytes) { return bytes / (1 << 30); };
   char text[512];
   std::snprintf(text, sizeof text,
                 "GPU %d: start-up took %.2f GiB, %.2f GiB %s than planned (KV pool %.2f, weights "
                 "%.2f, forward buffers %.2f, KV transfer buffers %.2f; the rest is what CUDA, "
                 "cuBLAS and NCCL keep for themselves, %s the %.2f GiB margin)",
-                rank, gib(static_cast<double>(took)), gib(static_cast<double>(std::abs(extra))),
-                extra >= 0 ? "more" : "less", gib(static_cast<double>(plan.need.kv_pool)),
-                gib(static_cast<double>(plan.need.weights)),
-                gib(static_cast<double>(plan.need.workspaces)),
-                gib(static_cast<double>(plan.need.transfer)),
-                *over_margin ? "beyond" : "within", gib(static_cast<double>(kDeviceMemoryMargin)));
+                rank, Gib(took), Gib(std::abs(extra)), extra >= 0 ? "more" : "less",
+                Gib(plan.need.kv_pool), Gib(plan.need.weights), Gib(plan.need.workspaces),
+                Gib(plan.need.transfer), *over_margin ? "beyond" : "within",
+                Gib(kDeviceMemoryMargin));
   return text;
 }
 
