@@ -164,16 +164,15 @@ Status ValidateForServing(const ClusterConfig& config) {
     }
   // cuda_ipc copies straight out of prefill's pool: decode stops starting a pull one copy's
   // bound before prefill's hold ends, and the hold must leave at least as long to start one.
-  if (backend == "cuda_ipc" && moves_kv &&
-      config.prefill.kv_hold_timeout_s < 2 * CudaIpcPullMarginSeconds(config.transfer.timeout_s)) {
-    const double margin = CudaIpcPullMarginSeconds(config.transfer.timeout_s);
+  const double ipc_margin = CudaIpcPullMarginSeconds(config.transfer.timeout_s);
+  if (backend == "cuda_ipc" && moves_kv && config.prefill.kv_hold_timeout_s < 2 * ipc_margin) {
     char text[400];
     std::snprintf(text, sizeof text,
                   "%g s is too short for transfer.backend cuda_ipc: decode copies from prefill's "
                   "pool directly, so it stops starting a pull %g s (transfer.timeout_s, at least "
                   "1 s) before prefill frees the KV, and the hold must leave as long again to "
                   "start one: raise it to %g or more, or lower transfer.timeout_s",
-                  config.prefill.kv_hold_timeout_s, margin, 2 * margin);
+                  config.prefill.kv_hold_timeout_s, ipc_margin, 2 * ipc_margin);
     errors.Add("prefill.kv_hold_timeout_s", text);
   }
   if (config.transfer.backend == "inproc" &&
