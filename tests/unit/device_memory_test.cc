@@ -9,24 +9,19 @@
 
 #include "common/config/config.h"
 #include "common/engine/row_draw.h"
+#include "common/model/make_model.h"
 #include "kvtransfer/factory.h"
 #include "kvtransfer/nccl_packing.h"
 
 namespace tandem {
 namespace {
 
-// SmolLM2-135M's shape.
+// SmolLM2-135M's shape (hidden 576, intermediate 1536, 9 query and 3 KV heads of 64, vocabulary
+// 49152, 8192 positions): make-model's smollm2 preset.
 ModelConfig SmolLm2Shape() {
-  ModelConfig c;
-  c.hidden_size = 576;
-  c.intermediate_size = 1536;
-  c.num_layers = 30;
-  c.num_heads = 9;
-  c.num_kv_heads = 3;
-  c.head_dim = 64;
-  c.vocab_size = 49152;
-  c.max_position_embeddings = 8192;
-  return c;
+  StatusOr<ModelConfig> c = PresetConfig("smollm2", ModelFamily::kLlama);
+  REQUIRE(c.ok());
+  return *c;
 }
 
 constexpr uint64_t kGiB = uint64_t{1} << 30;
