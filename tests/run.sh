@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command (README, .ci/run): installs dependencies, builds with CUDA off, runs every
 # test through CTest, fuzzes the parsers for a bounded time (tests/fuzz), then builds the whole
-# binary with CUDA on where nvcc exists.
+# binary with CUDA on where nvcc exists and runs the unit tests against it.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 started=$SECONDS
@@ -28,15 +28,20 @@ echo "== fuzz build: $((SECONDS - fuzz_started)) s"
 bash tests/fuzz/run.sh build-fuzz 20
 echo "== fuzz: $((SECONDS - started)) s (fuzz build and runs: $((SECONDS - fuzz_started)) s)"
 
-# CUDA-on build: the whole `tandem` binary with the CUDA backend (sm_90, cuBLAS, NCCL) and the
-# GPU checks, from the same C++ objects where they do not differ (ccache: only the CUDA sources
-# and the backend seam's one file differ). Nothing runs on a GPU here (none): tests/gpu/without_gpu.sh
-# checks that the binary and the checks say so and refuse cleanly; tests/gpu/run.sh runs the
-# checks on a GPU machine.
+# CUDA-on build: the whole `tandem` binary with the CUDA backend (sm_90, cuBLAS, NCCL), the
+# GPU checks and the unit tests, from the same C++ objects where they do not differ (ccache:
+# only the CUDA sources, the backend seam's files and the test binary's path differ). The unit
+# tests run again against it: config checks, the launcher, the CLI and the transfer factory
+# take other branches where the CUDA backend is built in, and every shared host-side part must
+# hold there too; tests/unit_cuda holds the CUDA backend's own host code that runs without a GPU. Nothing runs on a GPU here (none): tests/gpu/without_gpu.sh checks that the
+# binary and the checks say so and refuse cleanly; tests/gpu/run.sh runs the checks on a GPU
+# machine.
 if [[ -x /usr/local/cuda/bin/nvcc ]] || command -v nvcc >/dev/null; then
   cmake -S . -B build-cuda -G Ninja -DTANDEM_CUDA=ON -DTANDEM_BUILD_TESTS=ON \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo "${launcher[@]}" >/dev/null
-  cmake --build build-cuda -j2 --target tandem cuda_kernels_check cuda_forward_check nccl_transfer_check
+  cmake --build build-cuda -j2 --target tandem cuda_kernels_check cuda_forward_check \
+    nccl_transfer_check tandem_unit_tests tandem_cuda_unit_tests
+  ctest --test-dir build-cuda --output-on-failure --timeout 900 -j2 -R '^unit(_cuda)?/'
   bash tests/gpu/without_gpu.sh build-cuda
   echo "== CUDA build: $((SECONDS - started)) s (GPU checks skipped: no GPU on this machine; run tests/gpu/run.sh on one)"
 else

@@ -28,6 +28,7 @@
 
 #include "common/net/control_channel.h"
 #include "common/net/control_wire.h"
+#include "tests/tandem_binary.h"
 #include "tests/test_control.h"
 
 namespace tandem::test {
@@ -142,7 +143,7 @@ inline std::vector<int32_t> EngineAlone(const std::string& model, const std::vec
                                  int max_tokens, bool ignore_eos = false) {
   std::string ids;
   for (int32_t t : prompt) ids += (ids.empty() ? "" : ",") + std::to_string(t);
-  std::string out = Run(std::string(TANDEM_BINARY) + " generate " +
+  std::string out = Run(std::string(TandemBinary()) + " generate " +
                         (ignore_eos ? "--ignore-eos " : "") + "--model " + model +
                         " --prompt-ids " + ids + " --max-tokens " + std::to_string(max_tokens) +
                         " 2>/dev/null");
@@ -285,7 +286,8 @@ struct Cluster {
     fs::remove_all(dir);
     fs::create_directories(dir);
     model = (dir / "model").string();
-    Run(std::string(TANDEM_BINARY) + " make-model --preset tiny --out " + model + " >/dev/null 2>&1");
+    Run(std::string(TandemBinary()) + " make-model --preset tiny --out " + model +
+        " >/dev/null 2>&1");
     config = (dir / "cluster.yaml").string();
     std::ofstream out(config);
     out << "model:\n  path: " << model << "\n  max_model_len: 512\n"
@@ -311,7 +313,7 @@ struct Cluster {
   // (no instances in the file, started alone) has its own small pool.
   std::vector<std::string> Args(const std::string& role) const {
     int pool = role == "colocated" ? 6 : std::min(64, decode_kv_blocks);
-    return {TANDEM_BINARY, role, "--config", config, "--index", "0",
+    return {TandemBinary(), role, "--config", config, "--index", "0",
             "--model.max_model_len=" + std::to_string(std::min(pool * 16, 512))};
   }
   std::string Log(const std::string& role) const { return (dir / (role + ".log")).string(); }

@@ -150,7 +150,7 @@ TEST_CASE("instances: colocated streams the engine-alone tokens under preemption
       // generate stops at eos unless asked not to; the requests ignore eos.
       std::string ids;
       for (int32_t t : Prompt(lengths[i], 20 + i)) ids += (ids.empty() ? "" : ",") + std::to_string(t);
-      std::string out = Run(std::string(TANDEM_BINARY) + " generate --ignore-eos --model " +
+      std::string out = Run(std::string(test::TandemBinary()) + " generate --ignore-eos --model " +
                             cluster.model + " --prompt-ids " + ids + " --max-tokens " +
                             std::to_string(max_tokens) + " 2>/dev/null");
       size_t at = out.find("generated_ids:");

@@ -10,12 +10,13 @@
 #include "common/base/flags.h"
 #include "common/config/serving_config.h"
 #include "test_util.h"
+#include "tests/tandem_binary.h"
 
 using namespace tandem;
 
 namespace {
 test::CommandResult Tandem(const std::string& args) {
-  return test::RunCommand("timeout 60 " + std::string(TANDEM_BINARY) + " " + args);
+  return test::RunCommand("timeout 60 " + std::string(test::TandemBinary()) + " " + args);
 }
 }  // namespace
 

@@ -7,10 +7,13 @@
 
 #include "common/engine/latency_model.h"
 #include "test_util.h"
+#include "tests/tandem_binary.h"
 
 using namespace tandem;
 
 namespace {
+
+std::string Binary() { return test::TandemBinary(); }
 
 std::string ReadText(const std::string& path) {
   std::ifstream in(path);
@@ -24,8 +27,8 @@ TEST_CASE("profile: --quick on the tiny model writes a model that reads back",
   test::TempDir dir;
   const std::string out = (dir.path() / "lm.yaml").string();
   auto t0 = std::chrono::steady_clock::now();
-  test::CommandResult r = test::RunCommand(std::string(TANDEM_BINARY) +
-                                           " profile --quick --model-preset tiny --out " + out);
+  test::CommandResult r =
+      test::RunCommand(Binary() + " profile --quick --model-preset tiny --out " + out);
   double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   INFO(r.output);
@@ -54,9 +57,9 @@ TEST_CASE("profile: --quick on the tiny model writes a model that reads back",
 
   // Profiles once more with these flags into the same file (--append) and reads it back.
   auto append = [&](const std::string& profile_flags) {
-    test::CommandResult appended = test::RunCommand(
-        std::string(TANDEM_BINARY) + " profile --quick --model-preset tiny --reps 1 --append " +
-        profile_flags + " --out " + out);
+    test::CommandResult appended =
+        test::RunCommand(Binary() + " profile --quick --model-preset tiny --reps 1 --append " +
+                         profile_flags + " --out " + out);
     INFO(appended.output);
     REQUIRE(appended.exit_code == 0);
     auto merged = LoadLatencyModel(out);
@@ -86,10 +89,10 @@ TEST_CASE("profile: --background-kind other swaps the neighbour's phase between 
           "[profile]") {
   test::TempDir dir;
   const std::string out = (dir.path() / "lm.yaml").string();
-  test::CommandResult r = test::RunCommand(
-      std::string(TANDEM_BINARY) +
-      " profile --quick --reps 1 --model-preset tiny --background-threads 1 "
-      "--background-kind other --out " + out);
+  test::CommandResult r = test::RunCommand(Binary() +
+                                           " profile --quick --reps 1 --model-preset tiny "
+                                           "--background-threads 1 --background-kind other --out " +
+                                           out);
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   // The neighbour decoded during the prefill grid and prefilled during the decode grid.
@@ -109,14 +112,12 @@ TEST_CASE("profile: --background-kind other swaps the neighbour's phase between 
 
 TEST_CASE("profile: bad flags are usage errors", "[profile]") {
   // A prefilling neighbour shares OpenBLAS's process-wide thread count with the measured pass.
-  CHECK(test::RunCommand(std::string(TANDEM_BINARY) +
+  CHECK(test::RunCommand(Binary() +
                          " profile --threads 2 --background-threads 1 --background-kind other")
             .exit_code == 2);
-  CHECK(test::RunCommand(std::string(TANDEM_BINARY) + " profile --background-kind idle")
-            .exit_code == 2);
-  CHECK(test::RunCommand(std::string(TANDEM_BINARY) + " profile --threads 0").exit_code == 2);
-  CHECK(test::RunCommand(std::string(TANDEM_BINARY) + " profile --role router").exit_code == 2);
-  CHECK(test::RunCommand(std::string(TANDEM_BINARY) + " profile --model-preset huge").exit_code ==
-        2);
-  CHECK(test::RunCommand(std::string(TANDEM_BINARY) + " profile --colour blue").exit_code == 2);
+  CHECK(test::RunCommand(Binary() + " profile --background-kind idle").exit_code == 2);
+  CHECK(test::RunCommand(Binary() + " profile --threads 0").exit_code == 2);
+  CHECK(test::RunCommand(Binary() + " profile --role router").exit_code == 2);
+  CHECK(test::RunCommand(Binary() + " profile --model-preset huge").exit_code == 2);
+  CHECK(test::RunCommand(Binary() + " profile --colour blue").exit_code == 2);
 }
