@@ -510,7 +510,12 @@ int RunCluster(const LaunchOptions& options) {
       ready = HttpProbe();
       // The answer must come from this cluster's router, not from a process that took the port.
       const Child& router = children.back();
-      if (router.pid > 0 && ListensOn(router.pid, config.router.port)) {
+      const PortHolder holder = router.pid > 0 ? WhoListensOn(router.pid, config.router.port)
+                                               : PortHolder::kOtherProcess;
+      if (holder == PortHolder::kUnknown)
+        TANDEM_LOG(kWarn) << "cannot tell from /proc which process listens on port "
+                          << config.router.port << "; taking the answer on it as the router's";
+      if (router.pid > 0 && holder != PortHolder::kOtherProcess) {
         announced = true;
         std::printf("tandem: ready at %s (model %s)\n", url.c_str(),
                     ServedModelName(config.model).c_str());

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <iterator>
@@ -81,11 +82,12 @@ std::string TryBind(const std::string& host, int port) {
   return error;
 }
 
-// Socket inodes that listen on `port` in /proc/net/tcp or tcp6.
-std::set<std::string> ListeningInodes(int port) {
+// Socket inodes that listen on `port` in `proc`/net/tcp or tcp6; empty where neither table can
+// be read or neither lists one.
+std::set<std::string> ListeningInodes(int port, const std::filesystem::path& proc) {
   std::set<std::string> inodes;
-  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
-    std::ifstream in(table);
+  for (const char* table : {"net/tcp", "net/tcp6"}) {
+    std::ifstream in(proc / table);
     std::string line;
     std::getline(in, line);  // header
     while (std::getline(in, line)) {
@@ -96,7 +98,7 @@ std::set<std::string> ListeningInodes(int port) {
         continue;
       const size_t colon = local.rfind(':');
       if (state != "0A" || colon == std::string::npos) continue;  // 0A = LISTEN
-      if (std::stoi(local.substr(colon + 1), nullptr, 16) == port) inodes.insert(inode);
+      if (std::strtol(local.c_str() + colon + 1, nullptr, 16) == port) inodes.insert(inode);
     }
   }
   return inodes;
@@ -276,17 +278,21 @@ ClusterConfig SnapshotConfig(const ClusterConfig& config) {
   return out;
 }
 
-bool ListensOn(pid_t pid, int port) {
-  const std::set<std::string> inodes = ListeningInodes(port);
-  if (inodes.empty()) return false;
+PortHolder WhoListensOn(pid_t pid, int port, const std::filesystem::path& proc) {
+  const std::set<std::string> inodes = ListeningInodes(port, proc);
+  if (inodes.empty()) return PortHolder::kUnknown;
   std::error_code ec;
-  const std::filesystem::path fds = "/proc/" + std::to_string(pid) + "/fd";
-  for (const auto& entry : std::filesystem::directory_iterator(fds, ec)) {
-    std::string target = std::filesystem::read_symlink(entry.path(), ec).string();
-    if (ec || target.rfind("socket:[", 0) != 0) continue;
-    if (inodes.count(target.substr(8, target.size() - 9))) return true;
+  std::filesystem::directory_iterator fds(proc / std::to_string(pid) / "fd", ec);
+  if (ec) return PortHolder::kUnknown;
+  // increment(ec), not a range-for: the process may exit while its fds are listed.
+  for (; fds != std::filesystem::directory_iterator(); fds.increment(ec)) {
+    if (ec) return PortHolder::kUnknown;
+    std::error_code link_ec;
+    std::string target = std::filesystem::read_symlink(fds->path(), link_ec).string();
+    if (link_ec || target.rfind("socket:[", 0) != 0) continue;
+    if (inodes.count(target.substr(8, target.size() - 9))) return PortHolder::kThisProcess;
   }
-  return false;
+  return ec ? PortHolder::kUnknown : PortHolder::kOtherProcess;
 }
 
 }  // namespace tandem

@@ -9,6 +9,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <filesystem>
 #include <string>
 
 #include "common/base/status.h"
@@ -40,8 +41,18 @@ Status CheckKvMemory(const ClusterConfig& config, const KvLayout& layout, uint64
 // file's directory, model.path to the working directory), model.name fixed to the served name.
 ClusterConfig SnapshotConfig(const ClusterConfig& config);
 
-// Whether process `pid` holds the socket that listens on TCP `port` (from /proc/net/tcp{,6} and
-// /proc/PID/fd): the answer on that port comes from that process.
-bool ListensOn(pid_t pid, int port);
+// Who holds the socket that listens on a TCP port, as /proc tells it (WhoListensOn).
+enum class PortHolder {
+  kThisProcess,   // the process asked about holds it: an answer on the port comes from it
+  kOtherProcess,  // a listener is listed, and none of the process's file descriptors is it
+  kUnknown,       // /proc does not tell: its socket tables or the process's fds are unreadable,
+                  // or they list no listener on the port (a sandboxed kernel, such as gVisor)
+};
+
+// Which process holds the socket that listens on TCP `port`, asked for process `pid`: the
+// listening sockets' inodes from `proc`/net/tcp and tcp6, matched against the socket links in
+// `proc`/PID/fd. Meant for a port something has just answered on, so that a listener exists:
+// where /proc lists none, it cannot tell (kUnknown), rather than blaming another process.
+PortHolder WhoListensOn(pid_t pid, int port, const std::filesystem::path& proc = "/proc");
 
 }  // namespace tandem

@@ -8,12 +8,14 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "cluster/launcher.h"
 #include "cluster/launcher_checks.h"
 #include "cluster/launcher_probe.h"
 #include "common/config/config.h"
+#include "test_util.h"
 
 using namespace tandem;
 
@@ -229,8 +231,54 @@ TEST_CASE("launcher: the health probe ends on an answer, a refusal or silence", 
   }
 }
 
-TEST_CASE("launcher: ListensOn tells which process holds a port", "[launcher]") {
+TEST_CASE("launcher: WhoListensOn tells which process holds a port", "[launcher]") {
   Listener mine;
-  CHECK(ListensOn(::getpid(), mine.port));
-  CHECK_FALSE(ListensOn(::getppid(), mine.port));
+  CHECK(WhoListensOn(::getpid(), mine.port) == PortHolder::kThisProcess);
+  CHECK(WhoListensOn(::getppid(), mine.port) == PortHolder::kOtherProcess);
+}
+
+TEST_CASE("launcher: WhoListensOn cannot tell where /proc does not list the listener",
+          "[launcher]") {
+  // A /proc of its own: what a sandboxed kernel may show instead of Linux's tables.
+  test::TempDir proc;
+  auto write = [&](const std::string& path, const std::string& text) {
+    std::filesystem::create_directories((proc.path() / path).parent_path());
+    std::ofstream(proc.path() / path) << text;
+  };
+  const std::string header =
+      "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  "
+      "timeout inode\n";
+  // Port 8080 (1F90) listening (0A) with inode 4242; port 8081 (1F91) only connected (01).
+  const std::string listening =
+      "   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        "
+      "0 4242 1 0000000000000000 100 0 0 10 0\n"
+      "   1: 0100007F:1F91 0100007F:D431 01 00000000:00000000 00:00000000 00000000     0        "
+      "0 4343 1 0000000000000000 20 4 30 10 -1\n";
+  const std::filesystem::path fd = proc.path() / "77" / "fd";
+
+  SECTION("no socket tables") {
+    std::filesystem::create_directories(fd);
+    std::filesystem::create_symlink("socket:[4242]", fd / "3");
+    CHECK(WhoListensOn(77, 8080, proc.path()) == PortHolder::kUnknown);
+  }
+  SECTION("tables that list no listener on the port") {
+    write("net/tcp", header + listening);
+    write("net/tcp6", header);
+    std::filesystem::create_directories(fd);
+    CHECK(WhoListensOn(77, 8081, proc.path()) == PortHolder::kUnknown);
+    CHECK(WhoListensOn(77, 9000, proc.path()) == PortHolder::kUnknown);
+  }
+  SECTION("a listener, and the process's fds unreadable") {
+    write("net/tcp", header + listening);
+    CHECK(WhoListensOn(77, 8080, proc.path()) == PortHolder::kUnknown);
+  }
+  SECTION("a listener the process holds, or does not") {
+    write("net/tcp6", header + listening);  // either table counts
+    std::filesystem::create_directories(fd);
+    std::filesystem::create_symlink("/dev/null", fd / "0");
+    std::filesystem::create_symlink("socket:[4343]", fd / "3");
+    CHECK(WhoListensOn(77, 8080, proc.path()) == PortHolder::kOtherProcess);
+    std::filesystem::create_symlink("socket:[4242]", fd / "4");
+    CHECK(WhoListensOn(77, 8080, proc.path()) == PortHolder::kThisProcess);
+  }
 }
