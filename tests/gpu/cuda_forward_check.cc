@@ -4,7 +4,8 @@
 //
 // Correctness (each a table row; any FAIL makes the exit code 1):
 //   - random Llama and Qwen2 (biases) models in fp32: batched greedy decoding of prompts of
-//     different lengths (one mixed prefill batch, then decode steps replayed from CUDA graphs),
+//     different lengths, 5 to 600 tokens (one mixed prefill batch, then decode steps replayed
+//     from CUDA graphs, over contexts of one and of two decode-attention partitions),
 //     teacher-forced by the CPU: every token whose CPU top-2 margin exceeds 1e-3 and twice
 //     the row's GPU-CPU logit difference (what the summation order of two fp32 GEMMs cannot
 //     flip) equals the CPU backend's; all equal tokens
@@ -210,8 +211,12 @@ void CheckGreedy(const std::string& name, const Model& cpu_model, const Model& g
                  bool tokens_must_match, int gpu_tensor_parallel = 1,
                  KvDType gpu_kv = KvDType::kFloat32) {
   const int vocab = cpu_model.config().vocab_size;
+  // 600 tokens: decode contexts past one kDecodePartitionTokens partition, so that the split
+  // attention and its combine step merge two non-empty partitions; five sequences: the graphs
+  // are of another size than CheckMixedAndGraph's.
   const std::vector<std::vector<int32_t>> prompts = {Prompt(5, 1, vocab), Prompt(40, 2, vocab),
-                                                     Prompt(130, 3, vocab), Prompt(17, 4, vocab)};
+                                                     Prompt(130, 3, vocab), Prompt(17, 4, vocab),
+                                                     Prompt(600, 5, vocab)};
   const Comparison c =
       GreedyBoth(cpu_model, gpu_model, prompts, 24, 1e-3, gpu_tensor_parallel, gpu_kv);
   const std::string detail =

@@ -416,6 +416,15 @@ Status CudaForward::RunGraph(int32_t graph_size, KvCache& cache) {
       std::find(graph_sizes_.begin(), graph_sizes_.end(), graph_size) - graph_sizes_.begin();
   Graph& graph = graphs_[index];
   if (graph.exec.empty() || graph.pool != cache.data() || graph.num_blocks != cache.num_blocks()) {
+    // A size's first pass runs once eagerly before its capture (as PyTorch and vLLM warm up):
+    // cuBLAS picks its kernels for these shapes, and CUDA loads the modules they use (lazily,
+    // by default), outside the capture. The graph then redoes the same pass: the same KV
+    // writes and outputs.
+    if (!graph.warmed) {
+      TANDEM_RETURN_IF_ERROR(
+          EnqueuePass(cache, LogitsMode::kLastToken, nullptr, graph_partitions_));
+      graph.warmed = true;
+    }
     // Captured over this pool's addresses and the fixed input slots; replayed from now on.
     TANDEM_RETURN_IF_ERROR(CudaGraph::BeginCapture(stream_.get()));
     Status queued = EnqueuePass(cache, LogitsMode::kLastToken, nullptr, graph_partitions_);

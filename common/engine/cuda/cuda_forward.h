@@ -14,7 +14,8 @@
 //   sequences and lengths) or, for batches of one token per sequence, PagedAttentionDecode split
 //   into partitions of kDecodePartitionTokens.
 // - Decode steps without hooks are captured as CUDA graphs, one per batch size of
-//   DecodeGraphSizes (padded up to it), on first use, and replayed: a step is then one launch.
+//   DecodeGraphSizes (padded up to it), on first use (after one eager run of that pass, to
+//   warm cuBLAS and CUDA's lazy module loading up), and replayed: a step is then one launch.
 // - Every last-token pass also takes each row's argmax on the device (ArgmaxRows): rows whose
 //   next token is the plain argmax (GreedyRows) need nothing else, and when all rows are such,
 //   the logits are not copied back at all (the ids are: 4 bytes a row).
@@ -123,6 +124,7 @@ class CudaForward final : public ForwardBackend {
     const std::byte* pool = nullptr;  // the KV pool it was captured over
     int num_blocks = 0;
     CudaGraph exec;
+    bool warmed = false;  // this size's pass has run once eagerly (RunGraph)
   };
 
   CudaForward(const Model& model, const ForwardOptions& options, const CudaRank& where);
