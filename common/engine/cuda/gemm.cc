@@ -1,4 +1,4 @@
-// Gemm() of common/cuda/kernels.h: the cuBLAS side, kept out of the .cu so it builds with the
+// Gemm() of common/engine/cuda/kernels.h: the cuBLAS side, kept out of the .cu so it builds with the
 // host compiler.
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>

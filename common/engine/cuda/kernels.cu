@@ -1,5 +1,6 @@
-// Implementations of common/cuda/kernels.h. Simple, correct kernels first: each is written to
-// be checked against the CPU backend (tests/gpu/cuda_kernels_check.cc) before it is tuned.
+// Implementations of common/engine/cuda/kernels.h. Simple, correct kernels first: each is
+// written to be checked against the CPU backend (tests/gpu/cuda_kernels_check.cc) before it is
+// tuned.
 #include "common/engine/cuda/kernels.h"
 
 #include <cuda_bf16.h>
