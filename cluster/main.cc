@@ -22,6 +22,7 @@
 #include "kvtransfer/ucx_capabilities.h"
 #if TANDEM_HAVE_CUDA
 #include "common/engine/cuda/cuda_backend.h"
+#include "kvtransfer/nccl/nccl_bootstrap_root.h"
 #endif
 #include "prefill/prefill_server.h"
 #include "perf/bench.h"
@@ -116,6 +117,10 @@ void PrintHelp(FILE* out) {
 
 int main(int argc, char** argv) {
   using namespace tandem;
+#if TANDEM_HAVE_CUDA
+  // NCCL KV pullers host their links' bootstrap roots in the helper beside this binary.
+  SetNcclBootstrapRootBinary(NcclRootHelperBeside("/proc/self/exe"));
+#endif
   // Whether a cuda instance's KV may go over ucx is this machine's UCX's to say.
   SetUcxCudaProbe([](const std::string& tls) {
     StatusOr<UcxCapabilities> ucx = ProbeUcx(tls);

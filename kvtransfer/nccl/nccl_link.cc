@@ -103,8 +103,13 @@ StatusOr<std::string> CreateNcclUniqueId() {
 
 class NcclLink::Impl {
  public:
-  Impl(int rank, int device, std::string unique_id, std::chrono::milliseconds timeout)
-      : rank_(rank), device_(device), unique_id_(std::move(unique_id)), init_timeout_(timeout) {}
+  Impl(int rank, int device, std::string unique_id, std::chrono::milliseconds timeout,
+       std::unique_ptr<NcclBootstrapRoot> root)
+      : rank_(rank),
+        device_(device),
+        unique_id_(std::move(unique_id)),
+        init_timeout_(timeout),
+        root_(std::move(root)) {}
 
   // Starts the progress thread, which sets the link up (Init) before anything else.
   void Start() { thread_ = std::thread([this] { Run(); }); }
@@ -409,7 +414,9 @@ class NcclLink::Impl {
 
   void Run() {
     cudaSetDevice(device_);
-    if (Status ready = Init(); !ready.ok()) {
+    Status ready = Init();
+    root_.reset();  // set up or failed: the bootstrap root is done with, either way
+    if (!ready.ok()) {
       FailLink(Unavailable("NCCL link setup failed: " + ready.ToString()), std::nullopt, Status());
       {  // posts are refused from now on (health_); wait for the destructor
         std::unique_lock<std::mutex> lock(mutex_);
@@ -486,6 +493,7 @@ class NcclLink::Impl {
   const int device_;
   const std::string unique_id_;
   const std::chrono::milliseconds init_timeout_;
+  std::unique_ptr<NcclBootstrapRoot> root_;  // the progress thread ends it once Init has ended
   mutable std::mutex mutex_;
   std::condition_variable cv_;
   bool stop_ = false;
@@ -503,14 +511,15 @@ class NcclLink::Impl {
 };
 
 StatusOr<std::shared_ptr<NcclLink>> NcclLink::Start(std::string_view unique_id_bytes, int rank,
-                                                    int device,
-                                                    std::chrono::milliseconds timeout) {
+                                                    int device, std::chrono::milliseconds timeout,
+                                                    std::unique_ptr<NcclBootstrapRoot> root) {
   if (unique_id_bytes.size() != kNcclUniqueIdBytes) {
     return InvalidArgument("NCCL unique id must be " + std::to_string(kNcclUniqueIdBytes) +
                            " bytes, got " + std::to_string(unique_id_bytes.size()));
   }
   if (rank != 0 && rank != 1) return InvalidArgument("NCCL link rank must be 0 or 1");
-  auto impl = std::make_unique<Impl>(rank, device, std::string(unique_id_bytes), timeout);
+  auto impl =
+      std::make_unique<Impl>(rank, device, std::string(unique_id_bytes), timeout, std::move(root));
   impl->Start();
   return std::shared_ptr<NcclLink>(new NcclLink(std::move(impl)));
 }

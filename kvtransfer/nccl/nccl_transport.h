@@ -81,6 +81,7 @@
 
 #include "common/base/metrics.h"
 #include "common/base/status.h"
+#include "kvtransfer/nccl/nccl_bootstrap_root.h"
 #include "kvtransfer/nccl_endpoints.h"
 #include "kvtransfer/nccl_protocol.h"
 #include "kvtransfer/transfer.h"
@@ -89,7 +90,8 @@
 namespace tandem {
 
 // A new ncclUniqueId as 128 bytes, to ship to the other rank. The process that calls this hosts
-// NCCL's bootstrap root for the communicator.
+// NCCL's bootstrap root for the communicator, until every rank has checked in (the puller's
+// ids come from children instead, where it can: kvtransfer/nccl/nccl_bootstrap_root.h).
 // Errors: Unavailable (no network interface for the bootstrap), Internal.
 StatusOr<std::string> CreateNcclUniqueId();
 
@@ -100,9 +102,12 @@ class NcclLink final : public OrderedLink {
   // CUDA device `device`, and returns at once: the progress thread sets the link up
   // (non-blocking NCCL init, aborted when the other rank has not joined within `timeout`), and
   // transfers posted meanwhile wait for it. A setup that fails fails them and the link.
+  // `root`: the child hosting the id's bootstrap root (NcclBootstrapRoots::Claim), if any; the
+  // link ends it once its setup has ended, either way.
   // Errors: InvalidArgument (id not 128 bytes, rank not 0/1).
-  static StatusOr<std::shared_ptr<NcclLink>> Start(std::string_view unique_id_bytes, int rank,
-                                                   int device, std::chrono::milliseconds timeout);
+  static StatusOr<std::shared_ptr<NcclLink>> Start(
+      std::string_view unique_id_bytes, int rank, int device, std::chrono::milliseconds timeout,
+      std::unique_ptr<NcclBootstrapRoot> root = nullptr);
 
   // Transfers still in flight fail with Cancelled (after the communicator is aborted and the
   // stream drained). The communicator is aborted (ncclCommAbort) in every case: NCCL has no

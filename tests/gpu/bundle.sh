@@ -32,7 +32,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 build=${1%/}
 (($# == 2)) || build="build-cuda"
 name=$(basename "$build")
-binaries=(tandem tests/gpu/cuda_kernels_check tests/gpu/cuda_forward_check tests/gpu/nccl_transfer_check)
+binaries=(tandem tandem-nccl-root tests/gpu/cuda_kernels_check tests/gpu/cuda_forward_check
+          tests/gpu/nccl_transfer_check)
 scripts=(tests/gpu/run.sh tests/gpu/serve_check.sh tests/gpu/cluster_check.py tests/python/cluster_util.py)
 
 for b in "${binaries[@]}"; do
