@@ -142,6 +142,11 @@ int main(int argc, char** argv) {
     std::printf("CUDA backend: compiled in (device cuda on every instance; KV between GPU pools "
                 "over cuda_ipc or nccl, and ucx where the UCX below moves GPU memory); %s\n",
                 cuda::DescribeCudaDevices().c_str());
+    const std::string roots = NcclBootstrapRootBinary();
+    std::printf("NCCL bootstrap roots: %s\n",
+                roots.empty() ? "in the decode instance's process (no tandem-nccl-root beside "
+                                "this binary)"
+                              : ("in children, " + roots).c_str());
 #else
     std::printf("CUDA backend: not built (cmake -DTANDEM_CUDA=ON on a machine with nvcc)\n");
 #endif

@@ -42,6 +42,11 @@ TEST_CASE("nccl bootstrap root: the tandem binary finds its helper", "[nccl]") {
   CHECK(std::filesystem::path(helper).parent_path() ==
         std::filesystem::canonical(test::TandemBinary()).parent_path());
   CHECK(NcclRootHelperBeside("/bin/true").empty());  // none beside it
+  // And says so, for an operator to see.
+  const test::CommandResult version = test::RunCommand(std::string(test::TandemBinary()) +
+                                                       " --version");
+  CHECK(version.exit_code == 0);
+  CHECK_THAT(version.output, Catch::Contains("NCCL bootstrap roots: in children, " + helper));
 }
 
 TEST_CASE("nccl bootstrap root: a child hosts the root and ends with its holder", "[nccl]") {
