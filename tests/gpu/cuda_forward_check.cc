@@ -11,7 +11,8 @@
 //     flip) equals the CPU backend's; all equal tokens
 //     and the largest logit difference are reported;
 //   - a mixed batch (a prefill chunk next to decode tokens) and a decode step run eagerly (with
-//     hooks) vs from its graph: the same logits;
+//     hooks) vs from its graph: the same logits; decode graphs re-captured over a second KV pool
+//     and back: the CPU's logits at every step;
 //   - bf16 weights: GPU bf16 vs CPU bf16, the relative logit error and token agreement (reported;
 //     a bf16 GEMM rounds its inputs, the CPU widens them, so tokens may part after a while);
 //   - SmolLM2-135M-Instruct when installed: fp32 tokens equal, bf16 logit error reported.
@@ -304,6 +305,52 @@ void CheckMixedAndGraph(const Model& model) {
       Fmt("device %.0f, DrawRow on the same logits %.0f", drawn_ids[0], host_draw));
 }
 
+// Decode graphs bake the KV pool's addresses in: a step over a second pool re-captures them,
+// and a step back over the first re-captures again. Each step's logits equal the CPU's for the
+// same sequences (both GPU pools hold what the CPU's does).
+void CheckGraphsAcrossPools(const Model& model) {
+  const int vocab = model.config().vocab_size;
+  ForwardOptions options;
+  options.num_threads = 4;
+  options.max_model_len = 512;
+  Runner cpu(Must(CreateForwardBackend(model, options, "cpu"), "cpu"), 2, 512);
+  Runner gpu(Must(CreateForwardBackend(model, options, "cuda"), "cuda"), 2, 512);
+  const KvLayout layout = gpu.cache->layout();
+  const int blocks = gpu.cache->num_blocks();
+  std::unique_ptr<KvCache> second =
+      Must(KvCache::Create(layout, blocks,
+                           Must(gpu.backend->AllocateKvPool(KvPoolBytes(layout, blocks)),
+                                "AllocateKvPool")),
+           "KvCache");
+  const std::vector<int32_t> p0 = Prompt(70, 11, vocab), p1 = Prompt(21, 12, vocab);
+  auto prefill = [&](Runner& r, KvCache& cache) {
+    std::vector<SequenceInput> batch = {{p0, 0, r.tables[0]}, {p1, 0, r.tables[1]}};
+    Must(r.backend->Forward(batch, cache), "prefill");
+  };
+  prefill(cpu, *cpu.cache);
+  prefill(gpu, *gpu.cache);
+  prefill(gpu, *second);
+  double diff = 0;
+  int graph_steps = 0;
+  for (int step = 0; step < 3; ++step) {
+    const std::vector<int32_t> t0 = {p0[step]}, t1 = {p1[step]};
+    auto batch = [&](Runner& r) {
+      return std::vector<SequenceInput>{{t0, 70 + step, r.tables[0]},
+                                        {t1, 21 + step, r.tables[1]}};
+    };
+    std::span<const float> a = Must(cpu.backend->Forward(batch(cpu), *cpu.cache), "cpu step");
+    const std::vector<float> want(a.begin(), a.end());
+    // Pool A, then B (re-captured), then A (re-captured again); each pool gets the same step.
+    for (KvCache* pool : {gpu.cache.get(), second.get(), gpu.cache.get()}) {
+      std::span<const float> b = Must(gpu.backend->Forward(batch(gpu), *pool), "gpu step");
+      graph_steps += static_cast<cuda::CudaForward&>(*gpu.backend).last_pass_used_graph();
+      for (size_t i = 0; i < want.size(); ++i) diff = std::max(diff, AbsDiffOrInf(want[i], b[i]));
+    }
+  }
+  Row("decode graphs re-captured over a second KV pool (fp32)", graph_steps == 9 && diff < 2e-3,
+      Fmt("%.0f of 9 steps from graphs; max |logit diff| %.3g vs CPU", graph_steps, diff));
+}
+
 double Seconds(const std::function<void()>& f, int reps) {
   f();  // warm-up (and graph capture)
   std::vector<double> times;
@@ -411,6 +458,7 @@ int Main(int argc, char** argv) {
                 *m, *m, true);
     if (family == ModelFamily::kLlama) {
       CheckMixedAndGraph(*m);
+      CheckGraphsAcrossPools(*m);
       // kv_cache.dtype bfloat16 (the default of an all-GPU cluster): the KV rounding alone.
       CheckGreedy("greedy GPU bf16 KV vs CPU, random llama fp32", *m, *m, false, 1,
                   KvDType::kBFloat16);
