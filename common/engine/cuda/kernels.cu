@@ -193,8 +193,12 @@ __global__ void PagedAttentionDecodeKernel(PagedAttentionArgs a, const int32_t* 
   const int64_t k_offset = int64_t{kv_head} * block_size * head_dim;
   const int64_t v_offset = int64_t{num_kv_heads + kv_head} * block_size * head_dim;
   float* out_row = a.out + int64_t{seq} * a.out_stride + int64_t{head} * head_dim;
+  // Null when there is one partition (no partials): offsetting a null pointer is undefined.
   float* part_row =
-      partials + ((int64_t{seq} * a.num_heads + head) * num_partitions + part) * (head_dim + 2);
+      partials == nullptr
+          ? nullptr
+          : partials + ((int64_t{seq} * a.num_heads + head) * num_partitions + part) *
+                           (head_dim + 2);
 
   if (begin >= end) {  // past the context (or padding): nothing to contribute
     if (num_partitions == 1) {
@@ -589,6 +593,8 @@ Status PagedAttentionDecode(const PagedAttentionArgs& args, const int32_t* seq_l
   CheckAttentionArgs(args);
   TANDEM_CHECK(num_seqs >= 0 && num_partitions >= 1, "bad PagedAttentionDecode shape");
   TANDEM_CHECK(num_partitions == 1 || partials != nullptr, "more than one partition needs partials");
+  TANDEM_CHECK(num_seqs <= 65535 && num_partitions <= 65535,  // gridDim.y and .z
+               "PagedAttentionDecode: over 65535 sequences or partitions");
   if (num_seqs == 0) return Status::Ok();
   const dim3 grid(args.num_heads, num_seqs, num_partitions);
   DispatchDType(args.kv_dtype, [&](auto* tag) {
@@ -608,6 +614,7 @@ Status PagedAttentionPrefill(const PagedAttentionArgs& args, const int32_t* posi
   CheckAttentionArgs(args);
   static_assert(kPrefillTileTokens == kAttnWarps, "a prefill tile has one token per warp");
   TANDEM_CHECK(num_tiles >= 0, "negative tile count");
+  TANDEM_CHECK(args.num_heads <= 65535, "PagedAttentionPrefill: over 65535 heads");  // gridDim.y
   if (num_tiles == 0) return Status::Ok();
   const dim3 grid(num_tiles, args.num_heads);
   DispatchDType(args.kv_dtype, [&](auto* tag) {
