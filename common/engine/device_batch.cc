@@ -88,4 +88,19 @@ std::vector<int32_t> DecodeGraphSizes(int32_t max_batch_sequences) {
   return sizes;
 }
 
+DecodeGraphShape DecodeGraphShapeFor(int64_t max_context, int64_t max_model_len,
+                                     int32_t block_size, int32_t partition_tokens) {
+  TANDEM_CHECK(block_size > 0 && partition_tokens > 0 && max_context <= max_model_len);
+  auto partitions_for = [&](int64_t tokens) {
+    return std::max<int64_t>(1, (tokens + partition_tokens - 1) / partition_tokens);
+  };
+  const int64_t needed = partitions_for(max_context), most = partitions_for(max_model_len);
+  int64_t partitions = 1;
+  while (partitions < needed) partitions *= 2;
+  partitions = std::min(partitions, most);
+  const int64_t tokens =
+      std::max<int64_t>(1, std::min(partitions * partition_tokens, max_model_len));
+  return {static_cast<int32_t>(partitions), BlocksForTokens(tokens, block_size)};
+}
+
 }  // namespace tandem

@@ -52,4 +52,19 @@ int32_t GraphBatchSize(std::span<const int32_t> sizes, int32_t num_seqs);
 // 64, then every 32, up to max_batch_sequences.
 std::vector<int32_t> DecodeGraphSizes(int32_t max_batch_sequences);
 
+// The shape a decode graph is captured at (besides its batch size), for a batch whose longest
+// context is max_context tokens: the split decode attention's partitions of partition_tokens
+// each, rounded up to a power of two and at most what max_model_len needs, and block-table rows
+// that hold those partitions' tokens (at most max_model_len's). A batch size then has a few
+// graphs (log2 of max_model_len / partition_tokens, plus one), and a step over short contexts
+// neither launches attention blocks for max_model_len's partitions (most of which would exit at
+// once) nor uploads block-table rows of max_model_len.
+struct DecodeGraphShape {
+  int32_t partitions = 1;
+  int32_t max_blocks_per_seq = 1;
+  bool operator==(const DecodeGraphShape&) const = default;
+};
+DecodeGraphShape DecodeGraphShapeFor(int64_t max_context, int64_t max_model_len,
+                                     int32_t block_size, int32_t partition_tokens);
+
 }  // namespace tandem

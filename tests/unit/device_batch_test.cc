@@ -7,6 +7,7 @@
 
 #include <limits>
 #include <random>
+#include <set>
 #include <vector>
 
 #include "common/engine/forward.h"
@@ -97,6 +98,33 @@ TEST_CASE("device batch: graph sizes cover every batch up to the maximum", "[dev
   CHECK(GraphBatchSize(sizes, 101) == 0);
   CHECK(DecodeGraphSizes(1) == std::vector<int32_t>{1});
   CHECK(DecodeGraphSizes(0).empty());
+}
+
+TEST_CASE("device batch: decode graphs are shaped for the batch's longest context, in powers "
+          "of two of partitions", "[device_batch]") {
+  // max_model_len 131072, partitions of 512 tokens (up to 256), blocks of 16 tokens.
+  auto shape = [](int64_t context) { return DecodeGraphShapeFor(context, 131072, 16, 512); };
+  CHECK(shape(1) == DecodeGraphShape{1, 32});
+  CHECK(shape(512) == DecodeGraphShape{1, 32});
+  CHECK(shape(513) == DecodeGraphShape{2, 64});
+  CHECK(shape(1025) == DecodeGraphShape{4, 128});  // 3 partitions needed, a power of two taken
+  CHECK(shape(70000) == DecodeGraphShape{256, 8192});
+  CHECK(shape(131072) == DecodeGraphShape{256, 8192});
+  // Every context gets a row that holds it, and partitions that cover it.
+  for (int64_t context : {1, 15, 16, 17, 511, 512, 513, 4000, 65537, 131071, 131072}) {
+    const DecodeGraphShape s = shape(context);
+    CHECK(int64_t{s.partitions} * 512 >= context);
+    CHECK(int64_t{s.max_blocks_per_seq} * 16 >= context);
+  }
+  // Few shapes in all: 1, 2, 4, ... 256 partitions.
+  std::set<int32_t> distinct;
+  for (int64_t context = 1; context <= 131072; context += 97)
+    distinct.insert(shape(context).partitions);
+  CHECK(distinct.size() == 9);
+  // A max_model_len that is no power of two of partitions caps the last shape at it.
+  CHECK(DecodeGraphShapeFor(1500, 1500, 16, 512) == DecodeGraphShape{3, 94});
+  CHECK(DecodeGraphShapeFor(600, 1500, 16, 512) == DecodeGraphShape{2, 64});
+  CHECK(DecodeGraphShapeFor(20, 20, 16, 512) == DecodeGraphShape{1, 2});
 }
 
 TEST_CASE("forward backend: the device names the backend, and cuda needs a CUDA build",

@@ -86,7 +86,6 @@ StatusOr<std::unique_ptr<CudaForward>> CudaForward::Create(const Model& model,
   TANDEM_RETURN_IF_ERROR(f->AllocateWorkspaces());
   if (options.cuda_graphs && where.clique == nullptr)
     f->graph_sizes_ = DecodeGraphSizes(options.max_batch_sequences);
-  f->graphs_.resize(f->graph_sizes_.size());
   TANDEM_RETURN_IF_ERROR(f->stream_.Synchronize());
   return f;
 }
@@ -203,7 +202,6 @@ Status CudaForward::AllocateWorkspaces() {
       TANDEM_ASSIGN_OR_RETURN(*host, PinnedHostBuffer::Allocate(bytes));
     }
   }
-  max_blocks_per_seq_ = 0;  // set per pool (its block size) by RunGraph
   slots_ = p.inputs;
   TANDEM_ASSIGN_OR_RETURN(inputs_, DeviceBuffer::Allocate(slots_.bytes));
   TANDEM_ASSIGN_OR_RETURN(inputs_host_, PinnedHostBuffer::Allocate(slots_.bytes));
@@ -411,23 +409,20 @@ Status CudaForward::EnqueueScoreEdits(const GreedyRows& greedy, int32_t rows) {
   return ArgmaxRows(logits_.as<float>(), rows, vocab, argmax_.as<int32_t>(), stream_.get());
 }
 
-Status CudaForward::RunGraph(int32_t graph_size, KvCache& cache) {
-  const size_t index =
-      std::find(graph_sizes_.begin(), graph_sizes_.end(), graph_size) - graph_sizes_.begin();
-  Graph& graph = graphs_[index];
+Status CudaForward::RunGraph(int32_t graph_size, int32_t partitions, KvCache& cache) {
+  Graph& graph = graphs_[{graph_size, partitions}];
   if (graph.exec.empty() || graph.pool != cache.data() || graph.num_blocks != cache.num_blocks()) {
     // A size's first pass runs once eagerly before its capture (as PyTorch and vLLM warm up):
     // cuBLAS picks its kernels for these shapes, and CUDA loads the modules they use (lazily,
     // by default), outside the capture. The graph then redoes the same pass: the same KV
     // writes and outputs.
     if (!graph.warmed) {
-      TANDEM_RETURN_IF_ERROR(
-          EnqueuePass(cache, LogitsMode::kLastToken, nullptr, graph_partitions_));
+      TANDEM_RETURN_IF_ERROR(EnqueuePass(cache, LogitsMode::kLastToken, nullptr, partitions));
       graph.warmed = true;
     }
     // Captured over this pool's addresses and the fixed input slots; replayed from now on.
     TANDEM_RETURN_IF_ERROR(CudaGraph::BeginCapture(stream_.get()));
-    Status queued = EnqueuePass(cache, LogitsMode::kLastToken, nullptr, graph_partitions_);
+    Status queued = EnqueuePass(cache, LogitsMode::kLastToken, nullptr, partitions);
     StatusOr<CudaGraph> exec = CudaGraph::EndCapture(stream_.get());
     TANDEM_RETURN_IF_ERROR(queued);
     TANDEM_RETURN_IF_ERROR(exec.status());
@@ -488,13 +483,18 @@ StatusOr<std::span<const float>> CudaForward::RunOnDevice(std::span<const Sequen
   if (graph_size > 0) {
     if (block_size != block_size_) {  // a pool of another block size: new table rows, new graphs
       block_size_ = block_size;
-      max_blocks_per_seq_ = BlocksForTokens(max_len, block_size);
-      for (Graph& g : graphs_) g = Graph{};
+      graphs_.clear();
     }
-    BuildDeviceBatch(batch, block_size, max_blocks_per_seq_, graph_size, kPrefillTileTokens,
+    int64_t longest = 0;  // decode: each sequence's context ends at its one new token
+    for (const SequenceInput& seq : batch)
+      longest = std::max<int64_t>(longest, int64_t{seq.start_position} + 1);
+    const DecodeGraphShape shape =
+        DecodeGraphShapeFor(longest, max_len, block_size, kDecodePartitionTokens);
+    TANDEM_CHECK(shape.partitions <= graph_partitions_, "more partitions than partials hold");
+    BuildDeviceBatch(batch, block_size, shape.max_blocks_per_seq, graph_size, kPrefillTileTokens,
                      &batch_);
     TANDEM_RETURN_IF_ERROR(UploadInputs());
-    TANDEM_RETURN_IF_ERROR(RunGraph(graph_size, cache));
+    TANDEM_RETURN_IF_ERROR(RunGraph(graph_size, shape.partitions, cache));
   } else {
     BuildDeviceBatch(batch, block_size, 0, 0, kPrefillTileTokens, &batch_);
     if (mode == LogitsMode::kAllTokens) rows = batch_.num_tokens;
@@ -504,7 +504,7 @@ StatusOr<std::span<const float>> CudaForward::RunOnDevice(std::span<const Sequen
       TANDEM_ASSIGN_OR_RETURN(logits_host_,
                               PinnedHostBuffer::Allocate(size_t(rows) * c.vocab_size * 4));
       logits_rows_capacity_ = rows;
-      for (Graph& g : graphs_) g = Graph{};  // they wrote the old logits buffer
+      graphs_.clear();  // they wrote the old logits buffer
     }
     TANDEM_RETURN_IF_ERROR(UploadInputs());
     TANDEM_RETURN_IF_ERROR(

@@ -14,8 +14,10 @@
 //   sequences and lengths) or, for batches of one token per sequence, PagedAttentionDecode split
 //   into partitions of kDecodePartitionTokens.
 // - Decode steps without hooks are captured as CUDA graphs, one per batch size of
-//   DecodeGraphSizes (padded up to it), on first use (after one eager run of that pass, to
-//   warm cuBLAS and CUDA's lazy module loading up), and replayed: a step is then one launch.
+//   DecodeGraphSizes (padded up to it) and decode-attention partitions for the batch's longest
+//   context (DecodeGraphShapeFor: powers of two), on first use (after one eager run of that
+//   pass, to warm cuBLAS and CUDA's lazy module loading up), and replayed: a step is then one
+//   launch.
 // - Every last-token pass also takes each row's argmax on the device (ArgmaxRows): rows whose
 //   next token is the plain argmax (GreedyRows) need nothing else, and when all rows are such,
 //   the logits are not copied back at all (the ids are: 4 bytes a row).
@@ -57,6 +59,7 @@
 #pragma once
 
 #include <chrono>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -151,7 +154,9 @@ class CudaForward final : public ForwardBackend {
                      int32_t partitions);
   // Rounds n fp32 values to the weights' dtype in lowp_ (or returns src when they are fp32).
   StatusOr<const void*> ToWeightDType(const float* src, int64_t n);
-  Status RunGraph(int32_t graph_size, KvCache& cache);
+  // Replays the decode graph of this batch size and partition count over batch_ (already
+  // uploaded), capturing it first where there is none for this pool.
+  Status RunGraph(int32_t graph_size, int32_t partitions, KvCache& cache);
   // x_ += in[tokens, k] w^T (o_proj, down_proj): one GEMM, or with a clique this rank's partial
   // sum, all-reduced, then added.
   Status AddProjection(const void* in, const void* w, int32_t k, int32_t tokens);
@@ -166,11 +171,11 @@ class CudaForward final : public ForwardBackend {
   CudaRank where_;
   std::string description_;
   DType wdtype_ = DType::kBF16;
-  int32_t max_blocks_per_seq_ = 0;  // block table rows of graph passes: max_model_len
-  int32_t graph_partitions_ = 1;    // decode partitions of graph passes: max_model_len
-  int32_t block_size_ = 0;          // of the pool the graphs were captured for
+  int32_t graph_partitions_ = 1;  // the most decode partitions of graph passes: max_model_len
+  int32_t block_size_ = 0;        // of the pool the graphs were captured for
   std::vector<int32_t> graph_sizes_;
-  std::vector<Graph> graphs_;  // by index in graph_sizes_
+  // By batch size and DecodeGraphShape::partitions (which fixes the block-table rows too).
+  std::map<std::pair<int32_t, int32_t>, Graph> graphs_;
   bool last_pass_used_graph_ = false;
 
   CudaStream stream_;
