@@ -48,6 +48,9 @@ CudaForward::CudaForward(const Model& model, const ForwardOptions& options, cons
     : model_(model), options_(options), where_(where) {}
 
 CudaForward::~CudaForward() {
+  // The members go with this rank's device current: a tensor-parallel engine destroys every
+  // rank on its own thread, and cuBLAS wants a handle destroyed on the device it was made on.
+  (void)SetDevice(where_.device);
   // Work queued on the stream may still read the buffers below (a collective that never ends
   // was aborted by the clique's owner before this runs).
   if (stream_.get() != nullptr) (void)stream_.Synchronize();
