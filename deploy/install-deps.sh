@@ -10,6 +10,7 @@ debian_packages=(
   ccache                                  # tests/run.sh: the CUDA-on build reuses the CPU build's objects
   clang                                   # thread-safety analysis (tests/lint)
   libboost-dev libboost-system-dev       # Asio + Beast (header-only) and Boost.System
+  libboost-context-dev                   # the CUDA emulator's fibers (tests/cuda_emu)
   libyaml-cpp-dev                         # config
   libicu-dev                              # tokenizer: Unicode categories, NFC, regex
   nlohmann-json3-dev                      # JSON for HTTP bodies and HF files
