@@ -120,6 +120,15 @@ struct Runner {
   }
 };
 
+// A backend of `model` on `device` (max_model_len 512, 4 threads on the CPU) with a pool for
+// `num_seqs` sequences of 512 tokens.
+Runner MakeRunner(const Model& model, const std::string& device, int num_seqs) {
+  ForwardOptions options;
+  options.num_threads = 4;
+  options.max_model_len = 512;
+  return Runner(Must(CreateForwardBackend(model, options, device), device), num_seqs, 512);
+}
+
 std::vector<int32_t> Prompt(int n, int seed, int vocab) {
   std::vector<int32_t> ids(n);
   for (int i = 0; i < n; ++i) ids[i] = (seed * 7919 + i * 104729) % std::min(vocab, 2000);
@@ -233,11 +242,7 @@ void CheckGreedy(const std::string& name, const Model& cpu_model, const Model& g
 // before_layer hook keeps it off the graph) and from its graph: equal logits.
 void CheckMixedAndGraph(const Model& model) {
   const int vocab = model.config().vocab_size;
-  ForwardOptions options;
-  options.num_threads = 4;
-  options.max_model_len = 512;
-  Runner cpu(Must(CreateForwardBackend(model, options, "cpu"), "cpu"), 3, 512);
-  Runner gpu(Must(CreateForwardBackend(model, options, "cuda"), "cuda"), 3, 512);
+  Runner cpu = MakeRunner(model, "cpu", 3), gpu = MakeRunner(model, "cuda", 3);
   const std::vector<int32_t> p0 = Prompt(60, 5, vocab), p1 = Prompt(33, 6, vocab);
   const std::vector<int32_t> p2 = Prompt(9, 7, vocab);
   // Warm-up: p0 and p1 cached whole, p2 cached up to its last 4 tokens.
@@ -310,11 +315,7 @@ void CheckMixedAndGraph(const Model& model) {
 // same sequences (both GPU pools hold what the CPU's does).
 void CheckGraphsAcrossPools(const Model& model) {
   const int vocab = model.config().vocab_size;
-  ForwardOptions options;
-  options.num_threads = 4;
-  options.max_model_len = 512;
-  Runner cpu(Must(CreateForwardBackend(model, options, "cpu"), "cpu"), 2, 512);
-  Runner gpu(Must(CreateForwardBackend(model, options, "cuda"), "cuda"), 2, 512);
+  Runner cpu = MakeRunner(model, "cpu", 2), gpu = MakeRunner(model, "cuda", 2);
   const KvLayout layout = gpu.cache->layout();
   const int blocks = gpu.cache->num_blocks();
   std::unique_ptr<KvCache> second =
