@@ -15,6 +15,7 @@
 #include "cublas_v2.h"
 #include "cuda_bf16.h"
 #include "cuda_emu.h"
+#include "nccl.h"
 
 namespace cuda_emu {
 namespace {
@@ -93,6 +94,9 @@ struct Block {
 thread_local Block* g_block = nullptr;
 thread_local cudaError_t g_last_error = cudaSuccess;
 thread_local int g_device = 0;
+// Between cudaStreamBeginCapture and cudaStreamEndCapture: the work recorded so far (kernels,
+// copies, sets, GEMMs, in order), which cudaGraphLaunch replays. One capture at a time.
+thread_local std::vector<std::function<void()>>* g_capture = nullptr;
 
 void Yield() {
   Fiber& me = g_block->fibers[g_block->current];
@@ -215,6 +219,15 @@ const uint64_t* WarpExchange(uint64_t value, unsigned* live_lanes) {
   return b.snapshot.data() + warp * 32;
 }
 
+void Enqueue(std::function<void()> work) {
+  if (g_capture != nullptr)
+    g_capture->push_back(std::move(work));
+  else
+    work();
+}
+
+bool Capturing() { return g_capture != nullptr; }
+
 void LaunchBody(dim3 grid, dim3 block, std::function<void()> body) {
   const size_t threads = size_t{block.x} * block.y * block.z;
   if (threads == 0 || threads > kMaxThreadsPerBlock || grid.x == 0 || grid.y == 0 ||
@@ -222,9 +235,11 @@ void LaunchBody(dim3 grid, dim3 block, std::function<void()> body) {
     g_last_error = cudaErrorInvalidValue;
     return;
   }
-  for (unsigned z = 0; z < grid.z; ++z)
-    for (unsigned y = 0; y < grid.y; ++y)
-      for (unsigned x = 0; x < grid.x; ++x) RunBlock(grid, block, dim3(x, y, z), body);
+  Enqueue([grid, block, body = std::move(body)] {
+    for (unsigned z = 0; z < grid.z; ++z)
+      for (unsigned y = 0; y < grid.y; ++y)
+        for (unsigned x = 0; x < grid.x; ++x) RunBlock(grid, block, dim3(x, y, z), body);
+  });
 }
 
 }  // namespace cuda_emu
@@ -294,19 +309,23 @@ cudaError_t cudaFree(void* ptr) {
 cudaError_t cudaMallocHost(void** ptr, size_t bytes) { return cudaMalloc(ptr, bytes); }
 cudaError_t cudaFreeHost(void* ptr) { return cudaFree(ptr); }
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
+  if (cuda_emu::Capturing()) return cudaErrorStreamCaptureUnsupported;  // synchronous
   if (bytes > 0) std::memmove(dst, src, bytes);
   return cudaSuccess;
 }
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind,
                             cudaStream_t) {
-  return cudaMemcpy(dst, src, bytes, kind);
+  if (bytes > 0) cuda_emu::Enqueue([=] { std::memmove(dst, src, bytes); });
+  return cudaSuccess;
 }
 cudaError_t cudaMemset(void* ptr, int value, size_t bytes) {
+  if (cuda_emu::Capturing()) return cudaErrorStreamCaptureUnsupported;
   std::memset(ptr, value, bytes);
   return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void* ptr, int value, size_t bytes, cudaStream_t) {
-  return cudaMemset(ptr, value, bytes);
+  cuda_emu::Enqueue([=] { std::memset(ptr, value, bytes); });
+  return cudaSuccess;
 }
 
 struct CUstream_st {};
@@ -321,7 +340,9 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   delete stream;
   return cudaSuccess;
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t) {
+  return cuda_emu::Capturing() ? cudaErrorStreamCaptureUnsupported : cudaSuccess;
+}
 cudaError_t cudaStreamQuery(cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned) {
   *event = new CUevent_st;
@@ -343,20 +364,56 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
 cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
 cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
 
+struct CUgraph_st {
+  std::vector<std::function<void()>> work;
+};
+struct CUgraphExec_st {
+  std::vector<std::function<void()>> work;
+};
 cudaError_t cudaStreamBeginCapture(cudaStream_t, cudaStreamCaptureMode) {
-  return cudaErrorStreamCaptureUnsupported;
+  if (cuda_emu::g_capture != nullptr) return cudaErrorStreamCaptureUnsupported;
+  cuda_emu::g_capture = new std::vector<std::function<void()>>();
+  return cudaSuccess;
 }
-cudaError_t cudaStreamEndCapture(cudaStream_t, cudaGraph_t*) {
-  return cudaErrorStreamCaptureUnsupported;
+cudaError_t cudaStreamEndCapture(cudaStream_t, cudaGraph_t* graph) {
+  if (cuda_emu::g_capture == nullptr) return cudaErrorInvalidValue;
+  *graph = new CUgraph_st{std::move(*cuda_emu::g_capture)};
+  delete cuda_emu::g_capture;
+  cuda_emu::g_capture = nullptr;
+  return cudaSuccess;
 }
-cudaError_t cudaGraphInstantiate(cudaGraphExec_t*, cudaGraph_t, unsigned long long) {
-  return cudaErrorStreamCaptureUnsupported;
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
+  *exec = new CUgraphExec_st{graph->work};
+  return cudaSuccess;
 }
-cudaError_t cudaGraphDestroy(cudaGraph_t) { return cudaSuccess; }
-cudaError_t cudaGraphExecDestroy(cudaGraphExec_t) { return cudaSuccess; }
-cudaError_t cudaGraphLaunch(cudaGraphExec_t, cudaStream_t) {
-  return cudaErrorStreamCaptureUnsupported;
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  delete graph;
+  return cudaSuccess;
 }
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  delete exec;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t) {
+  for (const std::function<void()>& work : exec->work) cuda_emu::Enqueue(work);
+  return cudaSuccess;
+}
+
+// ---- NCCL: one device, so no communicator (nccl.h) ------------------------------------------
+
+ncclResult_t ncclCommInitAll(ncclComm_t*, int, const int*) { return ncclInvalidUsage; }
+ncclResult_t ncclCommDestroy(ncclComm_t) { return ncclSuccess; }
+ncclResult_t ncclCommAbort(ncclComm_t) { return ncclSuccess; }
+ncclResult_t ncclCommRevoke(ncclComm_t, int) { return ncclInvalidUsage; }
+ncclResult_t ncclCommGetAsyncError(ncclComm_t, ncclResult_t* state) {
+  *state = ncclSuccess;
+  return ncclSuccess;
+}
+ncclResult_t ncclAllReduce(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
+                           cudaStream_t) {
+  return ncclInvalidUsage;
+}
+const char* ncclGetErrorString(ncclResult_t) { return "NCCL is not emulated (one device)"; }
 
 // ---- cuBLAS ------------------------------------------------------------------------------------
 
@@ -397,6 +454,7 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
   if (lda < (transa == CUBLAS_OP_N ? m : k) || ldb < (transb == CUBLAS_OP_N ? k : n) || ldc < m)
     return CUBLAS_STATUS_INVALID_VALUE;
   const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
+  cuda_emu::Enqueue([=] {
   for (int j = 0; j < n; ++j) {
     for (int i = 0; i < m; ++i) {
       float sum = 0.0f;
@@ -416,5 +474,6 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
         static_cast<__nv_bfloat16*>(c)[ci] = __float2bfloat16_rn(out);
     }
   }
+  });
   return CUBLAS_STATUS_SUCCESS;
 }

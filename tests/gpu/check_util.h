@@ -17,6 +17,7 @@
 
 #include "common/engine/cuda/cuda_util.h"
 #include "common/engine/cuda/kernels.h"
+#include "tests/gpu/emulated.h"
 
 namespace tandem::cuda {
 
@@ -24,14 +25,6 @@ inline int g_failures = 0;
 // The stream every kernel and copy of the checks is queued on (a non-blocking stream is not
 // ordered with the legacy default stream: copies must go on the same one).
 inline cudaStream_t g_stream = nullptr;
-
-// Whether the "device" is the CUDA emulator (tests/cuda_emu), which runs these checks on the
-// CPU in CI: there the checks take smaller sizes (a fiber per GPU thread is slow) and skip
-// their timings, which would time the emulator.
-inline bool Emulated() {
-  StatusOr<std::string> name = DeviceName();
-  return name.ok() && name->rfind("CUDA emulator", 0) == 0;
-}
 
 inline void Report(const std::string& name, double max_err, double tol) {
   const bool ok = max_err <= tol && !std::isnan(max_err);

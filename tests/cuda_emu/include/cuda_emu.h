@@ -1,6 +1,7 @@
-// A CUDA emulator for Tandem's kernels, so that the GPU checks' comparisons of every kernel
-// with its CPU reference run on machines without a GPU (CI). It emulates the CUDA execution
-// model, not a GPU: what a kernel computes, not how fast, and not the GPU's memory model.
+// A CUDA emulator for Tandem's CUDA code, so that the GPU checks (every kernel against its CPU
+// reference; the CUDA forward pass, graphs included, against the CPU backend) run on machines
+// without a GPU (CI). It emulates the CUDA execution model, not a GPU: what the code computes,
+// not how fast, and not the GPU's memory model.
 //
 // A kernel's .cu file is compiled as C++ (tests/cuda_emu/rewrite_launches.py turns each
 // `kernel<<<grid, block, shared, stream>>>(args)` into cuda_emu::Launch(...)). A launch runs
@@ -65,8 +66,12 @@ void SyncThreads();
 // (by lane; 32 entries, dead lanes' unset) once every live lane has posted.
 const uint64_t* WarpExchange(uint64_t value, unsigned* live_lanes);
 
-// Runs `body` as a kernel of `grid` x `block` threads (cudaGetLastError reports a bad shape).
+// Runs `body` as a kernel of `grid` x `block` threads (cudaGetLastError reports a bad shape),
+// or records it while a stream is captured.
 void LaunchBody(dim3 grid, dim3 block, std::function<void()> body);
+// Runs `work` now, or records it while a stream is captured (copies, sets, GEMMs).
+void Enqueue(std::function<void()> work);
+bool Capturing();
 
 // `kernel<<<grid, block, shared, stream>>>(args...)`, as rewrite_launches.py writes it (always
 // with all four: it fills in 0 and the default stream).

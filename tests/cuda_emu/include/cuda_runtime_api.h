@@ -1,7 +1,8 @@
 // The CUDA runtime API as the CUDA emulator provides it (tests/cuda_emu/cuda_emu.h): only what
 // Tandem's CUDA code calls, over host memory, on the calling thread. Device memory is host
-// memory, every stream runs its work at once (in order, so stream order holds), and stream
-// capture is not supported (cudaErrorStreamCaptureUnsupported).
+// memory, every stream runs its work at once (in order, so stream order holds), and a captured
+// stream records its work for cudaGraphLaunch to replay (synchronous calls meanwhile are
+// refused, as on the GPU).
 #pragma once
 
 #include <cstddef>
