@@ -441,20 +441,12 @@ float LoadAs(cudaDataType_t type, const void* p, size_t i) {
   return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
 }
 
-}  // namespace
-
-// C = alpha op(A) op(B) + beta C, column-major: op(A) m x k, op(B) k x n, C m x n.
-cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
-                            cublasOperation_t transb, int m, int n, int k, const void* alpha,
-                            const void* a, cudaDataType_t a_type, int lda, const void* b,
-                            cudaDataType_t b_type, int ldb, const void* beta, void* c,
-                            cudaDataType_t c_type, int ldc, cublasComputeType_t, cublasGemmAlgo_t) {
-  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
-  if (m < 0 || n < 0 || k < 0) return CUBLAS_STATUS_INVALID_VALUE;
-  if (lda < (transa == CUBLAS_OP_N ? m : k) || ldb < (transb == CUBLAS_OP_N ? k : n) || ldc < m)
-    return CUBLAS_STATUS_INVALID_VALUE;
-  const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
-  cuda_emu::Enqueue([=] {
+// C = alpha op(A) op(B) + beta C, column-major: op(A) m x k, op(B) k x n, C m x n; the sums in
+// fp32 (CUBLAS_COMPUTE_32F).
+void HostGemm(cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
+              float alpha, const void* a, cudaDataType_t a_type, int lda, const void* b,
+              cudaDataType_t b_type, int ldb, float beta, void* c, cudaDataType_t c_type,
+              int ldc) {
   for (int j = 0; j < n; ++j) {
     for (int i = 0; i < m; ++i) {
       float sum = 0.0f;
@@ -466,14 +458,32 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
         sum += LoadAs(a_type, a, ai) * LoadAs(b_type, b, bi);
       }
       const size_t ci = size_t(i) + size_t(j) * ldc;
-      float out = al * sum;
-      if (be != 0.0f) out += be * LoadAs(c_type, c, ci);
+      float out = alpha * sum;
+      if (beta != 0.0f) out += beta * LoadAs(c_type, c, ci);
       if (c_type == CUDA_R_32F)
         static_cast<float*>(c)[ci] = out;
       else
         static_cast<__nv_bfloat16*>(c)[ci] = __float2bfloat16_rn(out);
     }
   }
+}
+
+}  // namespace
+
+cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
+                            cublasOperation_t transb, int m, int n, int k, const void* alpha,
+                            const void* a, cudaDataType_t a_type, int lda, const void* b,
+                            cudaDataType_t b_type, int ldb, const void* beta, void* c,
+                            cudaDataType_t c_type, int ldc, cublasComputeType_t, cublasGemmAlgo_t) {
+  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (m < 0 || n < 0 || k < 0) return CUBLAS_STATUS_INVALID_VALUE;
+  if (lda < (transa == CUBLAS_OP_N ? m : k) || ldb < (transb == CUBLAS_OP_N ? k : n) || ldc < m)
+    return CUBLAS_STATUS_INVALID_VALUE;
+  // alpha and beta are read now (they may live on the caller's stack), the matrices when the
+  // work runs (at once, or when a captured graph replays it).
+  const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
+  cuda_emu::Enqueue([=] {
+    HostGemm(transa, transb, m, n, k, al, a, a_type, lda, b, b_type, ldb, be, c, c_type, ldc);
   });
   return CUBLAS_STATUS_SUCCESS;
 }
