@@ -20,6 +20,7 @@
 #include <string>
 #include <thread>
 
+#include "common/base/fd.h"
 #include "common/base/log.h"
 #include "common/base/status.h"
 #include "common/base/thread_annotations.h"
@@ -101,20 +102,6 @@ struct EndpointDeleter {
   }
 };
 using EndpointPtr = std::unique_ptr<ucp_ep, EndpointDeleter>;
-
-class Fd {
- public:
-  explicit Fd(int fd = -1) : fd_(fd) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() {
-    if (fd_ >= 0) close(fd_);
-  }
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
 
 inline Status UcxError(const std::string& what, ucs_status_t status) {
   return Internal("UCX " + what + ": " + ucs_status_string(status));

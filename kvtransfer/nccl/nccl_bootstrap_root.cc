@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <utility>
 
+#include "common/base/fd.h"
 #include "common/base/log.h"
 #include "kvtransfer/nccl/nccl_transport.h"
 
@@ -23,26 +24,6 @@ namespace tandem {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// Closes a file descriptor at scope exit unless released.
-class Fd {
- public:
-  explicit Fd(int fd = -1) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-  int release() { return std::exchange(fd_, -1); }
-  void reset(int fd = -1) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = fd;
-  }
-
- private:
-  int fd_;
-};
 
 // A pipe whose ends are above the descriptors the child's are dup'ed to (0-3), so that no
 // dup2 of the spawn overwrites another's source (a process may run with stdin closed).
@@ -98,20 +79,7 @@ void Reap(pid_t pid, std::chrono::milliseconds wait) {
   }
 }
 
-std::mutex g_binary_mutex;
-std::string g_binary;  // SetNcclBootstrapRootBinary's
-
 }  // namespace
-
-void SetNcclBootstrapRootBinary(std::string path) {
-  std::lock_guard<std::mutex> lock(g_binary_mutex);
-  g_binary = std::move(path);
-}
-
-std::string NcclBootstrapRootBinary() {
-  std::lock_guard<std::mutex> lock(g_binary_mutex);
-  return g_binary;
-}
 
 std::string NcclRootHelperBeside(const std::string& binary) {
   std::error_code ec;
