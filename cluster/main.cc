@@ -117,10 +117,6 @@ void PrintHelp(FILE* out) {
 
 int main(int argc, char** argv) {
   using namespace tandem;
-#if TANDEM_HAVE_CUDA
-  // NCCL KV pullers host their links' bootstrap roots in the helper beside this binary.
-  SetNcclBootstrapRootBinary(NcclRootHelperBeside("/proc/self/exe"));
-#endif
   // Whether a cuda instance's KV may go over ucx is this machine's UCX's to say.
   SetUcxCudaProbe([](const std::string& tls) {
     StatusOr<UcxCapabilities> ucx = ProbeUcx(tls);
@@ -142,7 +138,8 @@ int main(int argc, char** argv) {
     std::printf("CUDA backend: compiled in (device cuda on every instance; KV between GPU pools "
                 "over cuda_ipc or nccl, and ucx where the UCX below moves GPU memory); %s\n",
                 cuda::DescribeCudaDevices().c_str());
-    const std::string roots = NcclBootstrapRootBinary();
+    // NCCL KV pullers host their links' bootstrap roots in the helper beside this binary.
+    const std::string roots = NcclRootHelperBeside("/proc/self/exe");
     std::printf("NCCL bootstrap roots: %s\n",
                 roots.empty() ? "in the decode instance's process (no tandem-nccl-root beside "
                                 "this binary)"

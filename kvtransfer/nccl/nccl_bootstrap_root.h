@@ -39,14 +39,10 @@ namespace tandem {
 // The helper's file name, beside the tandem binary.
 inline constexpr const char* kNcclRootHelper = "tandem-nccl-root";
 
-// The helper that hosts the pullers' roots (CreateNcclPuller): tandem's main sets the one
-// beside it (NcclRootHelperBeside). Unset, as in other programs that make pullers (the GPU
-// checks), or without a helper there, ids are made in the puller's process (ncclGetUniqueId).
-void SetNcclBootstrapRootBinary(std::string path);
-std::string NcclBootstrapRootBinary();
-
 // The executable kNcclRootHelper in the directory of `binary` (symlinks resolved, so
-// /proc/self/exe works); "" where there is none.
+// /proc/self/exe works); "" where there is none. A puller (CreateNcclPuller) uses the one beside
+// its own program: tandem's. Other programs that make pullers (the GPU checks) have none beside
+// them, and their ids are made in the puller's process (ncclGetUniqueId).
 std::string NcclRootHelperBeside(const std::string& binary);
 
 // One child process hosting one bootstrap root.

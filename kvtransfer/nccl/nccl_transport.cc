@@ -44,7 +44,7 @@ StatusOr<std::unique_ptr<KvPuller>> CreateNcclPuller(std::vector<MemoryRegion> p
   // A spare root per pool: a new peer's first pull makes a link per pool (one per pair of
   // pools when the degrees are equal), and a failed peer's links are replaced together.
   const int spares = static_cast<int>(std::max<size_t>(pools.size(), 2));
-  const std::string binary = NcclBootstrapRootBinary();
+  const std::string binary = NcclRootHelperBeside("/proc/self/exe");
   auto roots = binary.empty() ? nullptr : std::make_shared<NcclBootstrapRoots>(binary, spares);
   return CreatePullDrivenPuller(std::move(pools), shape, options,
                                 NcclLinks(options.timeout, std::move(roots)));
